@@ -1,0 +1,45 @@
+# replog — every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed-stamp
+PYTEST_ARGS ?=
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast lint dist bench clean
+
+help: ## show this help
+	@echo "replog — make targets:"
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null || { echo "Spark needs a Java runtime (17+): apt-get install -y openjdk-17-jre-headless"; exit 1; }
+	test -d $(VENV) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install replog with its dev tools
+
+demo: $(STAMP) ## the main job: CDC workload -> replog -> Spark (mask PII) -> replog-sink, exactly once
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
+
+test: $(STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+
+test-fast: $(STAMP) ## run the tests that need neither Spark nor subprocesses
+	$(PY) -m pytest -m "not spark and not slow" $(PYTEST_ARGS)
+
+lint: $(STAMP) ## ruff and mypy (strict)
+	$(VENV)/bin/ruff check src tests integration benchmarks examples
+	$(VENV)/bin/mypy
+
+dist: $(STAMP) ## build the wheel into dist/
+	rm -rf dist build
+	$(PY) -m build --wheel --outdir dist .
+
+bench: $(STAMP) ## run the benchmarks (minutes; figures go to docs/BENCHMARKS.md)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_log.py
+
+clean: ## remove build outputs and demo data
+	rm -rf dist build demo-data bench-data .pytest_cache .mypy_cache .ruff_cache

@@ -1,0 +1,93 @@
+"""Shared fixtures: a real S3 endpoint over HTTP (moto server) and one SparkSession per run."""
+
+from __future__ import annotations
+
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+for _name, _value in {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}.items():
+    os.environ.setdefault(_name, _value)
+
+
+@dataclass(frozen=True)
+class S3Endpoint:
+    """A reset moto S3 server with one empty bucket."""
+
+    endpoint_url: str
+    bucket: str
+
+    @property
+    def storage_options(self) -> dict[str, Any]:
+        return {
+            "endpoint_url": self.endpoint_url,
+            "key": "testing",
+            "secret": "testing",
+            "client_kwargs": {"region_name": "us-east-1"},
+        }
+
+    @property
+    def fs_cli_args(self) -> list[str]:
+        return [
+            "--fs-option", f"endpoint_url={self.endpoint_url}",
+            "--fs-option", "key=testing",
+            "--fs-option", "secret=testing",
+        ]
+
+    @property
+    def spark_options(self) -> dict[str, str]:
+        return {"fs.endpoint_url": self.endpoint_url, "fs.key": "testing", "fs.secret": "testing"}
+
+    def url(self, *parts: str) -> str:
+        return "s3://" + "/".join([self.bucket, *parts])
+
+
+@pytest.fixture(scope="session")
+def moto_server() -> Iterator[str]:
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3(moto_server: str) -> Iterator[S3Endpoint]:
+    """A freshly reset S3 endpoint with an empty bucket."""
+    import boto3
+    import requests
+    import s3fs
+
+    requests.post(f"{moto_server}/moto-api/reset", timeout=30).raise_for_status()
+    s3fs.S3FileSystem.clear_instance_cache()
+    bucket = f"replog-{uuid.uuid4().hex[:12]}"
+    boto3.client("s3", endpoint_url=moto_server, region_name="us-east-1").create_bucket(
+        Bucket=bucket
+    )
+    yield S3Endpoint(moto_server, bucket)
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.fixture
+def memory_url() -> Iterator[str]:
+    """A unique memory:// location, removed afterwards."""
+    import fsspec
+
+    url = f"memory://replog-test-{uuid.uuid4().hex}"
+    yield url
+    fs = fsspec.filesystem("memory")
+    if fs.exists(url):
+        fs.rm(url, recursive=True)

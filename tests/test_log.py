@@ -1,0 +1,188 @@
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from logcheck import check_key_order, check_log
+from replog.errors import (
+    CorruptionError,
+    InvalidEventError,
+    InvalidOptionError,
+    LogExistsError,
+    LogNotFoundError,
+    UnsupportedFormatError,
+)
+from replog.log import ReplicationLog
+from replog.records import DESCRIPTOR_PATH, SNAPSHOT_HINT_PATH, commit_path
+from replog.routing import shard_of
+
+
+@pytest.fixture(params=["memory", "local"])
+def log_url(request: pytest.FixtureRequest, memory_url: str, tmp_path: Path) -> str:
+    return memory_url if request.param == "memory" else str(tmp_path / "log")
+
+
+def events(n: int, start: int = 0, writer: str = "w") -> list[dict]:
+    return [
+        {"event_id": f"{writer}-{i}", "key": f"{writer}-k{i % 5}", "data": {"n": i},
+         "collection": "orders", "operation": "update" if i % 3 else "insert"}
+        for i in range(start, start + n)
+    ]
+
+
+def test_append_and_read_round_trip(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 4)
+    assert log.append(events(50)).version == 1
+    assert log.append(events(30, 50)).version == 2
+    reopened = ReplicationLog.open(log_url)
+    assert sum(reopened.head().values()) == 80
+    rows = check_log(reopened)
+    assert len(rows) == 80
+    check_key_order(rows)
+    for row in rows:
+        assert row["shard"] == shard_of(row["key"], 4)
+
+
+def test_read_sub_ranges_across_segments(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 1)
+    log.append(events(10))
+    log.append(events(10, 10))
+    log.append(events(10, 20), segment_max_events=3)
+    table = log.read_table(0, 8, 24)
+    assert table.column("sequence").to_pylist() == list(range(8, 25))
+    assert [json.loads(d)["n"] for d in table.column("data").to_pylist()] == list(range(7, 24))
+
+
+def test_append_arrow_table(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2)
+    log.append(pa.table({"data": ["a", "b", "c"], "key": ["x", "y", "x"]}))
+    assert sum(log.head().values()) == 3
+
+
+def test_create_twice_and_open_missing(log_url: str) -> None:
+    ReplicationLog.create(log_url, 2)
+    with pytest.raises(LogExistsError):
+        ReplicationLog.create(log_url, 2)
+    with pytest.raises(LogNotFoundError, match="holds no replog log"):
+        ReplicationLog.open(log_url + "-missing")
+
+
+def test_bad_shard_count_and_scheme() -> None:
+    with pytest.raises(InvalidOptionError, match="shards must be"):
+        ReplicationLog.create("memory://x-bad", 0)
+    with pytest.raises(InvalidOptionError, match="Protocol not known"):
+        ReplicationLog.open("nosuchscheme://x")
+
+
+def test_invalid_batch_writes_nothing(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2)
+    with pytest.raises(InvalidEventError):
+        log.append([*events(5), {"key": "no-data"}])
+    assert log.refresh().version == 0
+    assert log.storage.list("shards") == []
+
+
+def test_snapshots_keep_head_finding_flat(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2, snapshot_interval=5)
+    for i in range(23):
+        log.append(events(2, 2 * i))
+    assert log.storage.exists("_replog/snapshots/00000000000000000020.json")
+    hint = json.loads(log.storage.read(SNAPSHOT_HINT_PATH))
+    assert hint["version"] == 20
+    fresh = ReplicationLog.open(log_url)
+    state = fresh.refresh()
+    assert state.version == 23 and sum(state.heads) == 46
+    # The fresh reader used the snapshot: segments came from its sidecar plus 3 commits.
+    assert len(check_log(fresh)) == 46
+
+
+def test_stale_hint_and_corrupt_snapshot_fall_back(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2, snapshot_interval=3)
+    for i in range(10):
+        log.append(events(1, i))
+    log.storage.write(SNAPSHOT_HINT_PATH, b'{"version": 3}')  # stale
+    log.storage.write("_replog/snapshots/00000000000000000009.json", b"{garbage")
+    fresh = ReplicationLog.open(log_url)
+    assert fresh.refresh().version == 10
+    assert len(check_log(fresh)) == 10
+
+
+def test_newer_format_is_refused(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2)
+    document = json.loads(log.storage.read(DESCRIPTOR_PATH))
+    document["format_version"] = 2
+    log.storage.write(DESCRIPTOR_PATH, json.dumps(document).encode())
+    with pytest.raises(UnsupportedFormatError, match="format_version 2"):
+        ReplicationLog.open(log_url)
+
+
+def test_torn_commit_record_is_reported(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2)
+    log.append(events(3))
+    data = log.storage.read(commit_path(1))
+    log.storage.write(commit_path(1), data[: len(data) // 2])
+    with pytest.raises(CorruptionError, match="00000000000000000001.json"):
+        ReplicationLog.open(log_url).refresh()
+
+
+def test_verify_finds_flipped_byte_and_truncation(log_url: str) -> None:
+    log = ReplicationLog.create(log_url, 2)
+    log.append(events(40))
+    assert log.verify() == []
+    lanes = [lane for lane in log.state().segments if lane]
+    first, second = lanes[0][0], lanes[1][0]
+    data = bytearray(log.storage.read(first.path))
+    data[len(data) // 3] ^= 0x40
+    log.storage.write(first.path, bytes(data))
+    log.storage.write(second.path, log.storage.read(second.path)[:100])
+    problems = log.verify()
+    assert {p.path for p in problems} == {
+        log.storage.path(first.path), log.storage.path(second.path)
+    }
+    assert all("checksum mismatch" in p.message for p in problems)
+    with pytest.raises(CorruptionError, match=first.path):
+        log.read_table(first.shard)
+
+
+def test_racing_threads_lose_nothing(log_url: str) -> None:
+    import threading
+
+    ReplicationLog.create(log_url, 3)
+
+    def writer(name: str) -> None:
+        own = ReplicationLog.open(log_url)
+        for i in range(8):
+            own.append(events(5, i * 5, writer=name))
+
+    threads = [threading.Thread(target=writer, args=(f"t{n}",)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    log = ReplicationLog.open(log_url)
+    rows = check_log(log)
+    assert len(rows) == 4 * 8 * 5
+    assert log.refresh().version == 32
+    check_key_order(rows)
+
+
+@pytest.mark.slow
+def test_racing_processes_on_local_disk(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 4, snapshot_interval=7)
+    worker = Path(__file__).parent / "procs" / "append_worker.py"
+    procs = [
+        subprocess.Popen([sys.executable, str(worker), url, f"p{n}", "15", "20"],
+                         env={**os.environ})
+        for n in range(4)
+    ]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]
+    log = ReplicationLog.open(url)
+    rows = check_log(log)
+    assert len(rows) == 4 * 15 * 20
+    assert log.refresh().version == 60
+    check_key_order(rows)
