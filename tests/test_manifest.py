@@ -1,0 +1,204 @@
+import json
+import threading
+from pathlib import Path
+
+import pytest
+
+from replog.errors import ManifestConflictError, ManifestNotFoundError, UnsupportedFormatError
+from replog.manifest import CheckpointManifest, ConnectorCheckpoint, SinkCommitStatus
+from replog.manifest_store import LATEST_POINTER, ManifestStore, manifest_name
+from replog.records import seal
+
+
+def sample(checkpoint_id: int = 1) -> CheckpointManifest:
+    manifest = CheckpointManifest(checkpoint_id=checkpoint_id, epoch=7, timestamp_ms=1_700_000_000_000)
+    manifest.source_offsets["replog:abc"] = ConnectorCheckpoint({"0": 41, "1": 0}, 7, {"url": "x"})
+    manifest.sink_epochs["s1"] = 6
+    manifest.sink_commit_statuses["s1"] = SinkCommitStatus.committed()
+    manifest.sink_commit_statuses["s2"] = SinkCommitStatus.failed("task lost")
+    manifest.sink_query_ids["s1"] = "q-1"
+    manifest.source_names = ["replog:abc"]
+    manifest.sink_names = ["s1", "s2"]
+    manifest.pipeline_hash = 12345
+    manifest.watermark = 99
+    return manifest
+
+
+@pytest.fixture(params=["memory", "local"])
+def store(request: pytest.FixtureRequest, memory_url: str, tmp_path: Path) -> ManifestStore:
+    url = memory_url if request.param == "memory" else str(tmp_path / "store")
+    return ManifestStore(url, keep=3)
+
+
+def test_json_round_trip() -> None:
+    manifest = sample()
+    again = CheckpointManifest.from_json(json.loads(json.dumps(manifest.to_json())))
+    assert again == manifest
+    assert manifest.to_json()["sink_commit_statuses"] == {
+        "s1": "Committed", "s2": {"Failed": "task lost"}
+    }
+    assert manifest.validate() == []
+
+
+def test_older_manifest_loads_with_defaults() -> None:
+    old = {"version": 1, "checkpoint_id": 3, "epoch": 2, "timestamp_ms": 5}
+    manifest = CheckpointManifest.from_json(old)
+    assert manifest.sink_epochs == {} and manifest.watermark is None
+    assert manifest.validate() == []
+
+
+def test_newer_fields_survive_a_rewrite(store: ManifestStore) -> None:
+    document = {**sample().to_json(), "operator_states": {"op": {"external": True}}, "shiny": 1}
+    store.storage.put_if_absent(manifest_name(1), seal(document))
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.extra == {
+        "operator_states": {"op": {"external": True}}, "shiny": 1
+    }
+    store.save(loaded.next())
+    rewritten = json.loads(store.storage.read(manifest_name(2)))
+    assert rewritten["shiny"] == 1 and rewritten["operator_states"] == {"op": {"external": True}}
+
+
+def test_validate_lists_every_problem() -> None:
+    manifest = CheckpointManifest(checkpoint_id=0, epoch=-1, timestamp_ms=0, version=0)
+    manifest.sink_epochs["a"] = 3
+    manifest.sink_commit_statuses["b"] = SinkCommitStatus.committed()
+    manifest.sink_commit_statuses["c"] = SinkCommitStatus.failed("")
+    manifest.source_offsets["ghost"] = ConnectorCheckpoint({"0": -4})
+    manifest.source_names = ["real"]
+    manifest.sink_names = ["a"]
+    problems = manifest.validate()
+    expected = [
+        "manifest version is 0",
+        "checkpoint_id is 0",
+        "epoch is negative",
+        "timestamp_ms is 0",
+        "sink 'a' has epoch 3 but no commit status",
+        "sink 'a' has epoch 3 but no query id",
+        "sink 'b' is Committed but has no committed epoch",
+        "sink 'c' is Failed without a reason",
+        "source_offsets contains 'ghost' not in source_names",
+        "sink 'b' is not in sink_names",
+        "source 'ghost': offset of shard 0 is -4",
+    ]
+    for text in expected:
+        assert any(text in problem for problem in problems), (text, problems)
+    assert len(problems) == len(expected) + 1  # sink 'c' is not in sink_names either
+
+
+def test_save_load_and_pointer(store: ManifestStore) -> None:
+    assert store.load_latest() is None
+    first = sample(1)
+    store.save(first)
+    store.save(first.next(epoch=8))
+    latest = store.load_latest()
+    assert latest is not None and latest.checkpoint_id == 2 and latest.epoch == 8
+    assert json.loads(store.storage.read(LATEST_POINTER)) == {"checkpoint_id": 2}
+
+
+def test_pointer_left_behind_by_a_crash_is_probed_past(store: ManifestStore) -> None:
+    store.save(sample(1))
+    store.save(sample(2))
+    store.storage.write(LATEST_POINTER, b'{"checkpoint_id": 1}')
+    assert store.load_latest().checkpoint_id == 2  # type: ignore[union-attr]
+
+
+def test_pruning_keeps_newest(store: ManifestStore) -> None:
+    manifest = sample(1)
+    for _ in range(7):
+        store.save(manifest)
+        manifest = manifest.next()
+    assert store.list_ids() == [5, 6, 7]
+    store.storage.put_if_absent(manifest_name(1), seal(sample(1).to_json()))  # a leftover
+    assert store.prune() == [1]
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
+        pytest.param(lambda data: b"", id="empty"),
+        pytest.param(lambda data: b"\x00\xffgarbage", id="garbage"),
+        pytest.param(lambda data: data.replace(b'"epoch": 7', b'"epoch": 8'), id="wrong-checksum"),
+    ],
+)
+def test_corrupt_latest_falls_back_with_warning(
+    store: ManifestStore, damage, caplog: pytest.LogCaptureFixture
+) -> None:
+    store.save(sample(1))
+    second = sample(1).next()
+    second.epoch = 7
+    store.save(second)
+    store.storage.write(manifest_name(2), damage(store.storage.read(manifest_name(2))))
+    loaded = store.load_latest()
+    assert loaded is not None and loaded.checkpoint_id == 1
+    assert manifest_name(2) in caplog.text
+
+
+def test_all_corrupt_is_an_error(store: ManifestStore) -> None:
+    store.save(sample(1))
+    store.storage.write(manifest_name(1), b"{")
+    with pytest.raises(ManifestNotFoundError, match="00000000000000000001.json"):
+        store.load_latest()
+
+
+def test_newer_manifest_version_is_refused(store: ManifestStore) -> None:
+    store.storage.put_if_absent(manifest_name(1), seal({**sample().to_json(), "version": 9}))
+    with pytest.raises(UnsupportedFormatError, match="version 9"):
+        store.load_latest()
+
+
+def test_racing_writers_exactly_one_wins(store: ManifestStore) -> None:
+    outcomes: list[str] = []
+    barrier = threading.Barrier(6)
+
+    def race(n: int) -> None:
+        manifest = sample(1)
+        manifest.epoch = n
+        own = ManifestStore(store.storage, keep=3)
+        barrier.wait()
+        try:
+            own.save(manifest)
+            outcomes.append(f"won-{n}")
+        except ManifestConflictError:
+            outcomes.append("lost")
+
+    threads = [threading.Thread(target=race, args=(n,)) for n in range(6)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    winners = [o for o in outcomes if o.startswith("won")]
+    assert len(winners) == 1 and outcomes.count("lost") == 5
+    assert f"won-{store.load_latest().epoch}" == winners[0]  # type: ignore[union-attr]
+
+
+class CountingStorage:
+    """Counts filesystem calls made through a Storage."""
+
+    def __init__(self, storage) -> None:
+        self.calls = 0
+        fs = storage.fs
+        for name in ("cat_file", "pipe_file", "exists", "rm_file", "ls", "info"):
+            original = getattr(fs, name)
+
+            def counted(*args, _original=original, **kwargs):
+                self.calls += 1
+                return _original(*args, **kwargs)
+
+            setattr(fs, name, counted)
+
+
+def test_request_count_does_not_grow(memory_url: str) -> None:
+    store = ManifestStore(memory_url, keep=5)
+    counter = CountingStorage(store.storage)
+    manifest = sample(1)
+    costs = []
+    for n in range(1, 201):
+        before = counter.calls
+        store.save(manifest)
+        store.load_latest()
+        costs.append(counter.calls - before)
+        manifest = manifest.next()
+        if n in (10, 200):
+            assert costs[-1] == costs[9], costs
