@@ -129,8 +129,7 @@ class LogState:
     def covering(self, shard: int, first: int, last: int) -> list[SegmentInfo]:
         """Live segments of ``shard`` that hold any sequence in ``[first, last]``."""
         lane = self.segments[shard]
-        starts = [segment.first_sequence for segment in lane]
-        index = max(bisect.bisect_right(starts, first) - 1, 0)
+        index = max(bisect.bisect_right(lane, first, key=_first_sequence) - 1, 0)
         result = []
         for segment in lane[index:]:
             if segment.first_sequence > last:
@@ -150,12 +149,16 @@ class LogState:
         return {str(shard): low for shard, low in enumerate(self.lows)}
 
 
+def _first_sequence(segment: SegmentInfo) -> int:
+    return segment.first_sequence
+
+
 def segments_from_table(table: pa.Table, shards: int) -> list[list[SegmentInfo]]:
     lanes: list[list[SegmentInfo]] = [[] for _ in range(shards)]
     for row in table.to_pylist():
         lanes[row["shard"]].append(SegmentInfo.from_json(row))
     for lane in lanes:
-        lane.sort(key=lambda segment: segment.first_sequence)
+        lane.sort(key=_first_sequence)
     return lanes
 
 
@@ -169,4 +172,4 @@ def _apply_segments(lanes: list[list[SegmentInfo]], commit: CommitRecord) -> Non
         if not lane or lane[-1].first_sequence < segment.first_sequence:
             lane.append(segment)
         else:
-            bisect.insort(lane, segment, key=lambda s: s.first_sequence)
+            bisect.insort(lane, segment, key=_first_sequence)

@@ -1,0 +1,138 @@
+"""Read planning for consumers: where to start, how far to go, and how to split the work.
+
+Pure functions over a :class:`~replog.state.LogState`; the Spark source only adapts
+Spark's calls to them. Costs depend on the shards and the segments in the planned range,
+never on the age of the log.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+from replog.errors import DataLossError
+from replog.offsets import Offsets
+from replog.segments import SegmentInfo
+from replog.state import LogState
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ReadTask:
+    """Events ``[first, last]`` of one shard and the segments that hold them."""
+
+    shard: int
+    first: int
+    last: int
+    segments: tuple[SegmentInfo, ...]
+
+    @property
+    def events(self) -> int:
+        return self.last - self.first + 1
+
+
+def earliest(state: LogState) -> Offsets:
+    """Offsets before the oldest retained event of every shard."""
+    return {shard: low - 1 for shard, low in enumerate(state.lows)}
+
+
+def latest(state: LogState) -> Offsets:
+    return dict(enumerate(state.heads))
+
+
+def cap_events(start: Offsets, target: Offsets, max_events: int) -> Offsets:
+    """Advance from ``start`` towards ``target`` by at most ``max_events`` in all.
+
+    The budget is shared in proportion to each shard's backlog, so no shard starves;
+    at least one event is admitted whenever any is available.
+    """
+    backlog = {shard: max(target[shard] - start.get(shard, 0), 0) for shard in target}
+    total = sum(backlog.values())
+    if total <= max_events:
+        return dict(target)
+    grant = {shard: (max_events * pending) // total for shard, pending in backlog.items()}
+    spare = max_events - sum(grant.values())
+    for shard in sorted(backlog, key=lambda s: backlog[s] - grant[s], reverse=True):
+        if spare <= 0:
+            break
+        if grant[shard] < backlog[shard]:
+            grant[shard] += 1
+            spare -= 1
+    return {shard: start.get(shard, 0) + grant[shard] for shard in target}
+
+
+def events_for_bytes(state: LogState, start: Offsets, target: Offsets, max_bytes: int) -> int:
+    """How many events of the backlog fit in ``max_bytes`` of segment data (at least 1).
+
+    Uses each segment's stored (compressed) size per event, read from the commit
+    metadata: no segment is opened.
+    """
+    total_bytes = 0.0
+    total_events = 0
+    for shard, end in target.items():
+        first = start.get(shard, 0) + 1
+        if first > end:
+            continue
+        for segment in state.covering(shard, first, end):
+            overlap = min(end, segment.last_sequence) - max(first, segment.first_sequence) + 1
+            total_bytes += segment.bytes * overlap / segment.events
+            total_events += overlap
+    if total_events == 0 or total_bytes <= max_bytes:
+        return max(total_events, 1)
+    return max(int(max_bytes / (total_bytes / total_events)), 1)
+
+
+def check_data_loss(
+    state: LogState, start: Offsets, *, fail_on_data_loss: bool
+) -> Offsets:
+    """``start`` with shards whose next event was removed by retention moved forward.
+
+    Raises :class:`DataLossError` unless ``fail_on_data_loss`` is False, in which case
+    the skip is logged as a warning.
+    """
+    adjusted = dict(start)
+    for shard, low in enumerate(state.lows):
+        wanted = start.get(shard, 0) + 1
+        if wanted < low and state.heads[shard] >= low - 1:
+            if fail_on_data_loss:
+                raise DataLossError(shard, wanted, low)
+            logger.warning(
+                "shard %d: events %d..%d were removed by retention; skipping to %d "
+                "(failOnDataLoss=false)", shard, wanted, low - 1, low,
+            )
+            adjusted[shard] = low - 1
+    return adjusted
+
+
+def plan_tasks(
+    state: LogState, start: Offsets, end: Offsets, max_events_per_task: int
+) -> list[ReadTask]:
+    """Split ``(start, end]`` into tasks of at most ``max_events_per_task`` events.
+
+    Tasks follow segment boundaries where they can, so most tasks open whole segments.
+    """
+    tasks: list[ReadTask] = []
+    for shard in sorted(end):
+        first, last = start.get(shard, 0) + 1, end[shard]
+        if first > last:
+            continue
+        pending: list[SegmentInfo] = []
+        task_first = first
+        count = 0
+        for segment in state.covering(shard, first, last):
+            seg_first = max(first, segment.first_sequence)
+            seg_last = min(last, segment.last_sequence)
+            position = seg_first
+            while position <= seg_last:
+                room = max_events_per_task - count
+                take = min(room, seg_last - position + 1)
+                pending.append(segment)
+                count += take
+                position += take
+                if count >= max_events_per_task:
+                    tasks.append(ReadTask(shard, task_first, position - 1, tuple(pending)))
+                    pending, count, task_first = [], 0, position
+        if count:
+            tasks.append(ReadTask(shard, task_first, last, tuple(pending)))
+    return tasks

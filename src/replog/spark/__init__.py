@@ -1,0 +1,1 @@
+"""The Spark layer: adapts Spark's Python Data Source API calls to the replog core."""

@@ -1,0 +1,52 @@
+"""Explicit registration of both formats, for sessions where auto-registration cannot work.
+
+Spark 4.3 auto-registers the formats when the wheel is installed in the Python that runs
+Spark (modules ``pyspark_replog`` and ``pyspark_replog_sink``). With
+``spark-submit --py-files replog.whl`` the package is not importable in Spark's
+streaming runner processes, so :func:`register` pickles replog's modules *by value*
+into the registered classes: the workers then need nothing but pyarrow, fsspec and numpy.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import pkgutil
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
+
+logger = logging.getLogger(__name__)
+
+
+def _installed_in_site_packages() -> bool:
+    import replog  # noqa: PLC0415
+
+    location = getattr(replog, "__file__", "") or ""
+    return "site-packages" in location or "dist-packages" in location
+
+
+def register(spark: SparkSession, *, by_value: bool | None = None) -> None:
+    """Register ``replog`` and ``replog-sink`` with ``spark``.
+
+    ``by_value`` (default: when replog is not installed in site-packages, e.g. shipped
+    with ``--py-files`` or run from a checkout) makes the registered classes carry
+    replog's code instead of a reference to an importable module.
+    """
+    from pyspark import cloudpickle  # noqa: PLC0415
+
+    import replog  # noqa: PLC0415
+    from replog.spark.sink import ReplogSinkDataSource  # noqa: PLC0415
+    from replog.spark.source import ReplogDataSource  # noqa: PLC0415
+
+    if by_value is None:
+        by_value = not _installed_in_site_packages()
+    if by_value:
+        for module_info in pkgutil.walk_packages(replog.__path__, prefix="replog."):
+            module = importlib.import_module(module_info.name)
+            cloudpickle.register_pickle_by_value(module)
+        cloudpickle.register_pickle_by_value(replog)
+    spark.dataSource.register(ReplogDataSource)
+    spark.dataSource.register(ReplogSinkDataSource)
+    logger.info("registered formats replog and replog-sink (by value: %s)", by_value)
