@@ -1,8 +1,11 @@
 """Fault injection for crash tests: die at a named step of the sink protocol.
 
 Set ``REPLOG_FAULT=<step>`` or ``<step>@<epoch>`` (for example ``after_pending@1``).
-At that step the process group is killed with SIGKILL: the Spark driver, its JVM and
-its Python workers die at once, as in a machine failure. ``REPLOG_FAULT_ACTION=raise``
+At that step the process group named by ``REPLOG_FAULT_PGID`` (default: the caller's)
+is killed with SIGKILL. Spark starts its Python workers in process groups of their
+own, so a driver app sets ``REPLOG_FAULT_PGID`` to its own group before starting
+Spark: then the driver, its JVM and every Python worker die at once, as in a machine
+failure. ``REPLOG_FAULT_ACTION=raise``
 raises :class:`InjectedCrash` instead (a task or commit failure Spark can see).
 Unset in production: :func:`fault_point` is then a dictionary lookup.
 """
@@ -30,4 +33,4 @@ def fault_point(step: str, epoch: int | None = None) -> None:
     if os.environ.get("REPLOG_FAULT_ACTION", "kill") == "raise":
         raise InjectedCrash(f"injected fault at {step} (epoch {epoch})")
     logger.error("injected fault: killing process group at %s (epoch %s)", step, epoch)
-    os.killpg(os.getpgrp(), signal.SIGKILL)
+    os.killpg(int(os.environ.get("REPLOG_FAULT_PGID", os.getpgrp())), signal.SIGKILL)

@@ -415,6 +415,25 @@ class ReplicationLog:
         mark = self.state().sinks.get(writer.sink_id)
         return mark is not None and mark.query_id == writer.query_id and mark.epoch >= writer.epoch
 
+    def orphaned_segments(self, grace_ms: int = 3_600_000) -> list[str]:
+        """Segment files no commit references, older than ``grace_ms`` (relative paths).
+
+        Lists the shard directories (repair only). The grace period protects files a
+        live writer has staged but not yet committed.
+        """
+        live = {segment.path for lane in self.refresh().segments for segment in lane}
+        cutoff = now_ms() - grace_ms
+        orphans = []
+        for shard_dir in self.storage.list(SHARDS_DIR):
+            for name in self.storage.list(f"{SHARDS_DIR}/{shard_dir}"):
+                relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
+                if relative in live or not name.endswith(SEGMENT_SUFFIX):
+                    continue
+                modified = self.storage.modified_ms(relative)
+                if modified is None or modified <= cutoff:
+                    orphans.append(relative)
+        return orphans
+
     # -- reading ----------------------------------------------------------------------
 
     def read(
