@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
 import uuid
@@ -57,6 +58,7 @@ class S3Endpoint:
 def moto_server() -> Iterator[str]:
     from moto.server import ThreadedMotoServer
 
+    logging.getLogger("werkzeug").setLevel(logging.WARNING)
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -91,3 +93,21 @@ def memory_url() -> Iterator[str]:
     fs = fsspec.filesystem("memory")
     if fs.exists(url):
         fs.rm(url, recursive=True)
+
+
+@pytest.fixture(scope="session")
+def spark():
+    """One SparkSession for the whole run; ``local[2,3]`` so failed tasks are retried."""
+    from pyspark.sql import SparkSession
+
+    session = (
+        SparkSession.builder.master("local[2,3]")
+        .appName("replog-tests")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.sql.streaming.pollingDelay", "50ms")
+        .getOrCreate()
+    )
+    session.sparkContext.setLogLevel("ERROR")
+    yield session
+    session.stop()

@@ -1,0 +1,185 @@
+"""The replog source on a real SparkSession."""
+
+from __future__ import annotations
+
+import re
+import json
+from pathlib import Path
+
+import pytest
+
+from replication import fill_source
+from replog import consumers
+from replog.log import ReplicationLog
+from replog.records import TRUNCATE, CommitRecord
+from replog.log import now_ms
+
+pytestmark = pytest.mark.spark
+
+
+def ids(rows) -> list[str]:
+    return sorted(row["event_id"] for row in rows)
+
+
+def source_ids(log: ReplicationLog) -> list[str]:
+    return sorted(
+        event_id for shard in range(log.shards)
+        for event_id in log.read_table(shard).column("event_id").to_pylist()
+    )
+
+
+def test_schema_and_batch_read_without_register(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 3)
+    fill_source(log, commits=2, per_commit=50)
+    frame = spark.read.format("replog").load(log.url)
+    assert [f.name for f in frame.schema.fields] == [
+        "shard", "sequence", "event_id", "timestamp", "operation", "collection", "key",
+        "data", "metadata",
+    ]
+    rows = frame.collect()
+    assert ids(rows) == source_ids(log)
+    first = frame.where("shard = 0 and sequence = 1").collect()[0]
+    assert json.loads(bytes(first["data"]))["n"] >= 0
+
+
+def test_batch_read_with_offsets_and_partition_split(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=3, per_commit=40)
+    frame = (spark.read.format("replog").option("startingOffsets", '{"0": 5}')
+             .option("endingOffsets", '{"0": 30, "1": 10}')
+             .option("maxEventsPerPartition", "7").load(log.url))
+    rows = frame.collect()
+    by_shard = {s: sorted(r["sequence"] for r in rows if r["shard"] == s) for s in (0, 1)}
+    assert by_shard == {0: list(range(6, 31)), 1: list(range(1, 11))}
+    assert frame.rdd.getNumPartitions() == 4 + 2  # 25 events / 7, 10 events / 7
+
+
+def test_stream_sees_events_appended_while_running(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 3)
+    fill_source(log, commits=1, per_commit=30)
+    query = (spark.readStream.format("replog").load(log.url)
+             .writeStream.format("memory").queryName("live_events")
+             .option("checkpointLocation", str(tmp_path / "chk")).start())
+    try:
+        query.processAllAvailable()
+        assert spark.table("live_events").count() == 30
+        log.append([{"event_id": f"late-{i}", "key": f"k{i}", "data": "x"} for i in range(20)])
+        query.processAllAvailable()
+        rows = spark.table("live_events").collect()
+        assert ids(rows) == source_ids(log) and len(rows) == 50
+        progress = query.lastProgress
+        assert progress["sources"][0]["latestOffset"] is not None
+    finally:
+        query.stop()
+
+
+def test_restart_from_checkpoint_neither_skips_nor_repeats(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 3)
+    fill_source(log, commits=2, per_commit=50)
+    out, chk = str(tmp_path / "out"), str(tmp_path / "chk")
+
+    def run() -> list[int]:
+        query = (spark.readStream.format("replog").option("maxEventsPerTrigger", "40")
+                 .load(log.url).writeStream.format("parquet").option("path", out)
+                 .option("checkpointLocation", chk).trigger(availableNow=True).start())
+        query.awaitTermination()
+        return [p["numInputRows"] for p in query.recentProgress]
+
+    first = run()
+    assert all(n <= 40 for n in first) and sum(first) == 100 and len(first) >= 3
+    fill_source(log, commits=1, per_commit=30)  # event ids collide by design; use sequences
+    second = run()
+    assert sum(second) == 30
+    rows = spark.read.parquet(out).collect()
+    pairs = sorted((r["shard"], r["sequence"]) for r in rows)
+    assert len(pairs) == len(set(pairs)) == 130
+
+
+def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=2, per_commit=40)
+    query = (spark.readStream.format("replog").option("consumer", "etl").load(log.url)
+             .writeStream.format("memory").queryName("etl_first")
+             .option("checkpointLocation", str(tmp_path / "chk1")).start())
+    try:
+        query.processAllAvailable()
+        fill_source(log, commits=1, per_commit=10)
+        query.processAllAvailable()  # planning this batch commits the previous one
+    finally:
+        query.stop()
+    committed = consumers.committed_offsets(log, "etl")
+    assert committed is not None and sum(committed.offsets.values()) >= 80
+    query = (spark.readStream.format("replog").option("consumer", "etl").load(log.url)
+             .writeStream.format("memory").queryName("etl_second")
+             .option("checkpointLocation", str(tmp_path / "chk2")).start())
+    try:
+        query.processAllAvailable()
+    finally:
+        query.stop()
+    rows = spark.table("etl_second").collect()
+    expected = sum(log.head().values()) - sum(committed.offsets.values())
+    assert len(rows) == expected
+    assert all(r["sequence"] > committed.offsets[r["shard"]] for r in rows)
+
+
+def test_max_bytes_per_trigger_bounds_batches(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=4, per_commit=50)
+    per_event = log.info()["bytes"] / 200
+    query = (spark.readStream.format("replog").option("maxBytesPerTrigger", str(int(per_event * 60)))
+             .load(log.url).writeStream.format("noop")
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    query.awaitTermination()
+    sizes = [p["numInputRows"] for p in query.recentProgress]
+    assert sum(sizes) == 200 and len(sizes) >= 3 and max(sizes) <= 61
+
+
+def test_data_loss_is_reported_or_skipped(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 1)
+    fill_source(log, commits=3, per_commit=10)
+    first = log.state().segments[0][0]
+    log.commit_record(lambda state: CommitRecord(
+        version=state.version + 1, timestamp_ms=now_ms(), operation=TRUNCATE,
+        remove=(first,), low_watermarks={0: 11}))
+    with pytest.raises(Exception, match=r"shard 0: events from sequence 1 were requested but "
+                                        r"the log only holds sequences from 11"):
+        spark.read.format("replog").option("startingOffsets", "earliest").option(
+            "endingOffsets", "latest").option("startingOffsets", '{"0": 0}').load(log.url).count()
+    rows = (spark.read.format("replog").option("startingOffsets", '{"0": 0}')
+            .option("failOnDataLoss", "false").load(log.url).collect())
+    assert sorted(r["sequence"] for r in rows) == list(range(11, 31))
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "message"),
+    [
+        ("startingOffsets", "newest", "option 'startingOffsets': 'newest' is not allowed"),
+        ("startingOffsets", "{oops", "option 'startingOffsets': '{oops' is neither"),
+        ("startingOffsets", '{"9": 1}', "shard 9 does not exist"),
+        ("maxEventsPerTrigger", "-5", "option 'maxEventsPerTrigger': must be a positive"),
+        ("maxEventsPerPartition", "lots", "option 'maxEventsPerPartition': 'lots' is not an integer"),
+        ("failOnDataLoss", "maybe", "option 'failOnDataLoss': expected true or false"),
+        ("endingOffsets", "earliest", "option 'endingOffsets': 'earliest' is not allowed"),
+    ],
+)
+def test_bad_options_name_the_option(spark, tmp_path: Path, option: str, value: str,
+                                     message: str) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=1, per_commit=5)
+    with pytest.raises(Exception, match=re.escape(message)):
+        spark.read.format("replog").option(option, value).load(log.url).count()
+
+
+def test_stream_from_s3_endpoint(spark, s3, tmp_path: Path) -> None:
+    url = s3.url("logs", "A")
+    log = ReplicationLog.create(url, 2, storage_options=s3.storage_options)
+    fill_source(log, commits=2, per_commit=25)
+    query = (spark.readStream.format("replog").options(**s3.spark_options).load(url)
+             .writeStream.format("memory").queryName("from_s3")
+             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True)
+             .start())
+    query.awaitTermination()
+    rows = spark.table("from_s3").collect()
+    assert ids(rows) == source_ids(log)
+    progress_text = json.dumps(query.recentProgress, default=str)
+    assert "testing" not in progress_text  # the secret is not in progress reports
