@@ -41,9 +41,12 @@ class S3Endpoint:
     @property
     def fs_cli_args(self) -> list[str]:
         return [
-            "--fs-option", f"endpoint_url={self.endpoint_url}",
-            "--fs-option", "key=testing",
-            "--fs-option", "secret=testing",
+            "--fs-option",
+            f"endpoint_url={self.endpoint_url}",
+            "--fs-option",
+            "key=testing",
+            "--fs-option",
+            "secret=testing",
         ]
 
     @property

@@ -11,14 +11,19 @@ from pathlib import Path
 from typing import Any
 
 from logcheck import check_log
+
 from replog.log import ReplicationLog
 
 APPS = Path(__file__).parent / "apps"
 
 
 def run_app(
-    app: str, *args: str, fault: str | None = None, action: str = "kill",
-    extra_env: dict[str, str] | None = None, timeout: int = 600,
+    app: str,
+    *args: str,
+    fault: str | None = None,
+    action: str = "kill",
+    extra_env: dict[str, str] | None = None,
+    timeout: int = 600,
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **(extra_env or {})}
     env.pop("REPLOG_FAULT", None)
@@ -26,19 +31,30 @@ def run_app(
         env["REPLOG_FAULT"] = fault
         env["REPLOG_FAULT_ACTION"] = action
     return subprocess.run(
-        [sys.executable, str(APPS / app), *args], capture_output=True, text=True,
-        timeout=timeout, env=env, start_new_session=True,
+        [sys.executable, str(APPS / app), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        start_new_session=True,
+        check=False,
     )
 
 
 def fill_source(log: ReplicationLog, commits: int = 6, per_commit: int = 100) -> None:
     for c in range(commits):
-        log.append([
-            {"event_id": f"e{c:02d}-{i:03d}", "key": f"k{i % 13}", "data": {"n": c * 1000 + i},
-             "collection": ["customers", "orders"][i % 2],
-             "operation": ["insert", "update", "delete"][i % 3]}
-            for i in range(per_commit)
-        ])
+        log.append(
+            [
+                {
+                    "event_id": f"e{c:02d}-{i:03d}",
+                    "key": f"k{i % 13}",
+                    "data": {"n": c * 1000 + i},
+                    "collection": ["customers", "orders"][i % 2],
+                    "operation": ["insert", "update", "delete"][i % 3],
+                }
+                for i in range(per_commit)
+            ]
+        )
 
 
 def key_histories(rows: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -60,7 +76,9 @@ def assert_exact_replica(source: ReplicationLog, target: ReplicationLog) -> None
     for row in target_rows:
         original = by_id[row["event_id"]]
         assert (row["data"], row["operation"], row["collection"]) == (
-            original["data"], original["operation"], original["collection"]
+            original["data"],
+            original["operation"],
+            original["collection"],
         )
 
 

@@ -6,9 +6,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from clirun import replog
 from logcheck import check_key_order, check_log
+
 from replog.errors import ManifestConflictError
 from replog.log import ReplicationLog
 from replog.manifest import CheckpointManifest

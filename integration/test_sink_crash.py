@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-
 from replication import assert_exact_replica, batches, fill_source, run_app
+
 from replog.log import ReplicationLog
 from replog.sink_protocol import SinkCommitter
 
@@ -73,8 +73,9 @@ def test_task_failures_are_retried_without_duplicates(tmp_path: Path) -> None:
     source_url, target_url, checkpoint = (str(tmp_path / n) for n in ("A", "B", "chk"))
     source = ReplicationLog.create(source_url, 3)
     fill_source(source)
-    result = run_app("replicate.py", source_url, target_url, checkpoint,
-                     fault="write_task", action="raise")
+    result = run_app(
+        "replicate.py", source_url, target_url, checkpoint, fault="write_task", action="raise"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "injected fault at write_task" in result.stderr  # tasks really failed
     assert_exact_replica(source, ReplicationLog.open(target_url))
@@ -84,8 +85,14 @@ def test_abort_after_commit_never_undoes_the_epoch(tmp_path: Path) -> None:
     source_url, target_url, checkpoint = (str(tmp_path / n) for n in ("A", "B", "chk"))
     source = ReplicationLog.create(source_url, 3)
     fill_source(source)
-    failed = run_app("replicate.py", source_url, target_url, checkpoint,
-                     fault="after_log_commit@1", action="raise")
+    failed = run_app(
+        "replicate.py",
+        source_url,
+        target_url,
+        checkpoint,
+        fault="after_log_commit@1",
+        action="raise",
+    )
     assert failed.returncode != 0
     target = ReplicationLog.open(target_url)
     assert sum(target.head().values()) == 300  # epoch 1 is in the log despite the failure

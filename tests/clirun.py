@@ -12,6 +12,11 @@ REPLOG = str(Path(sys.executable).with_name("replog"))
 
 def replog(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [REPLOG, *args], input=stdin, capture_output=True, text=True, timeout=300,
+        [REPLOG, *args],
+        check=False,
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ},
     )

@@ -2,13 +2,23 @@ import json
 from pathlib import Path
 
 from clirun import replog
+
 from replog.log import ReplicationLog
 
-LINES = "\n".join(
-    json.dumps({"key": f"k{i % 4}", "data": {"n": i}, "collection": "orders",
-                "operation": ["insert", "update", "delete"][i % 3]})
-    for i in range(25)
-) + "\n"
+LINES = (
+    "\n".join(
+        json.dumps(
+            {
+                "key": f"k{i % 4}",
+                "data": {"n": i},
+                "collection": "orders",
+                "operation": ["insert", "update", "delete"][i % 3],
+            }
+        )
+        for i in range(25)
+    )
+    + "\n"
+)
 
 
 def test_create_append_info_read_verify(tmp_path: Path) -> None:
@@ -86,7 +96,9 @@ def test_consumer_offsets_and_manifest_commands(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     shown = json.loads(replog("consumer", "show", url, "--consumer", "etl", "--json").stdout)
     assert shown["offsets"]["0"] == 3 and shown["total_lag"] == 22
-    assert replog("consumer", "set", url, "--consumer", "etl", "--offsets", "latest").returncode == 0
+    assert (
+        replog("consumer", "set", url, "--consumer", "etl", "--offsets", "latest").returncode == 0
+    )
     shown = json.loads(replog("consumer", "show", url, "--consumer", "etl", "--json").stdout)
     assert shown["total_lag"] == 0
     beyond = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"1": 999}')

@@ -45,8 +45,14 @@ def test_bad_records_name_the_line_and_field(record: dict, message: str) -> None
 
 def test_table_input_casts_strings_and_fills_defaults() -> None:
     table = events_from_table(
-        pa.table({"data": ["a", "b"], "key": ["k1", None], "shard": [9, 9],
-                  "operation": [None, "delete"]}),
+        pa.table(
+            {
+                "data": ["a", "b"],
+                "key": ["k1", None],
+                "shard": [9, 9],
+                "operation": [None, "delete"],
+            }
+        ),
         default_collection="users",
     )
     rows = table.to_pylist()
@@ -62,7 +68,10 @@ def test_table_input_casts_strings_and_fills_defaults() -> None:
         ({"key": ["k"]}, "column 'data' (binary or string) is required"),
         ({"data": [1]}, "column 'data' must be binary or string, got int64"),
         ({"data": ["x"], "extra": [1]}, "unknown column(s) ['extra']"),
-        ({"data": ["x"], "operation": ["merge"]}, "column 'operation' has invalid value(s) ['merge']"),
+        (
+            {"data": ["x"], "operation": ["merge"]},
+            "column 'operation' has invalid value(s) ['merge']",
+        ),
         ({"data": ["x"], "key": [3]}, "column 'key' must be a string"),
         ({"data": pa.array([None], pa.string())}, "column 'data' has 1 null value(s)"),
     ],

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-
 from logcheck import check_key_order, check_log
+
 from replog.errors import (
     CorruptionError,
     InvalidEventError,
@@ -28,8 +28,13 @@ def log_url(request: pytest.FixtureRequest, memory_url: str, tmp_path: Path) -> 
 
 def events(n: int, start: int = 0, writer: str = "w") -> list[dict]:
     return [
-        {"event_id": f"{writer}-{i}", "key": f"{writer}-k{i % 5}", "data": {"n": i},
-         "collection": "orders", "operation": "update" if i % 3 else "insert"}
+        {
+            "event_id": f"{writer}-{i}",
+            "key": f"{writer}-k{i % 5}",
+            "data": {"n": i},
+            "collection": "orders",
+            "operation": "update" if i % 3 else "insert",
+        }
         for i in range(start, start + n)
     ]
 
@@ -125,7 +130,7 @@ def test_torn_commit_record_is_reported(log_url: str) -> None:
     log.append(events(3))
     data = log.storage.read(commit_path(1))
     log.storage.write(commit_path(1), data[: len(data) // 2])
-    with pytest.raises(CorruptionError, match="00000000000000000001.json"):
+    with pytest.raises(CorruptionError, match=r"00000000000000000001\.json"):
         ReplicationLog.open(log_url).refresh()
 
 
@@ -141,7 +146,8 @@ def test_verify_finds_flipped_byte_and_truncation(log_url: str) -> None:
     log.storage.write(second.path, log.storage.read(second.path)[:100])
     problems = log.verify()
     assert {p.path for p in problems} == {
-        log.storage.path(first.path), log.storage.path(second.path)
+        log.storage.path(first.path),
+        log.storage.path(second.path),
     }
     assert all("checksum mismatch" in p.message for p in problems)
     with pytest.raises(CorruptionError, match=first.path):
@@ -176,8 +182,9 @@ def test_racing_processes_on_local_disk(tmp_path: Path) -> None:
     ReplicationLog.create(url, 4, snapshot_interval=7)
     worker = Path(__file__).parent / "procs" / "append_worker.py"
     procs = [
-        subprocess.Popen([sys.executable, str(worker), url, f"p{n}", "15", "20"],
-                         env={**os.environ})
+        subprocess.Popen(
+            [sys.executable, str(worker), url, f"p{n}", "15", "20"], env={**os.environ}
+        )
         for n in range(4)
     ]
     assert [p.wait(timeout=300) for p in procs] == [0, 0, 0, 0]

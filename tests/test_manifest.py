@@ -11,7 +11,9 @@ from replog.records import seal
 
 
 def sample(checkpoint_id: int = 1) -> CheckpointManifest:
-    manifest = CheckpointManifest(checkpoint_id=checkpoint_id, epoch=7, timestamp_ms=1_700_000_000_000)
+    manifest = CheckpointManifest(
+        checkpoint_id=checkpoint_id, epoch=7, timestamp_ms=1_700_000_000_000
+    )
     manifest.source_offsets["replog:abc"] = ConnectorCheckpoint({"0": 41, "1": 0}, 7, {"url": "x"})
     manifest.sink_epochs["s1"] = 6
     manifest.sink_commit_statuses["s1"] = SinkCommitStatus.committed()
@@ -35,7 +37,8 @@ def test_json_round_trip() -> None:
     again = CheckpointManifest.from_json(json.loads(json.dumps(manifest.to_json())))
     assert again == manifest
     assert manifest.to_json()["sink_commit_statuses"] == {
-        "s1": "Committed", "s2": {"Failed": "task lost"}
+        "s1": "Committed",
+        "s2": {"Failed": "task lost"},
     }
     assert manifest.validate() == []
 
@@ -52,7 +55,8 @@ def test_newer_fields_survive_a_rewrite(store: ManifestStore) -> None:
     store.storage.put_if_absent(manifest_name(1), seal(document))
     loaded = store.load_latest()
     assert loaded is not None and loaded.extra == {
-        "operator_states": {"op": {"external": True}}, "shiny": 1
+        "operator_states": {"op": {"external": True}},
+        "shiny": 1,
     }
     store.save(loaded.next())
     rewritten = json.loads(store.storage.read(manifest_name(2)))
@@ -138,7 +142,7 @@ def test_corrupt_latest_falls_back_with_warning(
 def test_all_corrupt_is_an_error(store: ManifestStore) -> None:
     store.save(sample(1))
     store.storage.write(manifest_name(1), b"{")
-    with pytest.raises(ManifestNotFoundError, match="00000000000000000001.json"):
+    with pytest.raises(ManifestNotFoundError, match=r"00000000000000000001\.json"):
         store.load_latest()
 
 

@@ -26,9 +26,7 @@ def test_vectorised_hash_matches_reference_for_mixed_lengths() -> None:
 def test_vectorised_hash_on_sliced_and_chunked_arrays() -> None:
     keys = [f"key-{i}" for i in range(1000)]
     sliced = pa.array(keys).slice(100, 50)
-    assert [int(h) for h in fnv1a_64_array(sliced)] == [
-        fnv1a_64(k.encode()) for k in keys[100:150]
-    ]
+    assert [int(h) for h in fnv1a_64_array(sliced)] == [fnv1a_64(k.encode()) for k in keys[100:150]]
     chunked = pa.chunked_array([keys[:10], keys[10:20]])
     assert list(shards_of(chunked, 8)) == [shard_of(k, 8) for k in keys[:20]]
 

@@ -7,10 +7,10 @@ import threading
 from pathlib import Path
 
 import pytest
-from pyspark.sql import functions as F
-
 from logcheck import check_log
+from pyspark.sql import functions as F
 from replication import assert_exact_replica, fill_source
+
 from replog.consumers import sink_store
 from replog.log import ReplicationLog
 
@@ -24,7 +24,8 @@ def test_batch_write_appends_with_defaults(spark, tmp_path: Path) -> None:
         "key string, data string, operation string",
     )
     frame.write.format("replog-sink").mode("append").option("shards", "3").option(
-        "collection", "orders").save(target)
+        "collection", "orders"
+    ).save(target)
     log = ReplicationLog.open(target)
     rows = check_log(log)
     assert log.shards == 3 and len(rows) == 40
@@ -43,8 +44,9 @@ def test_batch_write_appends_with_defaults(spark, tmp_path: Path) -> None:
         ("data string, timestamp string", "column 'timestamp' has type string"),
     ],
 )
-def test_bad_input_schema_is_rejected_before_staging(spark, tmp_path: Path, columns: str,
-                                                     message: str) -> None:
+def test_bad_input_schema_is_rejected_before_staging(
+    spark, tmp_path: Path, columns: str, message: str
+) -> None:
     frame = spark.createDataFrame([], columns)
     with pytest.raises(Exception, match=re.escape(message)):
         frame.write.format("replog-sink").mode("append").save(str(tmp_path / "B"))
@@ -70,14 +72,22 @@ def test_streaming_replication_is_exact_and_continuous(spark, tmp_path: Path) ->
     source = ReplicationLog.create(str(tmp_path / "A"), 3)
     fill_source(source, commits=2, per_commit=60)
     target_url = str(tmp_path / "B")
-    query = (spark.readStream.format("replog").load(source.url)
-             .writeStream.format("replog-sink").option("checkpointLocation", str(tmp_path / "c"))
-             .start(target_url))
+    query = (
+        spark.readStream.format("replog")
+        .load(source.url)
+        .writeStream.format("replog-sink")
+        .option("checkpointLocation", str(tmp_path / "c"))
+        .start(target_url)
+    )
     try:
         query.processAllAvailable()
         assert_exact_replica(source, ReplicationLog.open(target_url))
-        source.append([{"event_id": f"more-{i}", "key": f"k{i % 13}", "data": {"n": 10_000 + i}}
-                       for i in range(45)])
+        source.append(
+            [
+                {"event_id": f"more-{i}", "key": f"k{i % 13}", "data": {"n": 10_000 + i}}
+                for i in range(45)
+            ]
+        )
         query.processAllAvailable()
         assert_exact_replica(source, ReplicationLog.open(target_url))
     finally:
@@ -88,16 +98,24 @@ def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
     sources = []
     for name in ("A1", "A2"):
         log = ReplicationLog.create(str(tmp_path / name), 2)
-        log.append([{"event_id": f"{name}-{i}", "key": f"{name}-k{i % 5}", "data": {"n": i}}
-                    for i in range(300)])
+        log.append(
+            [
+                {"event_id": f"{name}-{i}", "key": f"{name}-k{i % 5}", "data": {"n": i}}
+                for i in range(300)
+            ]
+        )
         sources.append(log)
     target = str(tmp_path / "B")
     ReplicationLog.create(target, 4)
     queries = [
-        spark.readStream.format("replog").option("maxEventsPerTrigger", "50").load(log.url)
-        .writeStream.format("replog-sink").option("sinkId", f"from-{i}")
+        spark.readStream.format("replog")
+        .option("maxEventsPerTrigger", "50")
+        .load(log.url)
+        .writeStream.format("replog-sink")
+        .option("sinkId", f"from-{i}")
         .option("checkpointLocation", str(tmp_path / f"chk{i}"))
-        .trigger(availableNow=True).start(target)
+        .trigger(availableNow=True)
+        .start(target)
         for i, log in enumerate(sources)
     ]
     waiters = [threading.Thread(target=q.awaitTermination) for q in queries]
@@ -108,7 +126,8 @@ def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
     log = ReplicationLog.open(target)
     rows = check_log(log)
     assert sorted(r["event_id"] for r in rows) == sorted(
-        f"{name}-{i}" for name in ("A1", "A2") for i in range(300))
+        f"{name}-{i}" for name in ("A1", "A2") for i in range(300)
+    )
     info = log.info()
     assert set(info["sinks"]) == {"from-0", "from-1"}
     assert info["version"] >= 12  # at least 6 epochs each, interleaved commits
@@ -116,15 +135,32 @@ def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
 
 def test_transformed_stream_masks_a_field(spark, tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "A"), 2)
-    source.append([{"key": f"c{i}", "collection": "customers",
-                    "data": {"id": i, "email": f"user{i}@example.com"}} for i in range(20)])
-    masked = (spark.readStream.format("replog").load(source.url)
-              .withColumn("data", F.regexp_replace(F.col("data").cast("string"),
-                                                   r'"email":"[^"]*"', '"email":"***"'))
-              .drop("shard", "sequence"))
-    query = (masked.writeStream.format("replog-sink").option("sinkId", "masked")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True)
-             .start(str(tmp_path / "B")))
+    source.append(
+        [
+            {
+                "key": f"c{i}",
+                "collection": "customers",
+                "data": {"id": i, "email": f"user{i}@example.com"},
+            }
+            for i in range(20)
+        ]
+    )
+    masked = (
+        spark.readStream.format("replog")
+        .load(source.url)
+        .withColumn(
+            "data",
+            F.regexp_replace(F.col("data").cast("string"), r'"email":"[^"]*"', '"email":"***"'),
+        )
+        .drop("shard", "sequence")
+    )
+    query = (
+        masked.writeStream.format("replog-sink")
+        .option("sinkId", "masked")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start(str(tmp_path / "B"))
+    )
     query.awaitTermination()
     rows = check_log(ReplicationLog.open(str(tmp_path / "B")))
     assert len(rows) == 20 and all(b"***" in r["data"] and b"@" not in r["data"] for r in rows)

@@ -2,17 +2,16 @@
 
 from __future__ import annotations
 
-import re
 import json
+import re
 from pathlib import Path
 
 import pytest
-
 from replication import fill_source
+
 from replog import consumers
-from replog.log import ReplicationLog
+from replog.log import ReplicationLog, now_ms
 from replog.records import TRUNCATE, CommitRecord
-from replog.log import now_ms
 
 pytestmark = pytest.mark.spark
 
@@ -23,7 +22,8 @@ def ids(rows) -> list[str]:
 
 def source_ids(log: ReplicationLog) -> list[str]:
     return sorted(
-        event_id for shard in range(log.shards)
+        event_id
+        for shard in range(log.shards)
         for event_id in log.read_table(shard).column("event_id").to_pylist()
     )
 
@@ -33,8 +33,15 @@ def test_schema_and_batch_read_without_register(spark, tmp_path: Path) -> None:
     fill_source(log, commits=2, per_commit=50)
     frame = spark.read.format("replog").load(log.url)
     assert [f.name for f in frame.schema.fields] == [
-        "shard", "sequence", "event_id", "timestamp", "operation", "collection", "key",
-        "data", "metadata",
+        "shard",
+        "sequence",
+        "event_id",
+        "timestamp",
+        "operation",
+        "collection",
+        "key",
+        "data",
+        "metadata",
     ]
     rows = frame.collect()
     assert ids(rows) == source_ids(log)
@@ -45,9 +52,13 @@ def test_schema_and_batch_read_without_register(spark, tmp_path: Path) -> None:
 def test_batch_read_with_offsets_and_partition_split(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=3, per_commit=40)
-    frame = (spark.read.format("replog").option("startingOffsets", '{"0": 5}')
-             .option("endingOffsets", '{"0": 30, "1": 10}')
-             .option("maxEventsPerPartition", "7").load(log.url))
+    frame = (
+        spark.read.format("replog")
+        .option("startingOffsets", '{"0": 5}')
+        .option("endingOffsets", '{"0": 30, "1": 10}')
+        .option("maxEventsPerPartition", "7")
+        .load(log.url)
+    )
     rows = frame.collect()
     by_shard = {s: sorted(r["sequence"] for r in rows if r["shard"] == s) for s in (0, 1)}
     assert by_shard == {0: list(range(6, 31)), 1: list(range(1, 11))}
@@ -57,9 +68,14 @@ def test_batch_read_with_offsets_and_partition_split(spark, tmp_path: Path) -> N
 def test_stream_sees_events_appended_while_running(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 3)
     fill_source(log, commits=1, per_commit=30)
-    query = (spark.readStream.format("replog").load(log.url)
-             .writeStream.format("memory").queryName("live_events")
-             .option("checkpointLocation", str(tmp_path / "chk")).start())
+    query = (
+        spark.readStream.format("replog")
+        .load(log.url)
+        .writeStream.format("memory")
+        .queryName("live_events")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start()
+    )
     try:
         query.processAllAvailable()
         assert spark.table("live_events").count() == 30
@@ -79,9 +95,16 @@ def test_restart_from_checkpoint_neither_skips_nor_repeats(spark, tmp_path: Path
     out, chk = str(tmp_path / "out"), str(tmp_path / "chk")
 
     def run() -> list[int]:
-        query = (spark.readStream.format("replog").option("maxEventsPerTrigger", "40")
-                 .load(log.url).writeStream.format("parquet").option("path", out)
-                 .option("checkpointLocation", chk).trigger(availableNow=True).start())
+        query = (
+            spark.readStream.format("replog")
+            .option("maxEventsPerTrigger", "40")
+            .load(log.url)
+            .writeStream.format("parquet")
+            .option("path", out)
+            .option("checkpointLocation", chk)
+            .trigger(availableNow=True)
+            .start()
+        )
         query.awaitTermination()
         return [p["numInputRows"] for p in query.recentProgress]
 
@@ -98,9 +121,15 @@ def test_restart_from_checkpoint_neither_skips_nor_repeats(spark, tmp_path: Path
 def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=2, per_commit=40)
-    query = (spark.readStream.format("replog").option("consumer", "etl").load(log.url)
-             .writeStream.format("memory").queryName("etl_first")
-             .option("checkpointLocation", str(tmp_path / "chk1")).start())
+    query = (
+        spark.readStream.format("replog")
+        .option("consumer", "etl")
+        .load(log.url)
+        .writeStream.format("memory")
+        .queryName("etl_first")
+        .option("checkpointLocation", str(tmp_path / "chk1"))
+        .start()
+    )
     try:
         query.processAllAvailable()
         fill_source(log, commits=1, per_commit=10)
@@ -109,9 +138,15 @@ def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) 
         query.stop()
     committed = consumers.committed_offsets(log, "etl")
     assert committed is not None and sum(committed.offsets.values()) >= 80
-    query = (spark.readStream.format("replog").option("consumer", "etl").load(log.url)
-             .writeStream.format("memory").queryName("etl_second")
-             .option("checkpointLocation", str(tmp_path / "chk2")).start())
+    query = (
+        spark.readStream.format("replog")
+        .option("consumer", "etl")
+        .load(log.url)
+        .writeStream.format("memory")
+        .queryName("etl_second")
+        .option("checkpointLocation", str(tmp_path / "chk2"))
+        .start()
+    )
     try:
         query.processAllAvailable()
     finally:
@@ -126,9 +161,15 @@ def test_max_bytes_per_trigger_bounds_batches(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=4, per_commit=50)
     per_event = log.info()["bytes"] / 200
-    query = (spark.readStream.format("replog").option("maxBytesPerTrigger", str(int(per_event * 60)))
-             .load(log.url).writeStream.format("noop")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True).start())
+    query = (
+        spark.readStream.format("replog")
+        .option("maxBytesPerTrigger", str(int(per_event * 60)))
+        .load(log.url)
+        .writeStream.format("noop")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     sizes = [p["numInputRows"] for p in query.recentProgress]
     assert sum(sizes) == 200 and len(sizes) >= 3 and max(sizes) <= 61
@@ -138,15 +179,30 @@ def test_data_loss_is_reported_or_skipped(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 1)
     fill_source(log, commits=3, per_commit=10)
     first = log.state().segments[0][0]
-    log.commit_record(lambda state: CommitRecord(
-        version=state.version + 1, timestamp_ms=now_ms(), operation=TRUNCATE,
-        remove=(first,), low_watermarks={0: 11}))
-    with pytest.raises(Exception, match=r"shard 0: events from sequence 1 were requested but "
-                                        r"the log only holds sequences from 11"):
+    log.commit_record(
+        lambda state: CommitRecord(
+            version=state.version + 1,
+            timestamp_ms=now_ms(),
+            operation=TRUNCATE,
+            remove=(first,),
+            low_watermarks={0: 11},
+        )
+    )
+    with pytest.raises(
+        Exception,
+        match=r"shard 0: events from sequence 1 were requested but "
+        r"the log only holds sequences from 11",
+    ):
         spark.read.format("replog").option("startingOffsets", "earliest").option(
-            "endingOffsets", "latest").option("startingOffsets", '{"0": 0}').load(log.url).count()
-    rows = (spark.read.format("replog").option("startingOffsets", '{"0": 0}')
-            .option("failOnDataLoss", "false").load(log.url).collect())
+            "endingOffsets", "latest"
+        ).option("startingOffsets", '{"0": 0}').load(log.url).count()
+    rows = (
+        spark.read.format("replog")
+        .option("startingOffsets", '{"0": 0}')
+        .option("failOnDataLoss", "false")
+        .load(log.url)
+        .collect()
+    )
     assert sorted(r["sequence"] for r in rows) == list(range(11, 31))
 
 
@@ -157,13 +213,18 @@ def test_data_loss_is_reported_or_skipped(spark, tmp_path: Path) -> None:
         ("startingOffsets", "{oops", "option 'startingOffsets': '{oops' is neither"),
         ("startingOffsets", '{"9": 1}', "shard 9 does not exist"),
         ("maxEventsPerTrigger", "-5", "option 'maxEventsPerTrigger': must be a positive"),
-        ("maxEventsPerPartition", "lots", "option 'maxEventsPerPartition': 'lots' is not an integer"),
+        (
+            "maxEventsPerPartition",
+            "lots",
+            "option 'maxEventsPerPartition': 'lots' is not an integer",
+        ),
         ("failOnDataLoss", "maybe", "option 'failOnDataLoss': expected true or false"),
         ("endingOffsets", "earliest", "option 'endingOffsets': 'earliest' is not allowed"),
     ],
 )
-def test_bad_options_name_the_option(spark, tmp_path: Path, option: str, value: str,
-                                     message: str) -> None:
+def test_bad_options_name_the_option(
+    spark, tmp_path: Path, option: str, value: str, message: str
+) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=1, per_commit=5)
     with pytest.raises(Exception, match=re.escape(message)):
@@ -174,10 +235,16 @@ def test_stream_from_s3_endpoint(spark, s3, tmp_path: Path) -> None:
     url = s3.url("logs", "A")
     log = ReplicationLog.create(url, 2, storage_options=s3.storage_options)
     fill_source(log, commits=2, per_commit=25)
-    query = (spark.readStream.format("replog").options(**s3.spark_options).load(url)
-             .writeStream.format("memory").queryName("from_s3")
-             .option("checkpointLocation", str(tmp_path / "chk")).trigger(availableNow=True)
-             .start())
+    query = (
+        spark.readStream.format("replog")
+        .options(**s3.spark_options)
+        .load(url)
+        .writeStream.format("memory")
+        .queryName("from_s3")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start()
+    )
     query.awaitTermination()
     rows = spark.table("from_s3").collect()
     assert ids(rows) == source_ids(log)

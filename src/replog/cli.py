@@ -18,6 +18,7 @@ from replog import consumers
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError
 from replog.events import events_from_records
 from replog.log import ReplicationLog
+from replog.manifest import CheckpointManifest
 from replog.manifest_store import ManifestStore
 from replog.offsets import parse_offsets_json
 from replog.storage import coerce_option_value
@@ -50,9 +51,7 @@ def _print_json(document: Any) -> None:
 
 
 def cmd_create(args: argparse.Namespace) -> int:
-    log = ReplicationLog.create(
-        args.url, args.shards, storage_options=_fs_options(args.fs_option)
-    )
+    log = ReplicationLog.create(args.url, args.shards, storage_options=_fs_options(args.fs_option))
     print(f"created {log.url} with {log.shards} shards")
     return 0
 
@@ -62,8 +61,9 @@ def _json_lines(stream: IO[str], total_bytes: int | None) -> Iterator[tuple[int,
     if total_bytes is not None and total_bytes >= PROGRESS_MIN_BYTES:
         from tqdm import tqdm  # noqa: PLC0415 - only for large inputs
 
-        progress = tqdm(total=total_bytes, unit="B", unit_scale=True, desc="parsing",
-                        file=sys.stderr)
+        progress = tqdm(
+            total=total_bytes, unit="B", unit_scale=True, desc="parsing", file=sys.stderr
+        )
     for number, line in enumerate(stream, start=1):
         if progress is not None:
             progress.update(len(line.encode("utf-8")))
@@ -112,8 +112,10 @@ def cmd_append(args: argparse.Namespace) -> int:
     commit = log.append(pa.concat_tables(tables))
     assert commit is not None
     events = sum(segment.events for segment in commit.add)
-    print(f"appended {events} events to {log.url} as version {commit.version} "
-          f"({len(commit.add)} segments)")
+    print(
+        f"appended {events} events to {log.url} as version {commit.version} "
+        f"({len(commit.add)} segments)"
+    )
     return 0
 
 
@@ -185,9 +187,9 @@ def cmd_manifest(args: argparse.Namespace) -> int:
         latest = store.latest_id()
         for checkpoint_id in ids:
             try:
-                manifest = store.load(checkpoint_id)
-                stamp = datetime.fromtimestamp(manifest.timestamp_ms / 1000, timezone.utc)
-                summary = f"epoch {manifest.epoch}  {stamp:%Y-%m-%d %H:%M:%S}Z"
+                listed = store.load(checkpoint_id)
+                stamp = datetime.fromtimestamp(listed.timestamp_ms / 1000, timezone.utc)
+                summary = f"epoch {listed.epoch}  {stamp:%Y-%m-%d %H:%M:%S}Z"
             except (ReplogError, FileNotFoundError) as exc:
                 summary = f"UNREADABLE: {exc}"
             marker = "*" if checkpoint_id == latest else " "
@@ -195,7 +197,9 @@ def cmd_manifest(args: argparse.Namespace) -> int:
         if not ids:
             print(f"no manifests in {store.url}")
         return 0
-    manifest = store.load(args.id) if args.id is not None else store.load_latest()
+    manifest: CheckpointManifest | None = (
+        store.load(args.id) if args.id is not None else store.load_latest()
+    )
     if manifest is None:
         raise InvalidOptionError(f"no manifests in {store.url}")
     if args.action == "show":
@@ -232,12 +236,17 @@ def cmd_consumer(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(document, sort_keys=True))
         else:
-            state = "never committed" if position is None else (
-                f"checkpoint {position.checkpoint_id}, epoch {position.epoch}")
+            state = (
+                "never committed"
+                if position is None
+                else (f"checkpoint {position.checkpoint_id}, epoch {position.epoch}")
+            )
             print(f"consumer {args.consumer} of {log.url}: {state}")
             for item in lag:
-                print(f"  shard {item.shard:>4}: committed {item.committed:>10}  "
-                      f"head {item.head:>10}  lag {item.events:>10}")
+                print(
+                    f"  shard {item.shard:>4}: committed {item.committed:>10}  "
+                    f"head {item.head:>10}  lag {item.events:>10}"
+                )
             print(f"  total lag {document['total_lag']} events")
         return 0
     # set: only safe while the consumer's query is stopped (documented in the help text).
@@ -255,8 +264,9 @@ def cmd_consumer(args: argparse.Namespace) -> int:
                 f"--offsets: shard {shard} set to {sequence}, beyond its head {heads[shard]}"
             )
     manifest = consumers.commit_offsets(log, args.consumer, offsets, epoch=0, note="replog-cli")
-    print(f"consumer {args.consumer}: offsets set to {offsets} "
-          f"(checkpoint {manifest.checkpoint_id})")
+    print(
+        f"consumer {args.consumer}: offsets set to {offsets} (checkpoint {manifest.checkpoint_id})"
+    )
     return 0
 
 
@@ -266,7 +276,10 @@ def cmd_consumer(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument(
-        "--fs-option", action="append", default=[], metavar="NAME=VALUE",
+        "--fs-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
         help="fsspec storage option, e.g. endpoint_url=http://localhost:9000 (repeatable)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
@@ -280,8 +293,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--shards", type=int, default=8, help="number of shards (default 8)")
     p.set_defaults(handler=cmd_create)
 
-    p = sub.add_parser("append", parents=[common],
-                       help="append JSON lines as one atomic commit")
+    p = sub.add_parser("append", parents=[common], help="append JSON lines as one atomic commit")
     p.add_argument("url")
     p.add_argument("file", nargs="?", help="JSON lines file, or - for stdin (default)")
     p.set_defaults(handler=cmd_append)
@@ -309,7 +321,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(handler=cmd_manifest)
 
     p = sub.add_parser(
-        "consumer", parents=[common],
+        "consumer",
+        parents=[common],
         help="show or set a consumer's committed offsets",
         description="'set' rewrites a consumer's committed offsets. It is safe only while "
         "every query reading as that consumer is stopped; a running query keeps its own "
@@ -318,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("action", choices=["list", "show", "set"])
     p.add_argument("url", help="the log")
     p.add_argument("--consumer", default="default")
-    p.add_argument("--offsets", default="earliest",
-                   help="for set: earliest, latest, or JSON {\"0\": 41}")
+    p.add_argument(
+        "--offsets", default="earliest", help='for set: earliest, latest, or JSON {"0": 41}'
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_consumer)
     return parser

@@ -75,5 +75,5 @@ class SinkProtocolError(ReplogError):
     """The sink's commit protocol found a state it must not paper over (e.g. a reset checkpoint)."""
 
 
-class InjectedCrash(ReplogError):
+class InjectedCrashError(ReplogError):
     """Raised by the fault-injection hook in-process mode (tests only)."""

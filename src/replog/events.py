@@ -196,8 +196,12 @@ def events_from_table(
         raise InvalidEventError("column 'data' (binary or string) is required")
     rows = table.num_rows
     data = table.column("data")
-    if not (pa.types.is_binary(data.type) or pa.types.is_large_binary(data.type)
-            or pa.types.is_string(data.type) or pa.types.is_large_string(data.type)):
+    if not (
+        pa.types.is_binary(data.type)
+        or pa.types.is_large_binary(data.type)
+        or pa.types.is_string(data.type)
+        or pa.types.is_large_string(data.type)
+    ):
         raise InvalidEventError(f"column 'data' must be binary or string, got {data.type}")
     data = _cast_column(data, pa.binary(), "data")
     if data.null_count:
@@ -207,8 +211,11 @@ def events_from_table(
         if name not in names:
             return None
         column = table.column(name)
-        if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)
-                or pa.types.is_null(column.type)):
+        if not (
+            pa.types.is_string(column.type)
+            or pa.types.is_large_string(column.type)
+            or pa.types.is_null(column.type)
+        ):
             raise InvalidEventError(f"column {name!r} must be a string, got {column.type}")
         return _cast_column(column, pa.string(), name)
 
@@ -222,7 +229,8 @@ def events_from_table(
             bad = pc.filter(operation, pc.invert(valid))
             values = sorted(set(bad.to_pylist()))[:5]
             raise InvalidEventError(
-                f"column 'operation' has invalid value(s) {values}; allowed: {', '.join(OPERATIONS)}"
+                f"column 'operation' has invalid value(s) {values}; "
+                f"allowed: {', '.join(OPERATIONS)}"
             )
 
     event_id = string_column("event_id")
@@ -248,8 +256,7 @@ def events_from_table(
         ts = table.column("timestamp")
         if not pa.types.is_timestamp(ts.type):
             raise InvalidEventError(f"column 'timestamp' must be a timestamp, got {ts.type}")
-        timestamp = pc.fill_null(_cast_column(ts, pa.timestamp("us", tz="UTC"), "timestamp"),
-                                 stamp)
+        timestamp = pc.fill_null(_cast_column(ts, pa.timestamp("us", tz="UTC"), "timestamp"), stamp)
     else:
         timestamp = pa.array([stamp.as_py()] * rows, pa.timestamp("us", tz="UTC"))
 
@@ -258,10 +265,8 @@ def events_from_table(
     )
 
 
-def to_event_batch(
-    stored: pa.RecordBatch, shard: int, first_sequence: int
-) -> pa.RecordBatch:
-    """Prepend ``shard`` and ``sequence`` to a stored batch, giving an :data:`EVENT_SCHEMA` batch."""
+def to_event_batch(stored: pa.RecordBatch, shard: int, first_sequence: int) -> pa.RecordBatch:
+    """Prepend ``shard`` and ``sequence`` to a stored batch (giving :data:`EVENT_SCHEMA`)."""
     rows = stored.num_rows
     shard_col = pa.array(np.full(rows, shard, dtype=np.int32))
     sequence_col = pa.array(np.arange(first_sequence, first_sequence + rows, dtype=np.int64))

@@ -6,7 +6,7 @@ is killed with SIGKILL. Spark starts its Python workers in process groups of the
 own, so a driver app sets ``REPLOG_FAULT_PGID`` to its own group before starting
 Spark: then the driver, its JVM and every Python worker die at once, as in a machine
 failure. ``REPLOG_FAULT_ACTION=raise``
-raises :class:`InjectedCrash` instead (a task or commit failure Spark can see).
+raises :class:`InjectedCrashError` instead (a task or commit failure Spark can see).
 Unset in production: :func:`fault_point` is then a dictionary lookup.
 """
 
@@ -16,7 +16,7 @@ import logging
 import os
 import signal
 
-from replog.errors import InjectedCrash
+from replog.errors import InjectedCrashError
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +31,6 @@ def fault_point(step: str, epoch: int | None = None) -> None:
     if name != step or (at_epoch and epoch is not None and int(at_epoch) != epoch):
         return
     if os.environ.get("REPLOG_FAULT_ACTION", "kill") == "raise":
-        raise InjectedCrash(f"injected fault at {step} (epoch {epoch})")
+        raise InjectedCrashError(f"injected fault at {step} (epoch {epoch})")
     logger.error("injected fault: killing process group at %s (epoch %s)", step, epoch)
     os.killpg(int(os.environ.get("REPLOG_FAULT_PGID", os.getpgrp())), signal.SIGKILL)

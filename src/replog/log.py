@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.ipc as ipc
+from pyarrow import ipc
 
 from replog.errors import (
     CommitConflictError,
@@ -52,8 +52,8 @@ from replog.segments import (
     StagedSegment,
     decode_segment,
     encode_segment,
-    iter_rows,
     sha256_hex,
+    slice_batches,
     timestamp_range_ms,
 )
 from replog.state import LogState, SinkMark, segments_from_table
@@ -202,7 +202,9 @@ class ReplicationLog:
         try:
             return int(json.loads(data)["version"])
         except (ValueError, KeyError, TypeError):
-            logger.warning("ignoring unreadable snapshot hint %s", self.storage.path(SNAPSHOT_HINT_PATH))
+            logger.warning(
+                "ignoring unreadable snapshot hint %s", self.storage.path(SNAPSHOT_HINT_PATH)
+            )
             return 0
 
     def _load_from_snapshot(self) -> LogState:
@@ -216,7 +218,9 @@ class ReplicationLog:
                 state = self._read_snapshot(version)
                 break
             except CorruptionError as exc:
-                logger.warning("snapshot at version %d unusable (%s); trying an older one", version, exc)
+                logger.warning(
+                    "snapshot at version %d unusable (%s); trying an older one", version, exc
+                )
                 version -= interval
         else:
             state = LogState(shards=self.shards)
@@ -375,7 +379,7 @@ class ReplicationLog:
             )
             if self._try_commit(record):
                 return record
-            time.sleep(random.uniform(0, min(0.2, 0.005 * 2**min(attempt, 6))))
+            time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(attempt, 6))))
         raise CommitConflictError(
             f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
         )
@@ -389,7 +393,7 @@ class ReplicationLog:
             record: CommitRecord = build(self.refresh())
             if self._try_commit(record):
                 return record
-            time.sleep(random.uniform(0, min(0.2, 0.005 * 2**min(attempt, 6))))
+            time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(attempt, 6))))
         raise CommitConflictError(
             f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
         )
@@ -436,9 +440,7 @@ class ReplicationLog:
 
     # -- reading ----------------------------------------------------------------------
 
-    def read(
-        self, shard: int, first: int = 1, last: int | None = None
-    ) -> Iterator[pa.RecordBatch]:
+    def read(self, shard: int, first: int = 1, last: int | None = None) -> Iterator[pa.RecordBatch]:
         """Events of ``shard`` with sequences in ``[first, last]`` (default: to the head).
 
         Raises :class:`DataLossError` if ``first`` was removed by retention.
@@ -515,7 +517,10 @@ class ReplicationLog:
                 try:
                     data = self.storage.read(segment.path)
                     decode_segment(
-                        data, path=path, expected_sha256=segment.sha256, expected_rows=segment.events
+                        data,
+                        path=path,
+                        expected_sha256=segment.sha256,
+                        expected_rows=segment.events,
                     )
                 except FileNotFoundError:
                     problems.append(Problem(path, "segment file is missing"))
@@ -538,12 +543,12 @@ def read_segment(
         raise CorruptionError(
             path, "segment file is missing (removed by retention or compaction after planning?)"
         ) from exc
-    reader = decode_segment(
+    table = decode_segment(
         data, path=path, expected_sha256=segment.sha256, expected_rows=segment.events
     )
     start = max(first, segment.first_sequence)
     stop = min(last, segment.last_sequence)
     sequence = start
-    for batch in iter_rows(reader, start - segment.first_sequence, stop - start + 1):
+    for batch in slice_batches(table, start - segment.first_sequence, stop - start + 1):
         yield to_event_batch(batch, segment.shard, sequence)
         sequence += batch.num_rows

@@ -108,9 +108,20 @@ class CheckpointManifest:
     """Fields written by a newer replog, kept verbatim."""
 
     _KNOWN = (
-        "version", "checkpoint_id", "epoch", "timestamp_ms", "source_offsets", "sink_epochs",
-        "sink_commit_statuses", "sink_query_ids", "source_names", "sink_names",
-        "pipeline_hash", "watermark", "state_checksum", "checksum",
+        "version",
+        "checkpoint_id",
+        "epoch",
+        "timestamp_ms",
+        "source_offsets",
+        "sink_epochs",
+        "sink_commit_statuses",
+        "sink_query_ids",
+        "source_names",
+        "sink_names",
+        "pipeline_hash",
+        "watermark",
+        "state_checksum",
+        "checksum",
     )
 
     def next(self, epoch: int | None = None) -> CheckpointManifest:

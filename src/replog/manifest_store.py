@@ -76,8 +76,9 @@ class ManifestStore:
         try:
             return int(json.loads(data)["checkpoint_id"])
         except (ValueError, KeyError, TypeError):
-            logger.warning("unreadable latest pointer %s; probing manifests",
-                           self.storage.path(LATEST_POINTER))
+            logger.warning(
+                "unreadable latest pointer %s; probing manifests", self.storage.path(LATEST_POINTER)
+            )
             return 0
 
     def load(self, checkpoint_id: int) -> CheckpointManifest:
@@ -127,7 +128,8 @@ class ManifestStore:
             if checkpoint_id != newest:
                 logger.warning(
                     "latest manifest of %s is unusable; fell back to checkpoint %d",
-                    self.url, checkpoint_id,
+                    self.url,
+                    checkpoint_id,
                 )
             return manifest
         raise ManifestNotFoundError(

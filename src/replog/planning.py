@@ -83,9 +83,7 @@ def events_for_bytes(state: LogState, start: Offsets, target: Offsets, max_bytes
     return max(int(max_bytes / (total_bytes / total_events)), 1)
 
 
-def check_data_loss(
-    state: LogState, start: Offsets, *, fail_on_data_loss: bool
-) -> Offsets:
+def check_data_loss(state: LogState, start: Offsets, *, fail_on_data_loss: bool) -> Offsets:
     """``start`` with shards whose next event was removed by retention moved forward.
 
     Raises :class:`DataLossError` unless ``fail_on_data_loss`` is False, in which case
@@ -99,7 +97,11 @@ def check_data_loss(
                 raise DataLossError(shard, wanted, low)
             logger.warning(
                 "shard %d: events %d..%d were removed by retention; skipping to %d "
-                "(failOnDataLoss=false)", shard, wanted, low - 1, low,
+                "(failOnDataLoss=false)",
+                shard,
+                wanted,
+                low - 1,
+                low,
             )
             adjusted[shard] = low - 1
     return adjusted

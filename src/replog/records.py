@@ -51,7 +51,10 @@ def seal(document: dict[str, Any]) -> bytes:
 
 
 def unseal(
-    data: bytes, path: str, *, version_field: str = "format_version",
+    data: bytes,
+    path: str,
+    *,
+    version_field: str = "format_version",
     max_version: int = FORMAT_VERSION,
 ) -> dict[str, Any]:
     """Parse a sealed record, checking its checksum and that its version is one we read."""

@@ -8,13 +8,12 @@ before it knows its sequences. Every read checks the SHA-256 recorded at commit.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
+from pyarrow import ipc
 
 from replog.errors import CorruptionError
 from replog.events import STORED_SCHEMA
@@ -98,10 +97,8 @@ def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def decode_segment(
-    data: bytes, *, path: str, expected_sha256: str, expected_rows: int
-) -> ipc.RecordBatchFileReader:
-    """Check a segment's bytes against its commit entry and open it.
+def decode_segment(data: bytes, *, path: str, expected_sha256: str, expected_rows: int) -> pa.Table:
+    """Check a segment's bytes against its commit entry and decode it (once).
 
     Raises :class:`CorruptionError` naming ``path`` on a checksum mismatch, a row count
     that differs from the commit, or bytes Arrow cannot decode.
@@ -114,30 +111,19 @@ def decode_segment(
             f"({len(data)} bytes)",
         )
     try:
-        reader = ipc.open_file(pa.BufferReader(data))
+        table = ipc.open_file(pa.BufferReader(data)).read_all()
     except (pa.ArrowInvalid, OSError) as exc:
         raise CorruptionError(path, f"not a readable Arrow IPC file: {exc}") from exc
-    rows = sum(reader.get_batch(i).num_rows for i in range(reader.num_record_batches))
-    if rows != expected_rows:
-        raise CorruptionError(path, f"holds {rows} events, its commit says {expected_rows}")
-    if not reader.schema.equals(STORED_SCHEMA):
-        raise CorruptionError(path, f"unexpected schema {reader.schema}")
-    return reader
+    if table.num_rows != expected_rows:
+        raise CorruptionError(
+            path, f"holds {table.num_rows} events, its commit says {expected_rows}"
+        )
+    if not table.schema.equals(STORED_SCHEMA):
+        raise CorruptionError(path, f"unexpected schema {table.schema}")
+    return table
 
 
-def iter_rows(
-    reader: ipc.RecordBatchFileReader, skip: int, take: int
-) -> Iterator[pa.RecordBatch]:
-    """Batches covering rows ``[skip, skip + take)`` of an open segment, without copying."""
-    position = 0
-    end = skip + take
-    for index in range(reader.num_record_batches):
-        batch = reader.get_batch(index)
-        batch_end = position + batch.num_rows
-        if batch_end > skip and position < end:
-            lo = max(skip - position, 0)
-            hi = min(end, batch_end) - position
-            yield batch.slice(lo, hi - lo) if (lo, hi) != (0, batch.num_rows) else batch
-        position = batch_end
-        if position >= end:
-            break
+def slice_batches(table: pa.Table, skip: int, take: int) -> list[pa.RecordBatch]:
+    """The record batches of rows ``[skip, skip + take)``, without copying."""
+    batches: list[pa.RecordBatch] = table.slice(skip, take).to_batches()
+    return batches

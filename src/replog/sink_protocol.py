@@ -79,8 +79,9 @@ class SinkCommitter:
         if mark.epoch != writer.epoch:
             return None  # an earlier epoch of a sink that has moved on: held, record not needed
         relative = commit_path(mark.version)
-        return CommitRecord.from_bytes(self.log.storage.read(relative),
-                                       self.log.storage.path(relative))
+        return CommitRecord.from_bytes(
+            self.log.storage.read(relative), self.log.storage.path(relative)
+        )
 
     def _discard(self, staged: Sequence[StagedSegment], keep: CommitRecord | None) -> None:
         """Delete staged files, except any that ``keep`` (a committed record) made visible."""
@@ -107,8 +108,12 @@ class SinkCommitter:
         if self.log.holds_epoch(writer):
             resolved.sink_commit_statuses[self.sink_id] = SinkCommitStatus.committed()
             resolved.sink_epochs[self.sink_id] = manifest.epoch
-            logger.warning("sink %s: Pending epoch %d was committed to the log before a crash; "
-                           "marked Committed", self.sink_id, manifest.epoch)
+            logger.warning(
+                "sink %s: Pending epoch %d was committed to the log before a crash; "
+                "marked Committed",
+                self.sink_id,
+                manifest.epoch,
+            )
             committed = True
         else:
             resolved.sink_commit_statuses[self.sink_id] = SinkCommitStatus.failed(
@@ -116,9 +121,13 @@ class SinkCommitter:
             )
             for path in pending:
                 self.log.storage.delete(path)
-            logger.warning("sink %s: Pending epoch %d never reached the log; rolled back "
-                           "(%d staged files deleted); Spark replays it",
-                           self.sink_id, manifest.epoch, len(pending))
+            logger.warning(
+                "sink %s: Pending epoch %d never reached the log; rolled back "
+                "(%d staged files deleted); Spark replays it",
+                self.sink_id,
+                manifest.epoch,
+                len(pending),
+            )
             committed = False
         self._save(resolved)
         return PendingResolution(manifest.epoch, query_id, committed), resolved
@@ -134,21 +143,29 @@ class SinkCommitter:
         last_epoch = manifest.sink_epochs.get(self.sink_id)
         if previous_query == query_id and last_epoch is not None and epoch <= last_epoch:
             self._discard(staged, self._committed_record(writer))
-            logger.info("sink %s: epoch %d already committed (replay); skipped",
-                        self.sink_id, epoch)
+            logger.info(
+                "sink %s: epoch %d already committed (replay); skipped", self.sink_id, epoch
+            )
             return Outcome.REPLAYED
         record = self._committed_record(writer)
         if record is not None or self.log.holds_epoch(writer):
             self._discard(staged, record)
             self._mark_committed(manifest, query_id, epoch)
-            logger.info("sink %s: the log already holds epoch %d (replay after a crash); "
-                        "manifest brought up to date", self.sink_id, epoch)
+            logger.info(
+                "sink %s: the log already holds epoch %d (replay after a crash); "
+                "manifest brought up to date",
+                self.sink_id,
+                epoch,
+            )
             return Outcome.REPLAYED
         if previous_query is not None and previous_query != query_id:
             logger.warning(
                 "sink %s: now written by query %s (was query %s, last epoch %s); a new Spark "
                 "checkpoint restarts epochs, and this sink's commits continue as a new lineage",
-                self.sink_id, query_id, previous_query, last_epoch,
+                self.sink_id,
+                query_id,
+                previous_query,
+                last_epoch,
             )
         if not staged:
             return Outcome.EMPTY
@@ -174,9 +191,14 @@ class SinkCommitter:
         self._save(done)
         fault_point("after_committed", epoch)
         events = sum(s.events for s in staged)
-        logger.info("sink %s: committed epoch %d of query %s (%d events, log version %s)",
-                    self.sink_id, epoch, query_id, events,
-                    committed.version if committed else "earlier")
+        logger.info(
+            "sink %s: committed epoch %d of query %s (%d events, log version %s)",
+            self.sink_id,
+            epoch,
+            query_id,
+            events,
+            committed.version if committed else "earlier",
+        )
         return Outcome.COMMITTED if committed else Outcome.REPLAYED
 
     def _mark_committed(self, manifest: CheckpointManifest, query_id: str, epoch: int) -> None:
@@ -196,8 +218,11 @@ class SinkCommitter:
             record = self._committed_record(writer)
             if record is not None or self.log.holds_epoch(writer):
                 self._discard(staged, record)
-                logger.warning("sink %s: abort of epoch %d ignored: the epoch is committed",
-                               self.sink_id, epoch)
+                logger.warning(
+                    "sink %s: abort of epoch %d ignored: the epoch is committed",
+                    self.sink_id,
+                    epoch,
+                )
                 manifest = self._load()
                 if manifest.sink_epochs.get(self.sink_id, -1) < epoch:
                     self._mark_committed(manifest, query_id, epoch)
@@ -212,5 +237,10 @@ class SinkCommitter:
         if query_id is not None:
             failed.sink_query_ids.setdefault(self.sink_id, query_id)
         self._save(failed)
-        logger.warning("sink %s: epoch %d aborted (%s); %d staged files deleted",
-                       self.sink_id, epoch, reason, len(staged))
+        logger.warning(
+            "sink %s: epoch %d aborted (%s); %d staged files deleted",
+            self.sink_id,
+            epoch,
+            reason,
+            len(staged),
+        )

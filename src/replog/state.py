@@ -92,7 +92,8 @@ class LogState:
                     raise CorruptionError(
                         path,
                         f"segment {segment.path} starts shard {segment.shard} at sequence "
-                        f"{segment.first_sequence}, expected {expected} (sequences must be gapless)",
+                        f"{segment.first_sequence}, expected {expected} "
+                        f"(sequences must be gapless)",
                     )
                 self.heads[segment.shard] = segment.last_sequence
         elif commit.operation == TRUNCATE:

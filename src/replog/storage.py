@@ -11,6 +11,7 @@ of FORMAT.md live in one place:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -149,10 +150,8 @@ class Storage:
 
     def delete(self, relative: str) -> None:
         """Delete a file; a file that is already gone is fine."""
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(self.path(relative))
-        except FileNotFoundError:
-            pass
 
     def list(self, relative: str) -> list[str]:
         """Names (not paths) directly below ``relative``; empty if it does not exist.

@@ -17,7 +17,13 @@ counter = 0
 for _ in range(commits):
     events = []
     for _ in range(per_commit):
-        events.append({"event_id": f"{writer}-{counter}", "key": f"{writer}-k{counter % 7}",
-                       "data": {"n": counter}, "collection": writer})
+        events.append(
+            {
+                "event_id": f"{writer}-{counter}",
+                "key": f"{writer}-k{counter % 7}",
+                "data": {"n": counter},
+                "collection": writer,
+            }
+        )
         counter += 1
     log.append(events)

@@ -65,7 +65,7 @@ def _path(options: Mapping[str, str]) -> str:
 def storage_options(options: Mapping[str, str]) -> dict[str, Any]:
     """The ``fs.*`` options, prefix removed, values coerced (``"true"`` → True, ``"5"`` → 5)."""
     return {
-        key[len(FS_PREFIX):]: coerce_option_value(value)
+        key[len(FS_PREFIX) :]: coerce_option_value(value)
         for key, value in options.items()
         if key.lower().startswith(FS_PREFIX)
     }

@@ -45,8 +45,8 @@ def register(spark: SparkSession, *, by_value: bool | None = None) -> None:
     if by_value:
         for module_info in pkgutil.walk_packages(replog.__path__, prefix="replog."):
             module = importlib.import_module(module_info.name)
-            cloudpickle.register_pickle_by_value(module)
-        cloudpickle.register_pickle_by_value(replog)
+            cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+        cloudpickle.register_pickle_by_value(replog)  # type: ignore[no-untyped-call]
     spark.dataSource.register(ReplogDataSource)
     spark.dataSource.register(ReplogSinkDataSource)
     logger.info("registered formats replog and replog-sink (by value: %s)", by_value)

@@ -75,7 +75,7 @@ def validate_input_schema(schema: StructType) -> None:
 
 
 @dataclass(frozen=True)
-class ReplogCommitMessage(WriterCommitMessage):  # type: ignore[misc]
+class ReplogCommitMessage(WriterCommitMessage):
     """What one task staged, and for which query and epoch."""
 
     query_id: str | None
@@ -118,8 +118,9 @@ class _ArrowStager:
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                buffered.append(events_from_table(
-                    batch, default_collection=self.options.collection, now=now))
+                buffered.append(
+                    events_from_table(batch, default_collection=self.options.collection, now=now)
+                )
                 rows += batch.num_rows
                 if rows >= STAGE_EVERY_ROWS:
                     staged.extend(log.stage(pa.concat_tables(buffered)))
@@ -134,7 +135,7 @@ class _ArrowStager:
         return ReplogCommitMessage(query_id, epoch, partition, tuple(staged))
 
 
-class ReplogStreamWriter(_ArrowStager, DataSourceStreamArrowWriter):  # type: ignore[misc]
+class ReplogStreamWriter(_ArrowStager, DataSourceStreamArrowWriter):
     def __init__(self, options: SinkOptions) -> None:
         self.options = options
 
@@ -155,11 +156,15 @@ class ReplogStreamWriter(_ArrowStager, DataSourceStreamArrowWriter):  # type: ig
         self._committer().commit(query_id, batchId, staged)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._committer().abort(_query_id(messages), batchId, _staged(messages),
-                                reason=f"Spark aborted micro-batch {batchId}")
+        self._committer().abort(
+            _query_id(messages),
+            batchId,
+            _staged(messages),
+            reason=f"Spark aborted micro-batch {batchId}",
+        )
 
 
-class ReplogBatchWriter(_ArrowStager, DataSourceArrowWriter):  # type: ignore[misc]
+class ReplogBatchWriter(_ArrowStager, DataSourceArrowWriter):
     """``df.write``: the whole job is one epoch of a one-off query id."""
 
     def __init__(self, options: SinkOptions) -> None:
@@ -180,7 +185,7 @@ class ReplogBatchWriter(_ArrowStager, DataSourceArrowWriter):  # type: ignore[mi
         self._committer().abort(self.job_id, 0, _staged(messages), reason="Spark aborted the job")
 
 
-class ReplogSinkDataSource(DataSource):  # type: ignore[misc]
+class ReplogSinkDataSource(DataSource):
     """The ``replog-sink`` format."""
 
     @classmethod

@@ -40,7 +40,7 @@ from replog.storage import Storage
 logger = logging.getLogger(__name__)
 
 
-class ReplogPartition(InputPartition):  # type: ignore[misc]
+class ReplogPartition(InputPartition):
     """One Spark task: a shard range and its segments. Carries the storage address only."""
 
     def __init__(self, storage: Storage, task: ReadTask) -> None:
@@ -49,8 +49,10 @@ class ReplogPartition(InputPartition):  # type: ignore[misc]
         self.task = task
 
     def __repr__(self) -> str:  # never show storage options (secrets)
-        return (f"ReplogPartition(shard={self.task.shard}, "
-                f"sequences={self.task.first}..{self.task.last})")
+        return (
+            f"ReplogPartition(shard={self.task.shard}, "
+            f"sequences={self.task.first}..{self.task.last})"
+        )
 
 
 def read_partition(partition: ReplogPartition) -> Iterator[pa.RecordBatch]:
@@ -60,9 +62,7 @@ def read_partition(partition: ReplogPartition) -> Iterator[pa.RecordBatch]:
         yield from read_segment(partition.storage, segment, task.first, task.last)
 
 
-def resolve_offsets(
-    log: ReplicationLog, spec: str, option: str, consumer: str | None
-) -> Offsets:
+def resolve_offsets(log: ReplicationLog, spec: str, option: str, consumer: str | None) -> Offsets:
     """Offsets for ``startingOffsets``/``endingOffsets``: a keyword or JSON."""
     state = log.refresh()
     if spec == "earliest":
@@ -85,7 +85,7 @@ def resolve_offsets(
     return offsets
 
 
-class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  # type: ignore[misc]
+class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     """Micro-batch reader over a replog log (driver side plus ``read`` on executors)."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -110,8 +110,12 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
         offsets = resolve_offsets(
             self.log, self.options.starting_offsets, "startingOffsets", self.options.consumer
         )
-        logger.info("replog source %s (consumer %s) starts at %s",
-                    self.options.path, self.options.consumer, offsets)
+        logger.info(
+            "replog source %s (consumer %s) starts at %s",
+            self.options.path,
+            self.options.consumer,
+            offsets,
+        )
         return to_spark(offsets, 0)
 
     def getDefaultReadLimit(self) -> ReadLimit:
@@ -135,8 +139,11 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
             if isinstance(limit, ReadMaxRows):
                 max_events = limit.max_rows
             if self.options.max_bytes_per_trigger is not None or isinstance(limit, ReadMaxBytes):
-                max_bytes = (limit.max_bytes if isinstance(limit, ReadMaxBytes)
-                             else self.options.max_bytes_per_trigger)
+                max_bytes = (
+                    limit.max_bytes
+                    if isinstance(limit, ReadMaxBytes)
+                    else self.options.max_bytes_per_trigger
+                )
                 assert max_bytes is not None
                 by_bytes = planning.events_for_bytes(state, begin, target, max_bytes)
                 max_events = by_bytes if max_events is None else min(max_events, by_bytes)
@@ -164,11 +171,12 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):  
 
     # -- reading (executors) ------------------------------------------------------------
 
-    def read(self, partition: ReplogPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ReplogPartition)
         return read_partition(partition)
 
 
-class ReplogBatchReader(DataSourceReader):  # type: ignore[misc]
+class ReplogBatchReader(DataSourceReader):
     """``spark.read.format("replog")``: a bounded range between two offsets."""
 
     def __init__(self, options: SourceOptions) -> None:
@@ -187,11 +195,12 @@ class ReplogBatchReader(DataSourceReader):  # type: ignore[misc]
         tasks = planning.plan_tasks(state, start, end, self.options.max_events_per_partition)
         return [ReplogPartition(log.storage, task) for task in tasks]
 
-    def read(self, partition: ReplogPartition) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        assert isinstance(partition, ReplogPartition)
         return read_partition(partition)
 
 
-class ReplogDataSource(DataSource):  # type: ignore[misc]
+class ReplogDataSource(DataSource):
     """The ``replog`` format."""
 
     @classmethod

@@ -1,0 +1,28 @@
+"""Replication on local-cluster[2,1,1024]: executors are separate JVMs and Python workers."""
+
+from pathlib import Path
+
+import pytest
+from replication import assert_exact_replica, batches, fill_source, run_app
+
+from replog.log import ReplicationLog
+
+pytestmark = pytest.mark.slow
+
+
+def test_replication_on_local_cluster(tmp_path: Path) -> None:
+    source = ReplicationLog.create(str(tmp_path / "A"), 4)
+    fill_source(source, commits=4, per_commit=100)
+    result = run_app(
+        "replicate.py",
+        source.url,
+        str(tmp_path / "B"),
+        str(tmp_path / "chk"),
+        "--master",
+        "local-cluster[2,1,1024]",
+        "--max-events",
+        "250",
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert batches(result) == [250, 150]
+    assert_exact_replica(source, ReplicationLog.open(str(tmp_path / "B")))
