@@ -99,9 +99,14 @@ def _query_id(messages: Sequence[WriterCommitMessage | None]) -> str | None:
 
 
 class _ArrowStager:
-    """Executor side, shared by the streaming and the batch writer."""
+    """Shared by the streaming and the batch writer: staging (executors), committer (driver)."""
 
     options: SinkOptions
+
+    def _committer(self) -> SinkCommitter:
+        """Driver side: the protocol runner for this sink's target log."""
+        log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
+        return SinkCommitter(log, self.options.sink_id)
 
     def _stage_all(self, batches: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         context = TaskContext.get()
@@ -142,10 +147,6 @@ class ReplogStreamWriter(_ArrowStager, DataSourceStreamArrowWriter):
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
 
-    def _committer(self) -> SinkCommitter:
-        log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
-        return SinkCommitter(log, self.options.sink_id)
-
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         query_id = _query_id(messages)
         staged = _staged(messages)
@@ -173,10 +174,6 @@ class ReplogBatchWriter(_ArrowStager, DataSourceArrowWriter):
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
-
-    def _committer(self) -> SinkCommitter:
-        log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
-        return SinkCommitter(log, self.options.sink_id)
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         self._committer().commit(self.job_id, 0, _staged(messages))
