@@ -28,9 +28,14 @@ def fault_point(step: str, epoch: int | None = None) -> None:
     if not spec:
         return
     name, _, at_epoch = spec.partition("@")
+    if name not in STEPS:
+        raise ValueError(f"REPLOG_FAULT={spec!r}: unknown step {name!r}; steps: {', '.join(STEPS)}")
     if name != step or (at_epoch and epoch is not None and int(at_epoch) != epoch):
         return
     if os.environ.get("REPLOG_FAULT_ACTION", "kill") == "raise":
         raise InjectedCrashError(f"injected fault at {step} (epoch {epoch})")
     logger.error("injected fault: killing process group at %s (epoch %s)", step, epoch)
     os.killpg(int(os.environ.get("REPLOG_FAULT_PGID", os.getpgrp())), signal.SIGKILL)
+    # A Spark Python worker is not in the driver's group: without this it would carry on
+    # and finish the protocol step by step after its driver died.
+    os.kill(os.getpid(), signal.SIGKILL)
