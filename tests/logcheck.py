@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import pyarrow as pa
@@ -39,3 +41,12 @@ def check_key_order(rows: list[dict[str, Any]]) -> None:
         by_key[row["key"]].append(json.loads(row["data"])["n"])
     for key, ns in by_key.items():
         assert ns == sorted(ns), f"key {key} out of order: {ns[:20]}"
+
+
+def run_concurrently(*functions: Callable[[], Any]) -> None:
+    """Run every function in its own thread, all at once, and wait for all of them."""
+    threads = [threading.Thread(target=function) for function in functions]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
-from logcheck import check_key_order, check_log
+from logcheck import check_key_order, check_log, run_concurrently
 
 from replog.errors import (
     CorruptionError,
@@ -155,8 +155,6 @@ def test_verify_finds_flipped_byte_and_truncation(log_url: str) -> None:
 
 
 def test_racing_threads_lose_nothing(log_url: str) -> None:
-    import threading
-
     ReplicationLog.create(log_url, 3)
 
     def writer(name: str) -> None:
@@ -164,11 +162,7 @@ def test_racing_threads_lose_nothing(log_url: str) -> None:
         for i in range(8):
             own.append(events(5, i * 5, writer=name))
 
-    threads = [threading.Thread(target=writer, args=(f"t{n}",)) for n in range(4)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
+    run_concurrently(*(lambda n=n: writer(f"t{n}") for n in range(4)))
     log = ReplicationLog.open(log_url)
     rows = check_log(log)
     assert len(rows) == 4 * 8 * 5

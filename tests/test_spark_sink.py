@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import re
-import threading
 from pathlib import Path
 
 import pytest
-from logcheck import check_log
+from logcheck import check_log, run_concurrently
 from pyspark.sql import functions as F
 from replication import assert_exact_replica, fill_source
 
@@ -118,11 +117,7 @@ def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
         .start(target)
         for i, log in enumerate(sources)
     ]
-    waiters = [threading.Thread(target=q.awaitTermination) for q in queries]
-    for waiter in waiters:
-        waiter.start()
-    for waiter in waiters:
-        waiter.join()
+    run_concurrently(*(query.awaitTermination for query in queries))
     log = ReplicationLog.open(target)
     rows = check_log(log)
     assert sorted(r["event_id"] for r in rows) == sorted(

@@ -20,6 +20,21 @@ def ids(rows) -> list[str]:
     return sorted(row["event_id"] for row in rows)
 
 
+def start_memory_query(
+    spark, url: str, name: str, checkpoint: Path, *, available_now: bool = False, **options: str
+):
+    """Stream the log at ``url`` into the in-memory table ``name``."""
+    writer = (
+        spark.readStream.format("replog")
+        .options(**options)
+        .load(url)
+        .writeStream.format("memory")
+        .queryName(name)
+        .option("checkpointLocation", str(checkpoint))
+    )
+    return (writer.trigger(availableNow=True) if available_now else writer).start()
+
+
 def source_ids(log: ReplicationLog) -> list[str]:
     return sorted(
         event_id
@@ -68,14 +83,7 @@ def test_batch_read_with_offsets_and_partition_split(spark, tmp_path: Path) -> N
 def test_stream_sees_events_appended_while_running(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 3)
     fill_source(log, commits=1, per_commit=30)
-    query = (
-        spark.readStream.format("replog")
-        .load(log.url)
-        .writeStream.format("memory")
-        .queryName("live_events")
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .start()
-    )
+    query = start_memory_query(spark, log.url, "live_events", tmp_path / "chk")
     try:
         query.processAllAvailable()
         assert spark.table("live_events").count() == 30
@@ -121,15 +129,7 @@ def test_restart_from_checkpoint_neither_skips_nor_repeats(spark, tmp_path: Path
 def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=2, per_commit=40)
-    query = (
-        spark.readStream.format("replog")
-        .option("consumer", "etl")
-        .load(log.url)
-        .writeStream.format("memory")
-        .queryName("etl_first")
-        .option("checkpointLocation", str(tmp_path / "chk1"))
-        .start()
-    )
+    query = start_memory_query(spark, log.url, "etl_first", tmp_path / "chk1", consumer="etl")
     try:
         query.processAllAvailable()
         fill_source(log, commits=1, per_commit=10)
@@ -138,15 +138,7 @@ def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) 
         query.stop()
     committed = consumers.committed_offsets(log, "etl")
     assert committed is not None and sum(committed.offsets.values()) >= 80
-    query = (
-        spark.readStream.format("replog")
-        .option("consumer", "etl")
-        .load(log.url)
-        .writeStream.format("memory")
-        .queryName("etl_second")
-        .option("checkpointLocation", str(tmp_path / "chk2"))
-        .start()
-    )
+    query = start_memory_query(spark, log.url, "etl_second", tmp_path / "chk2", consumer="etl")
     try:
         query.processAllAvailable()
     finally:
@@ -179,7 +171,7 @@ def test_data_loss_is_reported_or_skipped(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 1)
     fill_source(log, commits=3, per_commit=10)
     first = log.state().segments[0][0]
-    log.commit_record(
+    log.commit_with_retries(
         lambda state: CommitRecord(
             version=state.version + 1,
             timestamp_ms=now_ms(),
@@ -193,9 +185,7 @@ def test_data_loss_is_reported_or_skipped(spark, tmp_path: Path) -> None:
         match=r"shard 0: events from sequence 1 were requested but "
         r"the log only holds sequences from 11",
     ):
-        spark.read.format("replog").option("startingOffsets", "earliest").option(
-            "endingOffsets", "latest"
-        ).option("startingOffsets", '{"0": 0}').load(log.url).count()
+        spark.read.format("replog").option("startingOffsets", '{"0": 0}').load(log.url).count()
     rows = (
         spark.read.format("replog")
         .option("startingOffsets", '{"0": 0}')
@@ -235,15 +225,8 @@ def test_stream_from_s3_endpoint(spark, s3, tmp_path: Path) -> None:
     url = s3.url("logs", "A")
     log = ReplicationLog.create(url, 2, storage_options=s3.storage_options)
     fill_source(log, commits=2, per_commit=25)
-    query = (
-        spark.readStream.format("replog")
-        .options(**s3.spark_options)
-        .load(url)
-        .writeStream.format("memory")
-        .queryName("from_s3")
-        .option("checkpointLocation", str(tmp_path / "chk"))
-        .trigger(availableNow=True)
-        .start()
+    query = start_memory_query(
+        spark, url, "from_s3", tmp_path / "chk", available_now=True, **s3.spark_options
     )
     query.awaitTermination()
     rows = spark.table("from_s3").collect()

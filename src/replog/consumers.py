@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 import re
-import time
 from dataclasses import dataclass
 
 from replog.errors import InvalidOptionError
@@ -48,10 +47,6 @@ def sink_store(log: ReplicationLog, sink_id: str) -> ManifestStore:
 
 def list_consumers(log: ReplicationLog) -> list[str]:
     return log.storage.list(CONSUMERS_DIR)
-
-
-def list_sinks(log: ReplicationLog) -> list[str]:
-    return log.storage.list(SINKS_DIR)
 
 
 def source_name(log: ReplicationLog) -> str:
@@ -118,21 +113,3 @@ class Lag:
 def consumer_lag(log: ReplicationLog, offsets: Offsets) -> list[Lag]:
     heads = log.head()
     return [Lag(shard, offsets.get(shard, 0), heads[shard]) for shard in range(log.shards)]
-
-
-def oldest_unconsumed_ms(log: ReplicationLog, offsets: Offsets) -> int | None:
-    """Event time (ms) of the oldest event not yet consumed, from segment metadata; None if none."""
-    state = log.refresh()
-    oldest: int | None = None
-    for shard in range(log.shards):
-        first = offsets.get(shard, 0) + 1
-        if first > state.heads[shard]:
-            continue
-        for segment in state.covering(shard, first, state.heads[shard]):
-            stamp = segment.min_timestamp_ms
-            oldest = stamp if oldest is None else min(oldest, stamp)
-    return oldest
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)

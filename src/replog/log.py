@@ -13,7 +13,7 @@ import logging
 import random
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +30,12 @@ from replog.errors import (
     LogExistsError,
     ReplogError,
 )
-from replog.events import events_from_records, events_from_table, to_event_batch
+from replog.events import (
+    EVENT_SCHEMA,
+    events_from_records,
+    events_from_table,
+    to_event_batch,
+)
 from replog.records import (
     APPEND,
     DESCRIPTOR_PATH,
@@ -361,8 +366,8 @@ class ReplicationLog:
         the log already holds it (this or an earlier attempt won), returns None and
         commits nothing.
         """
-        for attempt in range(MAX_COMMIT_ATTEMPTS):
-            state = self.refresh()
+
+        def build(state: LogState) -> CommitRecord | None:
             if writer is not None and self.holds_epoch(writer):
                 return None
             heads = list(state.heads)
@@ -370,28 +375,27 @@ class ReplicationLog:
             for segment in staged:
                 added.append(segment.at(heads[segment.shard] + 1))
                 heads[segment.shard] += segment.events
-            record = CommitRecord(
+            return CommitRecord(
                 version=state.version + 1,
                 timestamp_ms=now_ms(),
                 operation=APPEND,
                 add=tuple(added),
                 writer=writer,
             )
-            if self._try_commit(record):
-                return record
-            time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(attempt, 6))))
-        raise CommitConflictError(
-            f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
-        )
 
-    def commit_record(self, build: Any) -> CommitRecord:
-        """Commit ``build(state)`` (a CommitRecord for state.version + 1), retrying lost races.
+        return self.commit_with_retries(build)
 
-        For maintenance commits (compaction, truncation) whose content depends on the state.
+    def commit_with_retries(
+        self, build: Callable[[LogState], CommitRecord | None]
+    ) -> CommitRecord | None:
+        """Commit ``build(state)`` (a record for ``state.version + 1``), retrying lost races.
+
+        ``build`` sees the refreshed state on every attempt and may return None to commit
+        nothing. Also for maintenance commits (compaction, truncation).
         """
         for attempt in range(MAX_COMMIT_ATTEMPTS):
-            record: CommitRecord = build(self.refresh())
-            if self._try_commit(record):
+            record = build(self.refresh())
+            if record is None or self._try_commit(record):
                 return record
             time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(attempt, 6))))
         raise CommitConflictError(
@@ -456,20 +460,7 @@ class ReplicationLog:
             yield from read_segment(self.storage, segment, first, last)
 
     def read_table(self, shard: int, first: int = 1, last: int | None = None) -> pa.Table:
-        from replog.events import EVENT_SCHEMA  # noqa: PLC0415
-
         return pa.Table.from_batches(list(self.read(shard, first, last)), schema=EVENT_SCHEMA)
-
-    def commits(self, first_version: int = 1) -> Iterator[CommitRecord]:
-        """Commit records from ``first_version`` to the head, in order."""
-        version = first_version
-        while True:
-            relative = commit_path(version)
-            data = self.storage.read_optional(relative)
-            if data is None:
-                return
-            yield CommitRecord.from_bytes(data, self.storage.path(relative))
-            version += 1
 
     def info(self) -> dict[str, Any]:
         """A summary of the log, as ``replog info --json`` prints it."""

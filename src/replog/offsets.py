@@ -63,7 +63,3 @@ def parse_offsets_json(text: str, shards: int, option: str) -> Offsets:
             )
         offsets[shard] = value
     return offsets
-
-
-def events_between(start: Mapping[int, int], end: Mapping[int, int]) -> int:
-    return sum(max(end.get(shard, 0) - start.get(shard, 0), 0) for shard in end)

@@ -70,18 +70,22 @@ class SinkCommitter:
     def _save(self, manifest: CheckpointManifest) -> None:
         self.store.save(manifest)
 
-    def _committed_record(self, writer: WriterInfo) -> CommitRecord | None:
-        """The log commit holding ``writer``'s epoch, if the log holds it."""
-        self.log.refresh()
+    def _held(self, writer: WriterInfo) -> tuple[bool, CommitRecord | None]:
+        """Whether the log (as last refreshed) holds ``writer``'s epoch, and its record.
+
+        The record is returned only when it is the sink's latest commit (the one a replay
+        of this epoch can collide with); an older held epoch needs no record.
+        """
         if not self.log.holds_epoch(writer):
-            return None
+            return False, None
         mark = self.log.state().sinks[writer.sink_id]
         if mark.epoch != writer.epoch:
-            return None  # an earlier epoch of a sink that has moved on: held, record not needed
+            return True, None
         relative = commit_path(mark.version)
-        return CommitRecord.from_bytes(
+        record = CommitRecord.from_bytes(
             self.log.storage.read(relative), self.log.storage.path(relative)
         )
+        return True, record
 
     def _discard(self, staged: Sequence[StagedSegment], keep: CommitRecord | None) -> None:
         """Delete staged files, except any that ``keep`` (a committed record) made visible."""
@@ -90,8 +94,8 @@ class SinkCommitter:
 
     def recover(self) -> PendingResolution | None:
         """Resolve a Pending epoch left by a crash (idempotent); None if there was none."""
-        manifest = self._load()
-        resolution, _ = self._resolve_pending(manifest)
+        self.log.refresh()
+        resolution, _ = self._resolve_pending(self._load())
         return resolution
 
     def _resolve_pending(
@@ -104,7 +108,6 @@ class SinkCommitter:
         writer = WriterInfo(self.sink_id, query_id, manifest.epoch)
         resolved = manifest.next()
         pending = resolved.extra.pop(PENDING_SEGMENTS, {}).get(self.sink_id, [])
-        self.log.refresh()
         if self.log.holds_epoch(writer):
             resolved.sink_commit_statuses[self.sink_id] = SinkCommitStatus.committed()
             resolved.sink_epochs[self.sink_id] = manifest.epoch
@@ -138,17 +141,18 @@ class SinkCommitter:
         """Commit epoch ``epoch`` of query ``query_id`` exactly once."""
         fault_point("staged", epoch)
         writer = WriterInfo(self.sink_id, query_id, epoch)
+        self.log.refresh()  # once: every check below reads this state
         _, manifest = self._resolve_pending(self._load())
         previous_query = manifest.sink_query_ids.get(self.sink_id)
         last_epoch = manifest.sink_epochs.get(self.sink_id)
         if previous_query == query_id and last_epoch is not None and epoch <= last_epoch:
-            self._discard(staged, self._committed_record(writer))
+            self._discard(staged, self._held(writer)[1])
             logger.info(
                 "sink %s: epoch %d already committed (replay); skipped", self.sink_id, epoch
             )
             return Outcome.REPLAYED
-        record = self._committed_record(writer)
-        if record is not None or self.log.holds_epoch(writer):
+        held, record = self._held(writer)
+        if held:
             self._discard(staged, record)
             self._mark_committed(manifest, query_id, epoch)
             logger.info(
@@ -181,7 +185,7 @@ class SinkCommitter:
 
         committed = self.log.commit_staged(list(staged), writer=writer)
         if committed is None:  # another attempt of this epoch won the race to the log
-            self._discard(staged, self._committed_record(writer))
+            self._discard(staged, self._held(writer)[1])
         fault_point("after_log_commit", epoch)
 
         done = pending.next()
@@ -215,8 +219,9 @@ class SinkCommitter:
         """Record Failed(reason) and delete staged files; never undo a committed epoch."""
         if query_id is not None:
             writer = WriterInfo(self.sink_id, query_id, epoch)
-            record = self._committed_record(writer)
-            if record is not None or self.log.holds_epoch(writer):
+            self.log.refresh()
+            held, record = self._held(writer)
+            if held:
                 self._discard(staged, record)
                 logger.warning(
                     "sink %s: abort of epoch %d ignored: the epoch is committed",

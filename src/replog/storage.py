@@ -167,9 +167,6 @@ class Storage:
             return []
         return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
 
-    def size(self, relative: str) -> int:
-        return int(self.fs.size(self.path(relative)))
-
     def modified_ms(self, relative: str) -> int | None:
         """Last-modified time in ms, where the backend reports it."""
         try:
