@@ -7,53 +7,16 @@ Prints a Markdown table; figures are copied into docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import statistics
 import time
-import uuid
 from pathlib import Path
 
 import pyarrow as pa
 from pyarrow import ipc
+from workload import timed, workload
 
 from replog.log import ReplicationLog
-
-PAYLOAD_FILL = "x" * 120
-
-
-def workload(events: int) -> pa.Table:
-    """CDC-like rows with ~200-byte JSON payloads."""
-    data = [
-        json.dumps(
-            {
-                "id": i,
-                "customer": f"c{i % 50_000}",
-                "total": i * 1.25,
-                "status": "paid",
-                "note": PAYLOAD_FILL,
-            }
-        ).encode()
-        for i in range(events)
-    ]
-    return pa.table(
-        {
-            "event_id": [str(uuid.uuid4()) for _ in range(events)],
-            "key": [f"order-{i % 200_000}" for i in range(events)],
-            "collection": ["orders"] * events,
-            "operation": ["update"] * events,
-            "data": pa.array(data, pa.binary()),
-        }
-    )
-
-
-def timed(function, repeat: int = 3) -> float:
-    best = float("inf")
-    for _ in range(repeat):
-        start = time.perf_counter()
-        function()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def bench_append(root: Path, events: int) -> tuple[ReplicationLog, float, float]:

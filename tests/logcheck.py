@@ -14,7 +14,8 @@ from replog.log import ReplicationLog
 
 
 def read_all(log: ReplicationLog) -> pa.Table:
-    tables = [log.read_table(shard) for shard in range(log.shards)]
+    lows = log.refresh().lows
+    tables = [log.read_table(shard, lows[shard]) for shard in range(log.shards)]
     return pa.concat_tables(tables)
 
 

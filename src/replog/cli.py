@@ -7,6 +7,7 @@ import base64
 import json
 import logging
 import os
+import re
 import sys
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
@@ -14,10 +15,10 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from replog import consumers
+from replog import compaction, consumers, recovery, retention, status
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError
 from replog.events import events_from_records
-from replog.log import ReplicationLog
+from replog.log import ReplicationLog, now_ms
 from replog.manifest import CheckpointManifest
 from replog.manifest_store import ManifestStore
 from replog.offsets import parse_offsets_json
@@ -270,6 +271,132 @@ def cmd_consumer(args: argparse.Namespace) -> int:
     return 0
 
 
+# -- operating a log: status / truncate / recover / compact ----------------------------
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h|d)?$")
+_DURATION_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
+
+
+def duration_ms(text: str, option: str) -> int:
+    """``"90s"``, ``"15m"``, ``"1h"``, ``"7d"``, ``"250ms"`` or ``"0"`` in milliseconds."""
+    match = _DURATION.match(text.strip().lower())
+    if match is None or (match.group(2) is None and float(match.group(1)) != 0):
+        raise InvalidOptionError(
+            f"{option}: {text!r} is not a duration; use a number with ms, s, m, h or d, e.g. 1h"
+        )
+    return int(float(match.group(1)) * _DURATION_UNITS[match.group(2) or "ms"])
+
+
+def _age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    seconds = max((now_ms() - ms) / 1000, 0)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit} ago"
+    return f"{seconds:.1f}s ago"
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    report = status.log_status(_open(args))
+    if args.json:
+        print(json.dumps(report, sort_keys=True))
+        return 0
+    events = sum(int(h) - int(report["lows"][s]) + 1 for s, h in report["heads"].items())
+    print(f"log {report['url']}: version {report['version']}, {events:,} events retained")
+    print(f"consumers ({len(report['consumers'])}):")
+    for consumer in report["consumers"]:
+        committed = (
+            f"checkpoint {consumer['checkpoint_id']}, {_age(consumer['committed_ms'])}"
+            if consumer["checkpoint_id"] is not None
+            else "never committed"
+        )
+        print(
+            f"  {consumer['name']:<24} lag {consumer['total_lag']:>12,} events   "
+            f"oldest unconsumed {_age(consumer['oldest_unconsumed_ms']):>12}   ({committed})"
+        )
+    print(f"sinks ({len(report['sinks'])}):")
+    for sink in report["sinks"]:
+        print(
+            f"  {sink['sink_id']:<24} epoch {sink['epoch']}  {sink['status']}  "
+            f"query {sink['query_id']}  updated {_age(sink['updated_ms'])}  "
+            f"(log holds epoch {sink['log_epoch']} at version {sink['log_version']})"
+        )
+    return 0
+
+
+def cmd_truncate(args: argparse.Namespace) -> int:
+    log = _open(args)
+    if args.keep_from is not None:
+        requested = parse_offsets_json(args.keep_from, log.shards, "--keep-from")
+    elif args.older_than is not None:
+        cutoff = now_ms() - duration_ms(args.older_than, "--older-than")
+        requested = retention.lows_older_than(log.refresh(), cutoff)
+    else:
+        requested = retention.consumed_lows(log)
+    if args.dry_run:
+        plan = retention.plan_truncation(log, requested)
+        for blocker in plan.blockers:
+            print(f"BLOCKED {blocker}")
+        print(
+            f"would drop {plan.total_dropped:,} events; new lows {plan.lows or 'unchanged'}"
+            + (" (needs --force)" if plan.blockers else "")
+        )
+        return 1 if plan.blockers and not args.force else 0
+    plan, record = retention.truncate(log, requested, force=args.force)
+    if record is None:
+        print("nothing to truncate: every shard already starts at or after the requested low")
+        return 0
+    print(
+        f"truncated {log.url} at version {record.version}: dropped {plan.total_dropped:,} "
+        f"events, removed {len(record.remove)} segments from the log, new lows "
+        f"{record.low_watermarks}; 'replog recover' deletes the files after the grace period"
+    )
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace) -> int:
+    log = _open(args)
+    report = recovery.recover(
+        log, grace_ms=duration_ms(args.grace, "--grace"), dry_run=args.dry_run
+    )
+    verb = "would resolve" if args.dry_run else "resolved"
+    for sink_id, resolution in sorted(report.resolved.items()):
+        outcome = "Committed (the log holds it)" if resolution.committed else "rolled back"
+        print(f"sink {sink_id}: {verb} Pending epoch {resolution.epoch} -> {outcome}")
+    for sink_id, epoch in sorted(report.pending_too_recent.items()):
+        print(
+            f"sink {sink_id}: Pending epoch {epoch} is younger than --grace {args.grace}; "
+            f"left alone (its driver may be committing)"
+        )
+    print(
+        f"{'would delete' if args.dry_run else 'deleted'} {len(report.garbage)} garbage "
+        f"segment files older than {args.grace}"
+    )
+    for relative in report.garbage if args.verbose else []:
+        print(f"  {relative}")
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace) -> int:
+    log = _open(args)
+    if args.dry_run:
+        merges = compaction.plan_compaction(log.refresh(), target_bytes=args.target_bytes)
+        before = sum(len(merge.sources) for merge in merges)
+        print(f"would merge {before} segments into {len(merges)}")
+        return 0
+    result = compaction.compact(log, target_bytes=args.target_bytes)
+    if result.record is None:
+        print("nothing to compact")
+        return 0
+    print(
+        f"compacted {log.url} at version {result.record.version}: merged "
+        f"{result.segments_before} segments into {len(result.merges)}; 'replog recover' "
+        f"deletes the replaced files after the grace period"
+    )
+    return 0
+
+
 # -- argument parsing -----------------------------------------------------------------
 
 
@@ -336,6 +463,59 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=cmd_consumer)
+
+    p = sub.add_parser(
+        "status", parents=[common], help="consumers (offsets, lag) and sinks (epoch, status)"
+    )
+    p.add_argument("url")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=cmd_status)
+
+    p = sub.add_parser(
+        "truncate",
+        parents=[common],
+        help="retention: drop old events, never ones a known consumer has not committed",
+        description="Raise the shards' low watermarks in one commit. Refuses (and changes "
+        "nothing) if a known consumer has not committed the events it would drop, unless "
+        "--force. Without --keep-from or --older-than, drops what every consumer committed.",
+    )
+    p.add_argument("url")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--keep-from", help='first sequence to keep per shard, JSON {"0": 1000}')
+    how.add_argument(
+        "--older-than", help="drop segments whose events are all older than this (e.g. 7d)"
+    )
+    p.add_argument("--force", action="store_true", help="drop even unconsumed events")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be dropped")
+    p.set_defaults(handler=cmd_truncate)
+
+    p = sub.add_parser(
+        "recover",
+        parents=[common],
+        help="resolve Pending sink commits and delete orphaned segment files",
+        description="Resolve each sink's Pending epoch from the log (committed or rolled "
+        "back) and delete segment files no commit references. Anything younger than "
+        "--grace is left alone; it must exceed your longest micro-batch.",
+    )
+    p.add_argument("url")
+    p.add_argument("--grace", default="1h", help="age below which nothing is touched (1h)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be done")
+    p.set_defaults(handler=cmd_recover)
+
+    p = sub.add_parser(
+        "compact",
+        parents=[common],
+        help="merge small segments of each shard in one atomic commit",
+    )
+    p.add_argument("url")
+    p.add_argument(
+        "--target-bytes",
+        type=int,
+        default=compaction.DEFAULT_TARGET_BYTES,
+        help="largest merged segment in bytes (default 64 MiB)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be merged")
+    p.set_defaults(handler=cmd_compact)
     return parser
 
 

@@ -49,6 +49,10 @@ def list_consumers(log: ReplicationLog) -> list[str]:
     return log.storage.list(CONSUMERS_DIR)
 
 
+def list_sinks(log: ReplicationLog) -> list[str]:
+    return log.storage.list(SINKS_DIR)
+
+
 def source_name(log: ReplicationLog) -> str:
     """The key of this log in a consumer manifest's ``source_offsets``."""
     return f"replog:{log.descriptor.log_id}"

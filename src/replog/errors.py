@@ -77,3 +77,7 @@ class SinkProtocolError(ReplogError):
 
 class InjectedCrashError(ReplogError):
     """Raised by the fault-injection hook in-process mode (tests only)."""
+
+
+class RetentionError(ReplogError):
+    """A truncation would drop events a known consumer has not committed (nothing changed)."""

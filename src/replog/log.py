@@ -70,6 +70,8 @@ DEFAULT_SHARDS = 8
 DEFAULT_SEGMENT_MAX_EVENTS = 262_144
 MAX_COMMIT_ATTEMPTS = 200
 IO_THREADS = 8
+DEFAULT_GRACE_MS = 3_600_000
+"""Garbage younger than this is kept: it may belong to a live writer or a planned read."""
 
 
 def now_ms() -> int:
@@ -335,9 +337,10 @@ class ReplicationLog:
             for offset in range(start, stop, segment_max_events):
                 pieces.append((shard, routed.slice(offset, min(segment_max_events, stop - offset))))
         with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(pieces))) as pool:
-            return list(pool.map(lambda piece: self._write_segment(*piece), pieces))
+            return list(pool.map(lambda piece: self.write_segment(*piece), pieces))
 
-    def _write_segment(self, shard: int, table: pa.Table) -> StagedSegment:
+    def write_segment(self, shard: int, table: pa.Table) -> StagedSegment:
+        """Write stored-schema rows of one shard as a staged (not yet visible) segment."""
         data = encode_segment(table)
         relative = f"{SHARDS_DIR}/{shard:05d}/{uuid.uuid4().hex}{SEGMENT_SUFFIX}"
         self.storage.put_if_absent(relative, data)
@@ -423,24 +426,42 @@ class ReplicationLog:
         mark = self.state().sinks.get(writer.sink_id)
         return mark is not None and mark.query_id == writer.query_id and mark.epoch >= writer.epoch
 
-    def orphaned_segments(self, grace_ms: int = 3_600_000) -> list[str]:
-        """Segment files no commit references, older than ``grace_ms`` (relative paths).
+    def orphaned_segments(self, grace_ms: int = DEFAULT_GRACE_MS) -> list[str]:
+        """Segment files no live segment entry references, safe to delete (relative paths).
 
-        Lists the shard directories (repair only). The grace period protects files a
-        live writer has staged but not yet committed.
+        Lists the shard directories (repair only). Two kinds of file are protected for
+        ``grace_ms``: files written within it (a live writer may have staged them and not
+        committed yet) and files that a commit within it removed (compaction, retention:
+        a query may have planned a task on them just before).
         """
-        live = {segment.path for lane in self.refresh().segments for segment in lane}
+        state = self.refresh()
+        live = {segment.path for lane in state.segments for segment in lane}
         cutoff = now_ms() - grace_ms
+        protected = live | self._removed_since(state, cutoff)
         orphans = []
         for shard_dir in self.storage.list(SHARDS_DIR):
             for name in self.storage.list(f"{SHARDS_DIR}/{shard_dir}"):
                 relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
-                if relative in live or not name.endswith(SEGMENT_SUFFIX):
+                if relative in protected or not name.endswith(SEGMENT_SUFFIX):
                     continue
                 modified = self.storage.modified_ms(relative)
                 if modified is None or modified <= cutoff:
                     orphans.append(relative)
         return orphans
+
+    def _removed_since(self, state: LogState, cutoff_ms: int) -> set[str]:
+        """Paths removed by commits made after ``cutoff_ms`` (reads commits backwards)."""
+        removed: set[str] = set()
+        for version in range(state.version, 0, -1):
+            relative = commit_path(version)
+            data = self.storage.read_optional(relative)
+            if data is None:  # before the oldest commit kept
+                break
+            record = CommitRecord.from_bytes(data, self.storage.path(relative))
+            if record.timestamp_ms <= cutoff_ms:
+                break
+            removed.update(segment.path for segment in record.remove)
+        return removed
 
     # -- reading ----------------------------------------------------------------------
 

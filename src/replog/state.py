@@ -99,7 +99,9 @@ class LogState:
         elif commit.operation == TRUNCATE:
             for shard, low in commit.low_watermarks.items():
                 self.lows[shard] = max(self.lows[shard], low)
-        elif commit.operation != COMPACT:
+        elif commit.operation == COMPACT:
+            _check_compaction(commit, path)
+        else:
             raise CorruptionError(path, f"unknown operation {commit.operation!r}")
         self.total_bytes += sum(s.bytes for s in commit.add) - sum(s.bytes for s in commit.remove)
         self.segment_count += len(commit.add) - len(commit.remove)
@@ -148,6 +150,26 @@ class LogState:
 
     def lows_json(self) -> dict[str, int]:
         return {str(shard): low for shard, low in enumerate(self.lows)}
+
+
+def _check_compaction(commit: CommitRecord, path: str) -> None:
+    """A compaction must cover, per shard, exactly the sequences it removes."""
+
+    def ranges(segments: tuple[SegmentInfo, ...]) -> dict[int, tuple[int, int, int]]:
+        found: dict[int, tuple[int, int, int]] = {}
+        for segment in segments:
+            low, high, events = found.get(segment.shard, (segment.first_sequence, 0, 0))
+            found[segment.shard] = (
+                min(low, segment.first_sequence),
+                max(high, segment.last_sequence),
+                events + segment.events,
+            )
+        return found
+
+    if ranges(commit.add) != ranges(commit.remove):
+        raise CorruptionError(
+            path, "compaction adds segments that do not cover exactly the sequences it removes"
+        )
 
 
 def _first_sequence(segment: SegmentInfo) -> int:

@@ -1,0 +1,176 @@
+"""Sink benchmark: replog-sink vs Spark's Parquet file sink, and S3 requests per commit.
+
+Part 1, in one SparkSession (``local[2]``), interleaved, fresh checkpoint and target per
+run: the same input (Parquet files of CDC events, read by ``readStream.parquet`` with
+``maxFilesPerTrigger``) streamed with Trigger.AvailableNow into ``replog-sink`` and into
+the built-in exactly-once ``parquet`` file sink.
+
+Part 2, against a moto S3 server over HTTP: the requests one micro-batch commit of the
+sink protocol sends (driver side), counted by operation through botocore's event hooks,
+after 10 and after 1,000 previous commits.
+
+Run: .venv/bin/python benchmarks/bench_sink.py [--events 2000000] [--runs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import shutil
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pyarrow.parquet as pq
+from pyspark.sql import SparkSession
+from workload import workload
+
+from replog.log import ReplicationLog
+from replog.sink_protocol import SinkCommitter
+
+SHARDS = 8
+INPUT_FILES = 16
+FILES_PER_TRIGGER = 2
+
+
+def build_input(root: Path, events: int) -> str:
+    directory = root / "input"
+    directory.mkdir()
+    per_file = events // INPUT_FILES
+    for index in range(INPUT_FILES):
+        table = workload(per_file, index * per_file)
+        pq.write_table(table, directory / f"part-{index:03d}.parquet")
+    return str(directory)
+
+
+def run_sink(
+    spark: SparkSession, input_dir: str, target: Path, checkpoint: Path, fmt: str
+) -> float:
+    shutil.rmtree(target, ignore_errors=True)
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    schema = spark.read.parquet(input_dir).schema
+    frame = (
+        spark.readStream.schema(schema)
+        .option("maxFilesPerTrigger", FILES_PER_TRIGGER)
+        .parquet(input_dir)
+    )
+    writer = frame.writeStream.format(fmt).option("checkpointLocation", str(checkpoint))
+    if fmt == "replog-sink":
+        writer = writer.option("shards", SHARDS)
+    start = time.perf_counter()
+    query = writer.trigger(availableNow=True).start(str(target))
+    query.awaitTermination()
+    return time.perf_counter() - start
+
+
+def written(spark: SparkSession, target: Path, fmt: str) -> int:
+    if fmt == "replog-sink":
+        return sum(ReplicationLog.open(str(target)).head().values())
+    return spark.read.parquet(str(target)).count()
+
+
+# -- S3 requests per commit -------------------------------------------------------------
+
+
+class RequestCounter:
+    """Counts S3 API calls made by one s3fs filesystem, by operation name."""
+
+    def __init__(self, fs: Any) -> None:
+        self.calls: collections.Counter[str] = collections.Counter()
+        fs.s3.meta.events.register("before-call.s3", self._count)
+
+    def _count(self, model: Any, **_: Any) -> None:
+        self.calls[model.name] += 1
+
+
+def s3_requests_per_commit(previous: tuple[int, ...]) -> list[tuple[int, dict[str, int]]]:
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    options = {
+        "key": "testing",
+        "secret": "testing",
+        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
+    }
+    boto3.client(
+        "s3",
+        endpoint_url=endpoint,
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    ).create_bucket(Bucket="bench")
+    results = []
+    try:
+        for count in previous:
+            url = f"s3://bench/requests-{count}"
+            log = ReplicationLog.create(url, SHARDS, storage_options=options)
+            committer = SinkCommitter(log, "bench-sink")
+            query = str(uuid.uuid4())
+            for epoch in range(count):
+                committer.commit(query, epoch, log.stage(workload(16, epoch * 16)))
+            staged = log.stage(workload(1_000, 0))  # executors' work, not counted
+            # The commit runs in a new driver process each batch: fresh objects, no cache.
+            fresh = ReplicationLog.open(url, storage_options=options)
+            counter = RequestCounter(fresh.storage.fs)
+            SinkCommitter(fresh, "bench-sink").commit(query, count, staged)
+            results.append((count, dict(sorted(counter.calls.items()))))
+    finally:
+        server.stop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--commits", default="10,1000")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="replog-bench-sink-"))
+    try:
+        input_dir = build_input(root, args.events)
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("WARN")
+        sinks = {"replog-sink": "replog-sink", "parquet file sink": "parquet"}
+        rates: dict[str, list[float]] = {name: [] for name in sinks}
+        for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
+            for name, fmt in sinks.items():
+                target = root / f"out-{fmt}"
+                seconds = run_sink(spark, input_dir, target, root / "checkpoint", fmt)
+                rows = written(spark, target, fmt)
+                if rows != args.events:
+                    raise SystemExit(f"{name} wrote {rows} rows, expected {args.events}")
+                if run:
+                    rates[name].append(args.events / seconds)
+        spark.stop()
+        batches = INPUT_FILES // FILES_PER_TRIGGER
+        print(
+            f"| sink ({args.events:,} events in {batches} micro-batches, AvailableNow, "
+            f"best of {args.runs}) | events/s | all runs |"
+        )
+        print("|---|---|---|")
+        for name, values in rates.items():
+            print(f"| {name} | {max(values):,.0f} | {', '.join(f'{v:,.0f}' for v in values)} |")
+        ratio = max(rates["replog-sink"]) / max(rates["parquet file sink"])
+        print(f"| ratio replog-sink / parquet | {ratio:.2f} | |")
+        print()
+        print("| S3 requests of one micro-batch commit (driver) | total | by operation |")
+        print("|---|---|---|")
+        for count, calls in s3_requests_per_commit(tuple(int(c) for c in args.commits.split(","))):
+            print(f"| after {count:,} previous commits | {sum(calls.values())} | {calls} |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

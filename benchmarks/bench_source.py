@@ -1,0 +1,190 @@
+"""Source benchmark: replog vs readStream.parquet vs a pre-built-batch Python source.
+
+All three stream the same events into Spark's ``noop`` sink with Trigger.AvailableNow,
+in one SparkSession (``local[2]``), interleaved, each run with a fresh checkpoint.
+Then it times the driver's planning (``latestOffset`` + ``partitions``) for one new
+commit on logs of 100 and 10,000 commits.
+
+Run: .venv/bin/python benchmarks/bench_source.py [--events 2000000] [--runs 3]
+Prints Markdown rows; figures are copied into docs/BENCHMARKS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from ceiling import CeilingSource
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming.datasource import ReadAllAvailable
+from workload import workload
+
+from replog.events import EVENT_SCHEMA
+from replog.log import ReplicationLog
+from replog.spark.options import SourceOptions
+from replog.spark.source import ReplogStreamReader
+
+SHARDS = 8
+COMMIT_EVENTS = 250_000
+CEILING_BATCH_ROWS = 100_000
+
+
+# -- inputs ---------------------------------------------------------------------------------
+
+
+def build_inputs(root: Path, events: int) -> tuple[str, str, str, int]:
+    """The log, the same events as Parquet files (one per segment), a ceiling template."""
+    log = ReplicationLog.create(str(root / "log"), SHARDS)
+    for offset in range(0, events, COMMIT_EVENTS):
+        log.append(workload(min(COMMIT_EVENTS, events - offset), offset))
+    parquet_dir = root / "parquet"
+    parquet_dir.mkdir()
+    files = 0
+    for shard in range(SHARDS):
+        for segment in log.state().segments[shard]:
+            table = log.read_table(shard, segment.first_sequence, segment.last_sequence)
+            pq.write_table(table, parquet_dir / f"{shard:02d}-{segment.first_sequence:09d}.parquet")
+            files += 1
+    template = log.read_table(0).slice(0, 1024).cast(EVENT_SCHEMA)
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, template.schema) as writer:
+        writer.write_table(template)
+    template_path = root / "template.arrow"
+    template_path.write_bytes(sink.getvalue().to_pybytes())
+    # The ceiling gets as many tasks as replog plans: per-task cost is part of the API.
+    reader = ReplogStreamReader(SourceOptions(path=str(root / "log"), starting_offsets="earliest"))
+    start = reader.initialOffset()
+    tasks = len(reader.partitions(start, reader.latestOffset(start, ReadAllAvailable())))
+    print(f"{events:,} events: {files} segments = Parquet files; replog plans {tasks} tasks")
+    return str(root / "log"), str(parquet_dir), str(template_path), tasks
+
+
+def stream_seconds(spark: SparkSession, reader: Any, checkpoint: Path) -> tuple[float, int]:
+    """Wall time of one AvailableNow run into ``noop``, and the rows it read."""
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    start = time.perf_counter()
+    query = (
+        reader.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - start
+    rows = sum(p["numInputRows"] for p in query.recentProgress)
+    return seconds, rows
+
+
+# -- planning cost ----------------------------------------------------------------------
+
+
+def planning_ms(root: Path, commits: int, samples: int = 20) -> tuple[float, float]:
+    """(cold, steady) ms of latestOffset+partitions when one commit is new."""
+    url = str(root / f"plan-{commits}")
+    writer = ReplicationLog.create(url, SHARDS)
+    for i in range(commits - samples):
+        writer.append([{"key": f"k{i}", "data": "x"}])
+    options = SourceOptions(path=url, starting_offsets="latest")
+    start_offset = ReplogStreamReader(options).initialOffset()
+    cold_start = time.perf_counter()  # a restarted query: a new reader, the log unread
+    reader = ReplogStreamReader(options)
+    end = reader.latestOffset(start_offset, ReadAllAvailable())
+    reader.partitions(start_offset, end)
+    cold = (time.perf_counter() - cold_start) * 1000
+    steady = []
+    for i in range(samples):
+        writer.append([{"key": f"new{i}", "data": "x"}])
+        begin = time.perf_counter()
+        new_end = reader.latestOffset(end, ReadAllAvailable())
+        tasks = reader.partitions(end, new_end)
+        steady.append((time.perf_counter() - begin) * 1000)
+        assert sum(t.task.events for t in tasks) == 1, tasks
+        end = new_end
+    return cold, statistics.median(steady)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--events", type=int, default=2_000_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--commits", default="100,10000")
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="replog-bench-source-"))
+    try:
+        log_url, parquet_dir, template, tasks = build_inputs(root, args.events)
+        # Executors import the ceiling source by reference, like replog.
+        here = str(Path(__file__).resolve().parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (here, os.environ.get("PYTHONPATH")) if p
+        )
+        spark = (
+            SparkSession.builder.master("local[2]")
+            .config("spark.sql.shuffle.partitions", "2")
+            .config("spark.ui.enabled", "false")
+            .getOrCreate()
+        )
+        spark.sparkContext.setLogLevel("WARN")
+        spark.dataSource.register(CeilingSource)
+        schema = spark.read.parquet(parquet_dir).schema
+        readers = {
+            "replog": lambda: (
+                spark.readStream.format("replog")
+                .option("startingOffsets", "earliest")
+                .load(log_url)
+            ),
+            "readStream.parquet": lambda: spark.readStream.schema(schema).parquet(parquet_dir),
+            "pre-built-batch Python source": lambda: (
+                spark.readStream.format("ceiling")
+                .option("rows", str(args.events))
+                .option("tasks", str(tasks))
+                .option("template", template)
+                .load()
+            ),
+        }
+        results: dict[str, list[float]] = {name: [] for name in readers}
+        for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
+            for name, make in readers.items():
+                seconds, rows = stream_seconds(spark, make(), root / "checkpoint")
+                if rows != args.events:
+                    raise SystemExit(f"{name} read {rows} rows, expected {args.events}")
+                if run:
+                    results[name].append(args.events / seconds)
+        spark.stop()
+        best = {name: max(rates) for name, rates in results.items()}
+        print(
+            f"| source ({args.events:,} events, {tasks} tasks, noop sink, "
+            f"AvailableNow, best of {args.runs}) | events/s | all runs |"
+        )
+        print("|---|---|---|")
+        for name, rates in results.items():
+            runs = ", ".join(f"{r:,.0f}" for r in rates)
+            print(f"| {name} | {best[name]:,.0f} | {runs} |")
+        replog = best["replog"]
+        print(f"| ratio replog / parquet | {replog / best['readStream.parquet']:.2f} | |")
+        print(
+            f"| ratio replog / pre-built ceiling | "
+            f"{replog / best['pre-built-batch Python source']:.2f} | |"
+        )
+        print()
+        print(
+            "| planning: latestOffset + partitions, one new commit | cold (first call) "
+            "| steady (median of 20) |"
+        )
+        print("|---|---|---|")
+        for commits in (int(c) for c in args.commits.split(",")):
+            cold, steady = planning_ms(root, commits)
+            print(f"| log of {commits:,} commits | {cold:.1f} ms | {steady:.2f} ms |")
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
