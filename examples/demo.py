@@ -180,8 +180,7 @@ def main() -> None:
         f"duplicated {duplicated}, e-mails leaked {leaked}"
     )
     total_in = before.count()
-    ok = (missing == 0 and duplicated == 0 and leaked == 0
-          and total_in == total_out == args.events)
+    ok = missing == 0 and duplicated == 0 and leaked == 0 and total_in == total_out == args.events
     print("  exactly once: " + ("YES - every event arrived once, masked" if ok else "NO"))
     spark.stop()
     if not ok:

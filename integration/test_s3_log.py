@@ -77,3 +77,17 @@ def test_manifest_store_on_s3_races_and_falls_back(s3) -> None:
     assert store.list_ids() == [2, 3]
     store.storage.write("manifests/00000000000000000003.json", b"{trunc")
     assert store.load_latest().checkpoint_id == 2  # type: ignore[union-attr]
+
+
+def test_a_listing_never_hides_files_written_after_it(s3) -> None:
+    import boto3
+
+    log = ReplicationLog.create(s3.url("log"), 1, storage_options=s3.storage_options)
+    log.append([{"key": "a", "data": 1}])
+    assert log.orphaned_segments(grace_ms=0) == []  # lists shards/00000
+    # Another process (here: a plain S3 client) writes into the listed directory.
+    boto3.client("s3", endpoint_url=s3.endpoint_url).put_object(
+        Bucket=s3.bucket, Key="log/shards/00000/late.arrow", Body=b"late"
+    )
+    assert log.storage.exists("shards/00000/late.arrow")
+    assert log.storage.read("shards/00000/late.arrow") == b"late"

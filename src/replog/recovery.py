@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from replog import consumers
 from replog.log import DEFAULT_GRACE_MS, ReplicationLog, now_ms
 from replog.records import WriterInfo
-from replog.sink_protocol import PendingResolution, SinkCommitter
+from replog.sink_protocol import PENDING_SEGMENTS, PendingResolution, SinkCommitter
 
 logger = logging.getLogger(__name__)
 
@@ -37,12 +37,14 @@ def recover(
     """
     report = RecoveryReport()
     cutoff = now_ms() - grace_ms
+    pending_files: set[str] = set()  # resolution, not garbage collection, handles these
     for sink_id in consumers.list_sinks(log):
         committer = SinkCommitter(log, sink_id)
         manifest = committer.store.load_latest()
         status = manifest.sink_commit_statuses.get(sink_id) if manifest else None
         if manifest is None or status is None or not status.is_pending:
             continue
+        pending_files.update(manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, []))
         if manifest.timestamp_ms > cutoff:
             report.pending_too_recent[sink_id] = manifest.epoch
             logger.warning(
@@ -61,7 +63,7 @@ def recover(
         resolution = committer.recover()
         if resolution is not None:
             report.resolved[sink_id] = resolution
-    report.garbage = log.orphaned_segments(grace_ms)
+    report.garbage = [path for path in log.orphaned_segments(grace_ms) if path not in pending_files]
     if not dry_run:
         for relative in report.garbage:
             log.storage.delete(relative)

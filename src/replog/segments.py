@@ -22,7 +22,7 @@ SEGMENT_SUFFIX = ".arrow"
 BATCH_ROWS = 65_536
 """Rows per IPC record batch inside a segment: the unit a reader decodes at a time."""
 
-_WRITE_OPTIONS = ipc.IpcWriteOptions(compression="lz4")
+WRITE_COMPRESSION = "lz4"
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,9 @@ class StagedSegment:
 def encode_segment(table: pa.Table) -> bytes:
     """Serialise stored-schema rows as an Arrow IPC file."""
     sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, STORED_SCHEMA, options=_WRITE_OPTIONS) as writer:
+    with ipc.new_file(
+        sink, STORED_SCHEMA, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
+    ) as writer:
         writer.write_table(table, max_chunksize=BATCH_ROWS)
     return bytes(sink.getvalue())
 

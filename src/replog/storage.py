@@ -27,7 +27,29 @@ from replog.errors import InvalidOptionError, LogNotFoundError
 
 logger = logging.getLogger(__name__)
 
-_MEMORY_LOCK = threading.Lock()
+
+class _ProcessLock:
+    """A lock that pickles as a fresh one.
+
+    ``replog.register(spark)`` pickles replog's modules by value, globals included, and a
+    plain lock cannot be pickled. The lock only guards the process-local memory store,
+    so a copy in another process needs a lock of its own anyway.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> bool:
+        return self._lock.acquire()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._lock.release()
+
+    def __reduce__(self) -> tuple[type[_ProcessLock], tuple[()]]:
+        return (_ProcessLock, ())
+
+
+_MEMORY_LOCK = _ProcessLock()
 
 SECRET_OPTION_WORDS = ("secret", "key", "token", "password", "credential", "session")
 """Storage options whose name contains one of these words are never shown."""
@@ -165,6 +187,10 @@ class Storage:
             entries = self.fs.ls(path, detail=False)
         except FileNotFoundError:
             return []
+        finally:
+            # s3fs answers later info/exists/cat calls from a cached listing: a file
+            # written after this listing would look missing to this process.
+            self.fs.invalidate_cache(path)
         return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
 
     def modified_ms(self, relative: str) -> int | None:
