@@ -27,6 +27,7 @@ import pyarrow.parquet as pq
 from pyspark.sql import SparkSession
 from workload import workload
 
+from replog.events import events_from_table
 from replog.log import ReplicationLog
 from replog.sink_protocol import SinkCommitter
 
@@ -85,7 +86,9 @@ class RequestCounter:
         self.calls[model.name] += 1
 
 
-def s3_requests_per_commit(previous: tuple[int, ...]) -> list[tuple[int, dict[str, int]]]:
+def s3_requests_per_commit(
+    previous: tuple[int, ...],
+) -> list[tuple[int, dict[str, int], float]]:
     import boto3
     from moto.server import ThreadedMotoServer
 
@@ -113,13 +116,15 @@ def s3_requests_per_commit(previous: tuple[int, ...]) -> list[tuple[int, dict[st
             committer = SinkCommitter(log, "bench-sink")
             query = str(uuid.uuid4())
             for epoch in range(count):
-                committer.commit(query, epoch, log.stage(workload(16, epoch * 16)))
-            staged = log.stage(workload(1_000, 0))  # executors' work, not counted
+                committer.commit(query, epoch, log.stage(events_from_table(workload(16))))
+            staged = log.stage(events_from_table(workload(1_000)))  # executors' work
             # The commit runs in a new driver process each batch: fresh objects, no cache.
             fresh = ReplicationLog.open(url, storage_options=options)
             counter = RequestCounter(fresh.storage.fs)
+            start = time.perf_counter()
             SinkCommitter(fresh, "bench-sink").commit(query, count, staged)
-            results.append((count, dict(sorted(counter.calls.items()))))
+            milliseconds = (time.perf_counter() - start) * 1000
+            results.append((count, dict(sorted(counter.calls.items())), milliseconds))
     finally:
         server.stop()
     return results
@@ -164,10 +169,17 @@ def main() -> None:
         ratio = max(rates["replog-sink"]) / max(rates["parquet file sink"])
         print(f"| ratio replog-sink / parquet | {ratio:.2f} | |")
         print()
-        print("| S3 requests of one micro-batch commit (driver) | total | by operation |")
-        print("|---|---|---|")
-        for count, calls in s3_requests_per_commit(tuple(int(c) for c in args.commits.split(","))):
-            print(f"| after {count:,} previous commits | {sum(calls.values())} | {calls} |")
+        print(
+            "| one micro-batch commit on S3 (moto, driver side) | requests | by operation "
+            "| latency |"
+        )
+        print("|---|---|---|---|")
+        counts = tuple(int(c) for c in args.commits.split(","))
+        for count, calls, milliseconds in s3_requests_per_commit(counts):
+            print(
+                f"| after {count:,} previous commits | {sum(calls.values())} | {calls} "
+                f"| {milliseconds:.0f} ms |"
+            )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -26,12 +26,14 @@ from replog.errors import (
     CommitConflictError,
     CorruptionError,
     DataLossError,
+    InvalidEventError,
     InvalidOptionError,
     LogExistsError,
     ReplogError,
 )
 from replog.events import (
     EVENT_SCHEMA,
+    STORED_SCHEMA,
     events_from_records,
     events_from_table,
     to_event_batch,
@@ -327,9 +329,15 @@ class ReplicationLog:
         """Route stored-schema rows to shards and write them as segment files (not yet visible)."""
         if table.num_rows == 0:
             return []
+        if not table.schema.equals(STORED_SCHEMA):
+            raise InvalidEventError(
+                "stage() takes validated rows in the stored schema (from events_from_table or "
+                f"events_from_records); got columns {table.schema.names}"
+            )
         shard_ids = shards_of(table.column("key"), self.shards)
         order = np.argsort(shard_ids, kind="stable")  # stable: keeps per-key order
-        routed = table.take(pa.array(order))
+        # take() on one contiguous chunk is ~2.5x faster than on many small ones
+        routed = table.combine_chunks().take(pa.array(order))
         bounds = np.searchsorted(shard_ids[order], np.arange(self.shards + 1), side="left")
         pieces: list[tuple[int, pa.Table]] = []
         for shard in range(self.shards):
