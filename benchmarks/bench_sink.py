@@ -1,5 +1,8 @@
 """Sink benchmark: replog-sink vs Spark's Parquet file sink, and S3 requests per commit.
 
+A third sink, a Python Arrow writer that discards everything, shows what the Python
+Data Source API itself costs (the floor any Python sink starts from).
+
 Part 1, in one SparkSession (``local[2]``), interleaved, fresh checkpoint and target per
 run: the same input (Parquet files of CDC events, read by ``readStream.parquet`` with
 ``maxFilesPerTrigger``) streamed with Trigger.AvailableNow into ``replog-sink`` and into
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import os
 import shutil
 import tempfile
 import time
@@ -24,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow.parquet as pq
+from null_sink import NullSink
 from pyspark.sql import SparkSession
 from workload import workload
 
@@ -66,10 +71,12 @@ def run_sink(
     return time.perf_counter() - start
 
 
-def written(spark: SparkSession, target: Path, fmt: str) -> int:
+def written(spark: SparkSession, target: Path, fmt: str, events: int) -> int:
     if fmt == "replog-sink":
         return sum(ReplicationLog.open(str(target)).head().values())
-    return spark.read.parquet(str(target)).count()
+    if fmt == "parquet":
+        return spark.read.parquet(str(target)).count()
+    return events  # the null sink keeps nothing to count
 
 
 # -- S3 requests per commit -------------------------------------------------------------
@@ -80,17 +87,30 @@ class RequestCounter:
 
     def __init__(self, fs: Any) -> None:
         self.calls: collections.Counter[str] = collections.Counter()
-        fs.s3.meta.events.register("before-call.s3", self._count)
+        self._events = fs.s3.meta.events
+        self._events.register("before-call.s3", self._count)
 
     def _count(self, model: Any, **_: Any) -> None:
         self.calls[model.name] += 1
 
+    def stop(self) -> None:
+        self._events.unregister("before-call.s3", self._count)
+
 
 def s3_requests_per_commit(
     previous: tuple[int, ...],
-) -> list[tuple[int, dict[str, int], float]]:
+) -> list[tuple[int, str, dict[str, int], float]]:
+    """(previous commits, cold|warm, requests by operation, ms) of one sink commit.
+
+    "warm" is the steady state: Spark runs all commits of a query in one driver-side
+    process, which keeps the target log's state between micro-batches. "cold" is the
+    first commit after a restart.
+    """
     import boto3
     from moto.server import ThreadedMotoServer
+
+    from replog.spark import sink as spark_sink
+    from replog.spark.options import SinkOptions
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -109,22 +129,30 @@ def s3_requests_per_commit(
         aws_secret_access_key="testing",
     ).create_bucket(Bucket="bench")
     results = []
+
+    def commit(sink: SinkOptions, query: str, epoch: int, staged: list) -> tuple[dict, float]:
+        log = spark_sink._target_log(sink)
+        counter = RequestCounter(log.storage.fs)
+        start = time.perf_counter()
+        SinkCommitter(spark_sink._target_log(sink), sink.sink_id).commit(query, epoch, staged)
+        milliseconds = (time.perf_counter() - start) * 1000
+        counter.stop()
+        return dict(sorted(counter.calls.items())), milliseconds
+
     try:
         for count in previous:
             url = f"s3://bench/requests-{count}"
             log = ReplicationLog.create(url, SHARDS, storage_options=options)
-            committer = SinkCommitter(log, "bench-sink")
+            sink = SinkOptions(path=url, sink_id="bench-sink", storage_options=options)
             query = str(uuid.uuid4())
             for epoch in range(count):
+                committer = SinkCommitter(spark_sink._target_log(sink), sink.sink_id)
                 committer.commit(query, epoch, log.stage(events_from_table(workload(16))))
-            staged = log.stage(events_from_table(workload(1_000)))  # executors' work
-            # The commit runs in a new driver process each batch: fresh objects, no cache.
-            fresh = ReplicationLog.open(url, storage_options=options)
-            counter = RequestCounter(fresh.storage.fs)
-            start = time.perf_counter()
-            SinkCommitter(fresh, "bench-sink").commit(query, count, staged)
-            milliseconds = (time.perf_counter() - start) * 1000
-            results.append((count, dict(sorted(counter.calls.items())), milliseconds))
+            spark_sink._COMMITTING_LOGS.clear()  # a restarted query: nothing cached
+            for epoch, kind in ((count, "cold"), (count + 1, "warm")):
+                staged = log.stage(events_from_table(workload(1_000)))  # executors' work
+                calls, milliseconds = commit(sink, query, epoch, staged)
+                results.append((count, kind, calls, milliseconds))
     finally:
         server.stop()
     return results
@@ -133,12 +161,17 @@ def s3_requests_per_commit(
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=2_000_000)
-    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--commits", default="10,1000")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="replog-bench-sink-"))
     try:
         input_dir = build_input(root, args.events)
+        # Executors import the null sink by reference, like replog.
+        here = str(Path(__file__).resolve().parent)
+        os.environ["PYTHONPATH"] = os.pathsep.join(
+            p for p in (here, os.environ.get("PYTHONPATH")) if p
+        )
         spark = (
             SparkSession.builder.master("local[2]")
             .config("spark.sql.shuffle.partitions", "2")
@@ -146,13 +179,18 @@ def main() -> None:
             .getOrCreate()
         )
         spark.sparkContext.setLogLevel("WARN")
-        sinks = {"replog-sink": "replog-sink", "parquet file sink": "parquet"}
+        spark.dataSource.register(NullSink)
+        sinks = {
+            "replog-sink": "replog-sink",
+            "parquet file sink": "parquet",
+            "discarding Python Arrow sink (the API's floor)": "python-null",
+        }
         rates: dict[str, list[float]] = {name: [] for name in sinks}
         for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
             for name, fmt in sinks.items():
                 target = root / f"out-{fmt}"
                 seconds = run_sink(spark, input_dir, target, root / "checkpoint", fmt)
-                rows = written(spark, target, fmt)
+                rows = written(spark, target, fmt, args.events)
                 if rows != args.events:
                     raise SystemExit(f"{name} wrote {rows} rows, expected {args.events}")
                 if run:
@@ -175,9 +213,9 @@ def main() -> None:
         )
         print("|---|---|---|---|")
         counts = tuple(int(c) for c in args.commits.split(","))
-        for count, calls, milliseconds in s3_requests_per_commit(counts):
+        for count, kind, calls, milliseconds in s3_requests_per_commit(counts):
             print(
-                f"| after {count:,} previous commits | {sum(calls.values())} | {calls} "
+                f"| {kind}, after {count:,} previous commits | {sum(calls.values())} | {calls} "
                 f"| {milliseconds:.0f} ms |"
             )
     finally:

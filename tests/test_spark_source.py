@@ -147,6 +147,16 @@ def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) 
     expected = sum(log.head().values()) - sum(committed.offsets.values())
     assert len(rows) == expected
     assert all(r["sequence"] > committed.offsets[r["shard"]] for r in rows)
+    # A batch read as the same consumer still starts at the earliest event by default;
+    # the manifest is only used when asked for.
+    assert spark.read.format("replog").option("consumer", "etl").load(log.url).count() == 90
+    resumed = (
+        spark.read.format("replog")
+        .option("consumer", "etl")
+        .option("startingOffsets", "manifest")
+        .load(log.url)
+    )
+    assert resumed.count() == 90 - sum(committed.offsets.values())
 
 
 def test_max_bytes_per_trigger_bounds_batches(spark, tmp_path: Path) -> None:

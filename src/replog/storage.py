@@ -117,9 +117,20 @@ class Storage:
         clone.root = self.path(relative)
         return clone
 
+    @property
+    def is_s3(self) -> bool:
+        protocols = self.fs.protocol
+        return "s3" in (protocols if isinstance(protocols, tuple | list) else (protocols,))
+
     def read(self, relative: str) -> bytes:
         """The whole file; ``FileNotFoundError`` if absent."""
-        data: bytes = self.fs.cat_file(self.path(relative))
+        path = self.path(relative)
+        if self.is_s3:
+            # One GET: by default s3fs sends a HEAD first (to split big reads), and for
+            # a missing object a LIST as well, tripling the requests of every probe.
+            data: bytes = self.fs.cat_file(path, max_concurrency=1)
+        else:
+            data = self.fs.cat_file(path)
         return data
 
     def read_optional(self, relative: str) -> bytes | None:
@@ -168,7 +179,16 @@ class Storage:
             self.fs.pipe_file(path, data, mode="create")
 
     def exists(self, relative: str) -> bool:
-        return bool(self.fs.exists(self.path(relative)))
+        path = self.path(relative)
+        if self.is_s3:
+            # One HEAD: s3fs's exists() also LISTs a missing key (it might be a "directory").
+            bucket, key, _ = self.fs.split_path(path)
+            try:
+                self.fs.call_s3("head_object", Bucket=bucket, Key=key)
+            except FileNotFoundError:
+                return False
+            return True
+        return bool(self.fs.exists(path))
 
     def delete(self, relative: str) -> None:
         """Delete a file; a file that is already gone is fine."""

@@ -84,8 +84,11 @@ class SourceOptions:
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
-    def parse(cls, options: Mapping[str, str]) -> SourceOptions:
-        starting = (_get(options, "startingOffsets") or "manifest").strip()
+    def parse(cls, options: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
+        """Streaming queries start from the consumer's manifest by default; batch reads
+        (``spark.read``) from the earliest event, like Kafka's batch reads."""
+        default_start = "manifest" if streaming else "earliest"
+        starting = (_get(options, "startingOffsets") or default_start).strip()
         if starting.lower() in STARTING_KEYWORDS:
             starting = starting.lower()
         elif not starting.startswith("{"):

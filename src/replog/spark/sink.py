@@ -7,6 +7,7 @@ exactly-once protocol of :mod:`replog.sink_protocol`.
 
 from __future__ import annotations
 
+import json
 import logging
 import uuid
 from collections.abc import Iterator, Sequence
@@ -98,6 +99,27 @@ def _query_id(messages: Sequence[WriterCommitMessage | None]) -> str | None:
     return ids.pop() if ids else None
 
 
+_COMMITTING_LOGS: dict[str, ReplicationLog] = {}
+"""Target logs this process has committed to, with their state.
+
+Spark runs every ``commit`` of a query in one long-lived driver-side Python process
+(one PID for all micro-batches, measured), on a fresh writer each time. Keeping the log
+here means the next commit reads only the log commits made since, instead of a snapshot
+and up to 99 commits after it (up to ~100 GETs per micro-batch on S3).
+"""
+
+
+def _target_log(options: SinkOptions) -> ReplicationLog:
+    """The sink's target log, reusing this process's copy if it is still the same log."""
+    opened = ReplicationLog.open(options.path, storage_options=options.storage_options)
+    key = json.dumps([options.path, options.storage_options], sort_keys=True, default=str)
+    cached = _COMMITTING_LOGS.get(key)
+    if cached is not None and cached.descriptor.log_id == opened.descriptor.log_id:
+        return cached  # refreshed by the committer before it decides anything
+    _COMMITTING_LOGS[key] = opened
+    return opened
+
+
 class _ArrowStager:
     """Shared by the streaming and the batch writer: staging (executors), committer (driver)."""
 
@@ -105,8 +127,7 @@ class _ArrowStager:
 
     def _committer(self) -> SinkCommitter:
         """Driver side: the protocol runner for this sink's target log."""
-        log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
-        return SinkCommitter(log, self.options.sink_id)
+        return SinkCommitter(_target_log(self.options), self.options.sink_id)
 
     def _stage_all(self, batches: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         context = TaskContext.get()

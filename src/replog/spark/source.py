@@ -210,11 +210,8 @@ class ReplogDataSource(DataSource):
     def schema(self) -> str:
         return SPARK_SCHEMA_DDL
 
-    def _options(self) -> SourceOptions:
-        return SourceOptions.parse(self.options)
-
     def streamReader(self, schema: StructType) -> ReplogStreamReader:
-        return ReplogStreamReader(self._options())
+        return ReplogStreamReader(SourceOptions.parse(self.options, streaming=True))
 
     def reader(self, schema: StructType) -> ReplogBatchReader:
-        return ReplogBatchReader(self._options())
+        return ReplogBatchReader(SourceOptions.parse(self.options, streaming=False))
