@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import shutil
 import tempfile
 import time
@@ -30,7 +29,7 @@ from typing import Any
 import pyarrow.parquet as pq
 from null_sink import NullSink
 from pyspark.sql import SparkSession
-from workload import workload
+from workload import bench_session, workload
 
 from replog.events import events_from_table
 from replog.log import ReplicationLog
@@ -167,18 +166,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="replog-bench-sink-"))
     try:
         input_dir = build_input(root, args.events)
-        # Executors import the null sink by reference, like replog.
-        here = str(Path(__file__).resolve().parent)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (here, os.environ.get("PYTHONPATH")) if p
-        )
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.enabled", "false")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("WARN")
+        spark = bench_session()
         spark.dataSource.register(NullSink)
         sinks = {
             "replog-sink": "replog-sink",
@@ -212,7 +200,7 @@ def main() -> None:
             "| latency |"
         )
         print("|---|---|---|---|")
-        counts = tuple(int(c) for c in args.commits.split(","))
+        counts = tuple(int(c) for c in args.commits.split(",") if c)
         for count, kind, calls, milliseconds in s3_requests_per_commit(counts):
             print(
                 f"| {kind}, after {count:,} previous commits | {sum(calls.values())} | {calls} "

@@ -12,7 +12,6 @@ Prints Markdown rows; figures are copied into docs/BENCHMARKS.md.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import statistics
 import tempfile
@@ -25,7 +24,7 @@ import pyarrow.parquet as pq
 from ceiling import CeilingSource
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
-from workload import workload
+from workload import bench_session, workload
 
 from replog.events import EVENT_SCHEMA
 from replog.log import ReplicationLog
@@ -120,18 +119,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="replog-bench-source-"))
     try:
         log_url, parquet_dir, template, tasks = build_inputs(root, args.events)
-        # Executors import the ceiling source by reference, like replog.
-        here = str(Path(__file__).resolve().parent)
-        os.environ["PYTHONPATH"] = os.pathsep.join(
-            p for p in (here, os.environ.get("PYTHONPATH")) if p
-        )
-        spark = (
-            SparkSession.builder.master("local[2]")
-            .config("spark.sql.shuffle.partitions", "2")
-            .config("spark.ui.enabled", "false")
-            .getOrCreate()
-        )
-        spark.sparkContext.setLogLevel("WARN")
+        spark = bench_session()
         spark.dataSource.register(CeilingSource)
         schema = spark.read.parquet(parquet_dir).schema
         readers = {

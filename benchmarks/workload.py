@@ -1,11 +1,14 @@
-"""Shared by the benchmarks: a CDC-like workload and a best-of timer."""
+"""Shared by the benchmarks: a CDC-like workload, a best-of timer, the SparkSession."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
 import uuid
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
@@ -46,3 +49,20 @@ def timed(function: Callable[[], object], repeat: int = 3) -> float:
         function()
         best = min(best, time.perf_counter() - start)
     return best
+
+
+def bench_session() -> Any:
+    """A ``local[2]`` SparkSession whose Python workers import modules from benchmarks/
+    by reference (the comparison sources and sinks), as they import replog."""
+    from pyspark.sql import SparkSession
+
+    here = str(Path(__file__).resolve().parent)
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, os.environ.get("PYTHONPATH")) if p)
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("WARN")
+    return spark

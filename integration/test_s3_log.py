@@ -91,3 +91,9 @@ def test_a_listing_never_hides_files_written_after_it(s3) -> None:
     )
     assert log.storage.exists("shards/00000/late.arrow")
     assert log.storage.read("shards/00000/late.arrow") == b"late"
+
+
+def test_operator_commands_on_s3(s3) -> None:
+    from test_operations import run_operator_commands
+
+    run_operator_commands(s3.url("ops"), s3.storage_options, tuple(s3.fs_cli_args))

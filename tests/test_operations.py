@@ -18,8 +18,14 @@ from replog.records import COMPACT, CommitRecord, commit_path
 from replog.sink_protocol import SinkCommitter
 
 
-def filled_log(url: str, commits: int = 4, per_commit: int = 40, shards: int = 2) -> ReplicationLog:
-    log = ReplicationLog.create(url, shards)
+def filled_log(
+    url: str,
+    commits: int = 4,
+    per_commit: int = 40,
+    shards: int = 2,
+    storage_options: dict | None = None,
+) -> ReplicationLog:
+    log = ReplicationLog.create(url, shards, storage_options=storage_options)
     for c in range(commits):
         log.append(
             [{"key": f"k{i % 7}", "data": {"n": c * per_commit + i}} for i in range(per_commit)]
@@ -281,35 +287,43 @@ def test_status_reports_lag_age_and_sinks(tmp_path: Path) -> None:
 # -- the commands --------------------------------------------------------------------------
 
 
-def test_operator_commands(tmp_path: Path) -> None:
-    url = str(tmp_path / "log")
-    log = filled_log(url, commits=4)
+def run_operator_commands(
+    url: str, storage_options: dict | None = None, fs_args: tuple[str, ...] = ()
+) -> None:
+    """Every operator command against one log, through the installed ``replog`` script."""
+    log = filled_log(url, commits=4, storage_options=storage_options)
     consumers.commit_offsets(log, "etl", {0: 8, 1: 8}, epoch=1)
-    shown = replog("status", url)
+    shown = replog("status", url, *fs_args)
     assert shown.returncode == 0 and "etl" in shown.stdout and "lag" in shown.stdout
-    assert json.loads(replog("status", url, "--json").stdout)["consumers"][0]["name"] == "etl"
+    report = json.loads(replog("status", url, "--json", *fs_args).stdout)
+    assert report["consumers"][0]["name"] == "etl"
 
-    refused = replog("truncate", url, "--keep-from", '{"0": 30}')
+    refused = replog("truncate", url, "--keep-from", '{"0": 30}', *fs_args)
     assert refused.returncode == 2 and "consumer 'etl'" in refused.stderr
     assert log.refresh().lows == [1, 1]
-    dry = replog("truncate", url, "--keep-from", '{"0": 30}', "--dry-run")
+    dry = replog("truncate", url, "--keep-from", '{"0": 30}', "--dry-run", *fs_args)
     assert dry.returncode == 1 and "BLOCKED" in dry.stdout and "--force" in dry.stdout
-    done = replog("truncate", url)  # what every consumer committed
+    done = replog("truncate", url, *fs_args)  # what every consumer committed
     assert done.returncode == 0, done.stderr
     assert log.refresh().lows == [9, 9]
-    forced = replog("truncate", url, "--keep-from", '{"0": 30}', "--force")
+    forced = replog("truncate", url, "--keep-from", '{"0": 30}', "--force", *fs_args)
     assert forced.returncode == 0 and log.refresh().lows[0] == 30
-    bad = replog("truncate", url, "--older-than", "soon")
+    bad = replog("truncate", url, "--older-than", "soon", *fs_args)
     assert bad.returncode == 2 and "--older-than: 'soon' is not a duration" in bad.stderr
 
-    compacted = replog("compact", url)
+    compacted = replog("compact", url, *fs_args)
     assert compacted.returncode == 0 and "merged" in compacted.stdout, compacted.stderr
     assert log.refresh().segment_count == 2
-    kept = replog("recover", url)
+    kept = replog("recover", url, *fs_args)
     assert kept.returncode == 0 and "deleted 0 garbage" in kept.stdout
-    collected = replog("recover", url, "--grace", "0")
+    collected = replog("recover", url, "--grace", "0", *fs_args)
     assert collected.returncode == 0 and "deleted 8 garbage" in collected.stdout
-    assert replog("verify", url).returncode == 0
+    assert replog("verify", url, *fs_args).returncode == 0
+    assert len(check_log(log)) == 160 - 29 - 8  # shard 0 keeps from 30, shard 1 from 9
+
+
+def test_operator_commands(tmp_path: Path) -> None:
+    run_operator_commands(str(tmp_path / "log"))
 
 
 def log_rows(count: int, start: int = 0):

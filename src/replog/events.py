@@ -221,7 +221,7 @@ def events_from_table(
 
     operation = string_column("operation")
     if operation is None:
-        operation = pa.chunked_array([pa.array(["insert"] * rows, pa.string())])
+        operation = pa.chunked_array([pa.repeat(pa.scalar("insert", pa.string()), rows)])
     else:
         operation = pc.fill_null(operation, "insert")
         valid = pc.is_in(operation, value_set=pa.array(OPERATIONS))
@@ -243,7 +243,7 @@ def events_from_table(
 
     collection = string_column("collection")
     if collection is None:
-        collection = pa.array([default_collection] * rows, pa.string())
+        collection = pa.repeat(pa.scalar(default_collection, pa.string()), rows)
     elif default_collection is not None:
         collection = pc.fill_null(collection, default_collection)
 
@@ -258,7 +258,7 @@ def events_from_table(
             raise InvalidEventError(f"column 'timestamp' must be a timestamp, got {ts.type}")
         timestamp = pc.fill_null(_cast_column(ts, pa.timestamp("us", tz="UTC"), "timestamp"), stamp)
     else:
-        timestamp = pa.array([stamp.as_py()] * rows, pa.timestamp("us", tz="UTC"))
+        timestamp = pa.repeat(stamp, rows)
 
     return pa.table(
         [event_id, timestamp, operation, collection, key, data, metadata], schema=STORED_SCHEMA
