@@ -37,15 +37,16 @@ def recover(
     """
     report = RecoveryReport()
     cutoff = now_ms() - grace_ms
-    pending_files: set[str] = set()  # resolution, not garbage collection, handles these
+    pending_files: set[str] = set()  # files of epochs still Pending: not garbage yet
     for sink_id in consumers.list_sinks(log):
         committer = SinkCommitter(log, sink_id)
         manifest = committer.store.load_latest()
         status = manifest.sink_commit_statuses.get(sink_id) if manifest else None
         if manifest is None or status is None or not status.is_pending:
             continue
-        pending_files.update(manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, []))
+        named = manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, [])
         if manifest.timestamp_ms > cutoff:
+            pending_files.update(named)
             report.pending_too_recent[sink_id] = manifest.epoch
             logger.warning(
                 "sink %s: Pending epoch %d is younger than the grace period; left alone "

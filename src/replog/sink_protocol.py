@@ -4,7 +4,8 @@ For sink S, query Q and epoch E, with S's checkpoint manifests in
 ``<log>/_replog/sinks/S``:
 
 1. Resolve a Pending epoch left by a crash: the log holds its commit → Committed;
-   it does not → rolled back (Spark replays it) and its staged files are deleted.
+   it does not → rolled back (Spark replays it); its staged files are left to
+   ``replog recover``, in case a zombie driver of the crashed attempt still commits them.
 2. E already committed (manifest or log says so) → discard this attempt's staged
    files and return: a replay.
 3. Manifest: Pending(E). 4. Log: one put-if-absent commit naming (S, Q, E).
@@ -122,11 +123,13 @@ class SinkCommitter:
             resolved.sink_commit_statuses[self.sink_id] = SinkCommitStatus.failed(
                 f"epoch {manifest.epoch} rolled back: crashed before its log commit"
             )
-            for path in pending:
-                self.log.storage.delete(path)
+            # The staged files are left for `replog recover` (after its grace period),
+            # not deleted: a zombie driver of the crashed attempt may still commit them,
+            # and the log would then name deleted files. Its commit is safe otherwise:
+            # the log accepts (sink, query, epoch) once, and the replay defers to it.
             logger.warning(
-                "sink %s: Pending epoch %d never reached the log; rolled back "
-                "(%d staged files deleted); Spark replays it",
+                "sink %s: Pending epoch %d never reached the log; rolled back, Spark "
+                "replays it (%d staged files left for 'replog recover')",
                 self.sink_id,
                 manifest.epoch,
                 len(pending),
