@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 from clirun import replog
 from logcheck import check_key_order, check_log
+from test_operations import run_operator_commands
 
 from replog.errors import ManifestConflictError
 from replog.log import ReplicationLog
@@ -94,6 +95,4 @@ def test_a_listing_never_hides_files_written_after_it(s3) -> None:
 
 
 def test_operator_commands_on_s3(s3) -> None:
-    from test_operations import run_operator_commands
-
     run_operator_commands(s3.url("ops"), s3.storage_options, tuple(s3.fs_cli_args))

@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 from clirun import replog
 from logcheck import check_key_order, check_log, run_concurrently
+from test_sink_protocol import leave_pending
 
 from replog import compaction, consumers, recovery, retention, status
 from replog.errors import CorruptionError, DataLossError, RetentionError
-from replog.log import ReplicationLog
-from replog.records import COMPACT, CommitRecord, commit_path
+from replog.events import events_from_records
+from replog.log import ReplicationLog, read_segment
+from replog.records import COMPACT, CommitRecord, WriterInfo, commit_path
 from replog.sink_protocol import SinkCommitter
 
 
@@ -162,8 +164,6 @@ def test_compaction_under_concurrent_appends_and_readers(tmp_path: Path) -> None
     assert len(rows) == 20 * 40 and len(appended) == 10
     check_key_order(rows)
     # Files a reader planned on before the compaction are still there to read.
-    from replog.log import read_segment
-
     for segment in planned:
         assert sum(b.num_rows for b in read_segment(reader.storage, segment, 1, 10**9)) > 0
 
@@ -193,13 +193,7 @@ def test_recover_resolves_a_pending_commit_left_by_a_crash(tmp_path: Path) -> No
     committer.commit("query-1", 0, log.stage(log_rows(10)))
     # A crash after Pending: the manifest says Pending, the log never got the commit.
     staged = log.stage(log_rows(10, start=10))
-    pending = committer._load().next(epoch=1)
-    from replog.manifest import SinkCommitStatus
-    from replog.sink_protocol import PENDING_SEGMENTS
-
-    pending.sink_commit_statuses["orders-sink"] = SinkCommitStatus.pending()
-    pending.extra[PENDING_SEGMENTS] = {"orders-sink": [s.path for s in staged]}
-    committer.store.save(pending)
+    leave_pending(committer, "query-1", 1, staged)
 
     young = recovery.recover(log)  # default grace: a live driver may be committing
     assert young.pending_too_recent == {"orders-sink": 1} and not young.resolved
@@ -230,13 +224,9 @@ def test_recover_marks_committed_when_the_log_holds_the_epoch(tmp_path: Path) ->
     log = filled_log(str(tmp_path / "log"), commits=1)
     committer = SinkCommitter(log, "s")
     committer.commit("q", 0, log.stage(log_rows(5)))
-    from replog.manifest import SinkCommitStatus
-    from replog.records import WriterInfo
-
-    pending = committer._load().next(epoch=1)
-    pending.sink_commit_statuses["s"] = SinkCommitStatus.pending()
-    committer.store.save(pending)
-    log.commit_staged(log.stage(log_rows(5, start=5)), writer=WriterInfo("s", "q", 1))
+    staged = log.stage(log_rows(5, start=5))
+    leave_pending(committer, "q", 1, staged)
+    log.commit_staged(staged, writer=WriterInfo("s", "q", 1))  # the log commit made it
     report = recovery.recover(log, grace_ms=0)
     assert report.resolved["s"].committed is True
     manifest = committer.store.load_latest()
@@ -327,8 +317,6 @@ def test_operator_commands(tmp_path: Path) -> None:
 
 
 def log_rows(count: int, start: int = 0):
-    from replog.events import events_from_records
-
     return events_from_records(
         [{"key": f"s{i}", "data": {"n": i}} for i in range(start, start + count)]
     )

@@ -22,15 +22,14 @@ def rows(start: int, count: int):
     )
 
 
-def crash_after_pending(committer: SinkCommitter, query: str, epoch: int, start: int) -> list:
-    """What a driver killed right after writing Pending(epoch) leaves behind."""
-    staged = committer.log.stage(rows(start, 10))
+def leave_pending(committer: SinkCommitter, query: str, epoch: int, staged: list) -> None:
+    """What a driver killed right after writing Pending(epoch) leaves: the manifest says
+    Pending and names ``staged``; the log has no commit of the epoch."""
     pending = committer._load().next(epoch=epoch)
     pending.sink_commit_statuses[committer.sink_id] = SinkCommitStatus.pending()
     pending.sink_query_ids[committer.sink_id] = query
     pending.extra[PENDING_SEGMENTS] = {committer.sink_id: [s.path for s in staged]}
     committer.store.save(pending)
-    return staged
 
 
 def test_a_replayed_epoch_is_committed_once(tmp_path: Path) -> None:
@@ -59,7 +58,8 @@ def test_a_zombie_driver_committing_after_a_rollback_loses_nothing(tmp_path: Pat
     log = ReplicationLog.create(str(tmp_path / "B"), 2)
     zombie = SinkCommitter(log, "s")
     zombie.commit("q", 0, log.stage(rows(0, 10)))
-    zombie_files = crash_after_pending(zombie, "q", 1, start=10)
+    zombie_files = log.stage(rows(10, 10))
+    leave_pending(zombie, "q", 1, zombie_files)
 
     restarted = SinkCommitter(ReplicationLog.open(log.url), "s")
     resolution = restarted.recover()

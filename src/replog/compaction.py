@@ -18,9 +18,15 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from replog.errors import CommitConflictError
-from replog.log import DEFAULT_SEGMENT_MAX_EVENTS, IO_THREADS, ReplicationLog, now_ms
+from replog.log import (
+    DEFAULT_SEGMENT_MAX_EVENTS,
+    IO_THREADS,
+    ReplicationLog,
+    now_ms,
+    read_stored,
+)
 from replog.records import COMPACT, CommitRecord
-from replog.segments import SegmentInfo, decode_segment
+from replog.segments import SegmentInfo
 from replog.state import LogState
 
 logger = logging.getLogger(__name__)
@@ -82,16 +88,7 @@ class CompactionResult:
 
 def _merge(log: ReplicationLog, merge: Merge) -> SegmentInfo:
     """Write the merged file of ``merge`` (verifying every source) and place it."""
-    tables = []
-    for source in merge.sources:
-        tables.append(
-            decode_segment(
-                log.storage.read(source.path),
-                path=log.storage.path(source.path),
-                expected_sha256=source.sha256,
-                expected_rows=source.events,
-            )
-        )
+    tables = [read_stored(log.storage, source) for source in merge.sources]
     staged = log.write_segment(merge.shard, pa.concat_tables(tables))
     return staged.at(merge.sources[0].first_sequence)
 

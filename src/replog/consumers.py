@@ -81,6 +81,15 @@ def committed_offsets(log: ReplicationLog, consumer: str) -> ConsumerPosition | 
     )
 
 
+def all_committed(log: ReplicationLog) -> dict[str, Offsets]:
+    """Every known consumer's committed offsets (empty for one that never committed)."""
+    found = {}
+    for name in list_consumers(log):
+        position = committed_offsets(log, name)
+        found[name] = position.offsets if position else {}
+    return found
+
+
 def commit_offsets(
     log: ReplicationLog, consumer: str, offsets: Offsets, *, epoch: int, note: str = "spark"
 ) -> CheckpointManifest:

@@ -535,18 +535,29 @@ class ReplicationLog:
             for segment in lane:
                 path = self.storage.path(segment.path)
                 try:
-                    data = self.storage.read(segment.path)
-                    decode_segment(
-                        data,
-                        path=path,
-                        expected_sha256=segment.sha256,
-                        expected_rows=segment.events,
-                    )
-                except FileNotFoundError:
-                    problems.append(Problem(path, "segment file is missing"))
+                    read_stored(self.storage, segment)
                 except CorruptionError as exc:
                     problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
         return problems
+
+
+def read_stored(storage: Storage, segment: SegmentInfo) -> pa.Table:
+    """A committed segment's rows (stored schema), checked against its commit entry.
+
+    Raises :class:`CorruptionError` naming the file if it is missing, torn or altered.
+    """
+    path = storage.path(segment.path)
+    try:
+        data = storage.read(segment.path)
+    except FileNotFoundError as exc:
+        raise CorruptionError(
+            path,
+            "segment file is missing (deleted outside replog, or collected by "
+            "'replog recover' with a --grace shorter than a running read?)",
+        ) from exc
+    return decode_segment(
+        data, path=path, expected_sha256=segment.sha256, expected_rows=segment.events
+    )
 
 
 def read_segment(
@@ -556,16 +567,7 @@ def read_segment(
 
     A module-level function so Spark executors can read with only the segment entry.
     """
-    path = storage.path(segment.path)
-    try:
-        data = storage.read(segment.path)
-    except FileNotFoundError as exc:
-        raise CorruptionError(
-            path, "segment file is missing (removed by retention or compaction after planning?)"
-        ) from exc
-    table = decode_segment(
-        data, path=path, expected_sha256=segment.sha256, expected_rows=segment.events
-    )
+    table = read_stored(storage, segment)
     start = max(first, segment.first_sequence)
     stop = min(last, segment.last_sequence)
     sequence = start

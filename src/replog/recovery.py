@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 
 from replog import consumers
 from replog.log import DEFAULT_GRACE_MS, ReplicationLog, now_ms
-from replog.records import WriterInfo
 from replog.sink_protocol import PENDING_SEGMENTS, PendingResolution, SinkCommitter
 
 logger = logging.getLogger(__name__)
@@ -40,13 +39,12 @@ def recover(
     pending_files: set[str] = set()  # files of epochs still Pending: not garbage yet
     for sink_id in consumers.list_sinks(log):
         committer = SinkCommitter(log, sink_id)
-        manifest = committer.store.load_latest()
-        status = manifest.sink_commit_statuses.get(sink_id) if manifest else None
-        if manifest is None or status is None or not status.is_pending:
+        found = committer.pending()
+        if found is None:
             continue
-        named = manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, [])
+        manifest, resolution = found
         if manifest.timestamp_ms > cutoff:
-            pending_files.update(named)
+            pending_files.update(manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, []))
             report.pending_too_recent[sink_id] = manifest.epoch
             logger.warning(
                 "sink %s: Pending epoch %d is younger than the grace period; left alone "
@@ -55,15 +53,9 @@ def recover(
                 manifest.epoch,
             )
             continue
-        if dry_run:
-            query_id = manifest.sink_query_ids.get(sink_id, "")
-            log.refresh()
-            held = log.holds_epoch(WriterInfo(sink_id, query_id, manifest.epoch))
-            report.resolved[sink_id] = PendingResolution(manifest.epoch, query_id, held)
-            continue
-        resolution = committer.recover()
-        if resolution is not None:
-            report.resolved[sink_id] = resolution
+        if not dry_run:
+            committer.resolve_pending(manifest)
+        report.resolved[sink_id] = resolution
     report.garbage = [path for path in log.orphaned_segments(grace_ms) if path not in pending_files]
     if not dry_run:
         for relative in report.garbage:

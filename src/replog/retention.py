@@ -59,8 +59,7 @@ def consumed_lows(log: ReplicationLog) -> dict[int, int]:
 
     With no known consumers nothing counts as consumed (every low is 1).
     """
-    positions = [consumers.committed_offsets(log, name) for name in consumers.list_consumers(log)]
-    committed = [position.offsets if position else {} for position in positions]
+    committed = consumers.all_committed(log).values()
     return {
         shard: min((offsets.get(shard, 0) for offsets in committed), default=0) + 1
         for shard in range(log.shards)
@@ -99,9 +98,7 @@ def plan_truncation(log: ReplicationLog, requested: Mapping[int, int]) -> Trunca
         if low > state.lows[shard]:
             lows[shard] = low
     blockers = []
-    for name in consumers.list_consumers(log):
-        position = consumers.committed_offsets(log, name)
-        offsets = position.offsets if position else {}
+    for name, offsets in consumers.all_committed(log).items():
         for shard, low in lows.items():
             committed = offsets.get(shard, 0)
             if committed < low - 1:

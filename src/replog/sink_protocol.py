@@ -93,23 +93,42 @@ class SinkCommitter:
         live = {segment.path for segment in keep.add} if keep else set()
         self.log.discard_staged([s for s in staged if s.path not in live])
 
+    def pending(self) -> tuple[CheckpointManifest, PendingResolution] | None:
+        """The sink's Pending epoch and how resolving it would end (from the refreshed log),
+        or None when nothing is Pending. Writes nothing."""
+        self.log.refresh()
+        manifest = self._load()
+        resolution = self._resolution(manifest)
+        return None if resolution is None else (manifest, resolution)
+
     def recover(self) -> PendingResolution | None:
         """Resolve a Pending epoch left by a crash (idempotent); None if there was none."""
-        self.log.refresh()
-        resolution, _ = self._resolve_pending(self._load())
-        return resolution
+        found = self.pending()
+        if found is None:
+            return None
+        self.resolve_pending(found[0])
+        return found[1]
 
-    def _resolve_pending(
-        self, manifest: CheckpointManifest
-    ) -> tuple[PendingResolution | None, CheckpointManifest]:
+    def _resolution(self, manifest: CheckpointManifest) -> PendingResolution | None:
         status = manifest.sink_commit_statuses.get(self.sink_id)
         if status is None or not status.is_pending:
-            return None, manifest
+            return None
         query_id = manifest.sink_query_ids[self.sink_id]
-        writer = WriterInfo(self.sink_id, query_id, manifest.epoch)
+        held = self.log.holds_epoch(WriterInfo(self.sink_id, query_id, manifest.epoch))
+        return PendingResolution(manifest.epoch, query_id, held)
+
+    def resolve_pending(
+        self, manifest: CheckpointManifest
+    ) -> tuple[PendingResolution | None, CheckpointManifest]:
+        """Resolve ``manifest``'s Pending epoch from the log as last refreshed: Committed if
+        the log holds it, else rolled back. Returns the resolution and the manifest now
+        current (``manifest`` itself when nothing was Pending)."""
+        resolution = self._resolution(manifest)
+        if resolution is None:
+            return None, manifest
         resolved = manifest.next()
         pending = resolved.extra.pop(PENDING_SEGMENTS, {}).get(self.sink_id, [])
-        if self.log.holds_epoch(writer):
+        if resolution.committed:
             resolved.sink_commit_statuses[self.sink_id] = SinkCommitStatus.committed()
             resolved.sink_epochs[self.sink_id] = manifest.epoch
             logger.warning(
@@ -118,7 +137,6 @@ class SinkCommitter:
                 self.sink_id,
                 manifest.epoch,
             )
-            committed = True
         else:
             resolved.sink_commit_statuses[self.sink_id] = SinkCommitStatus.failed(
                 f"epoch {manifest.epoch} rolled back: crashed before its log commit"
@@ -134,9 +152,8 @@ class SinkCommitter:
                 manifest.epoch,
                 len(pending),
             )
-            committed = False
         self._save(resolved)
-        return PendingResolution(manifest.epoch, query_id, committed), resolved
+        return resolution, resolved
 
     # -- protocol -----------------------------------------------------------------------
 
@@ -145,7 +162,7 @@ class SinkCommitter:
         fault_point("staged", epoch)
         writer = WriterInfo(self.sink_id, query_id, epoch)
         self.log.refresh()  # once: every check below reads this state
-        _, manifest = self._resolve_pending(self._load())
+        _, manifest = self.resolve_pending(self._load())
         previous_query = manifest.sink_query_ids.get(self.sink_id)
         last_epoch = manifest.sink_epochs.get(self.sink_id)
         if previous_query == query_id and last_epoch is not None and epoch <= last_epoch:
