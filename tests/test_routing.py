@@ -1,7 +1,9 @@
+import numpy as np
 import pyarrow as pa
 import pytest
 
-from replog.routing import fnv1a_64, fnv1a_64_array, shard_of, shards_of
+from replog.format import routing
+from replog.format.routing import fnv1a_64, fnv1a_64_array, shard_of, shards_of
 
 
 @pytest.mark.parametrize(
@@ -35,3 +37,22 @@ def test_routing_spreads_keys() -> None:
     shards = shards_of(pa.array([f"customer-{i}" for i in range(8000)]), 8)
     counts = [int((shards == s).sum()) for s in range(8)]
     assert min(counts) > 800, counts
+
+
+def test_one_long_key_costs_its_bytes_not_bytes_times_rows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A 200 kB key among 5,000 short ones: the vectorised loop must not take one numpy
+    step per byte of the longest key (that was 15 s for a 2 MB key)."""
+    steps = 0
+    real = np.searchsorted
+
+    def counting(*args: object, **kwargs: object) -> object:
+        nonlocal steps
+        steps += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(routing.np, "searchsorted", counting)
+    keys = [f"customer-{i}" for i in range(5000)] + ["k" * 200_000] + ["m" * 70_000]
+    hashed = fnv1a_64_array(pa.array(keys))
+    assert steps < 100, steps  # one step per byte position shared by >= 32 keys
+    for index in (0, 4999, 5000, 5001):
+        assert int(hashed[index]) == fnv1a_64(keys[index].encode())

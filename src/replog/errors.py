@@ -1,9 +1,9 @@
 """The one error hierarchy of replog.
 
-Every error derives from :class:`ReplogError`; where a built-in exception fits, the
-error derives from it as well (``ValueError`` for bad input, ``FileNotFoundError``
-for a missing log, ``FileExistsError`` for a lost put-if-absent race), so callers can
-catch either the package base or the familiar built-in.
+Every error replog raises derives from :class:`ReplogError`, and its class says what kind
+of fault it is. Where a built-in exception fits, the error derives from it as well
+(``ValueError`` for bad input, ``FileNotFoundError`` for a missing log, ``FileExistsError``
+for a lost race), so callers can catch either the package base or the familiar built-in.
 """
 
 from __future__ import annotations
@@ -13,12 +13,18 @@ class ReplogError(Exception):
     """Base class of every error raised by replog."""
 
 
+# -- bad input: nothing was written ------------------------------------------------------
+
+
 class InvalidEventError(ReplogError, ValueError):
-    """A change event (or an input row/column) is malformed; nothing was written."""
+    """A change event (an input row, column or JSON line) is malformed; nothing was written."""
 
 
 class InvalidOptionError(ReplogError, ValueError):
-    """A source/sink/CLI option has a value that is not allowed."""
+    """An option, argument or name has a value that is not allowed; nothing was written."""
+
+
+# -- what is (not) at a URL ----------------------------------------------------------------
 
 
 class LogNotFoundError(ReplogError, FileNotFoundError):
@@ -29,20 +35,51 @@ class LogExistsError(ReplogError, FileExistsError):
     """``create`` was asked for a URL that already holds a log."""
 
 
+class LogIdentityError(ReplogError):
+    """Offsets or a checkpoint belong to another log than the one now at the URL
+    (the log was recreated, or restored from an older copy)."""
+
+
 class UnsupportedFormatError(ReplogError):
-    """The log (or manifest) was written by a newer format version than this reader knows."""
+    """A file was written by a newer format version than this replog reads."""
+
+
+class UnsupportedStorageError(ReplogError, ValueError):
+    """The storage backend cannot do what replog needs (an atomic create-if-absent)."""
+
+
+# -- damage --------------------------------------------------------------------------------
 
 
 class CorruptionError(ReplogError):
-    """A file's bytes do not match the checksum recorded for it, or it cannot be decoded."""
+    """A file's bytes do not match the checksum recorded for it, or cannot be decoded."""
 
     def __init__(self, path: str, message: str) -> None:
         super().__init__(f"{path}: {message}")
         self.path = path
 
 
+class MissingFileError(CorruptionError, FileNotFoundError):
+    """A file that a commit references is not on storage."""
+
+
+# -- storage and commits -------------------------------------------------------------------
+
+
+class StorageError(ReplogError, OSError):
+    """Storage kept failing (timeouts, 5xx, resets) after every retry."""
+
+
+class CommitOutcomeUnknownError(StorageError):
+    """A write may or may not have landed, and storage failed every attempt to find out.
+
+    The writer's staged files are kept (``replog recover`` collects them if the write
+    did not land): deleting them could break a commit that did.
+    """
+
+
 class CommitConflictError(ReplogError, FileExistsError):
-    """Another writer won a put-if-absent race and retries were exhausted."""
+    """Other writers kept winning the commit race, or changed what this commit relies on."""
 
 
 class DataLossError(ReplogError):
@@ -51,12 +88,15 @@ class DataLossError(ReplogError):
     def __init__(self, shard: int, requested_from: int, available_from: int) -> None:
         super().__init__(
             f"shard {shard}: events from sequence {requested_from} were requested but the log "
-            f"only holds sequences from {available_from} on (removed by retention); set "
-            f"failOnDataLoss=false to skip ahead"
+            f"only holds sequences from {available_from} on (removed by retention); restart "
+            f"from 'earliest', or accept the gap (Spark option failOnDataLoss=false)"
         )
         self.shard = shard
         self.requested_from = requested_from
         self.available_from = available_from
+
+
+# -- checkpoints -----------------------------------------------------------------------------
 
 
 class ManifestError(ReplogError):
@@ -68,16 +108,20 @@ class ManifestConflictError(ManifestError, FileExistsError):
 
 
 class ManifestNotFoundError(ManifestError, FileNotFoundError):
-    """No valid manifest exists in the store."""
+    """No valid manifest exists in the store, or a named consumer or sink is unknown."""
 
 
 class SinkProtocolError(ReplogError):
-    """The sink's commit protocol found a state it must not paper over (e.g. a reset checkpoint)."""
+    """The sink's commit protocol met a state it must not paper over."""
 
 
-class InjectedCrashError(ReplogError):
-    """Raised by the fault-injection hook in-process mode (tests only)."""
+class FencedError(SinkProtocolError):
+    """Another query took over this sink id or consumer; this one must stop."""
 
 
 class RetentionError(ReplogError):
     """A truncation would drop events a known consumer has not committed (nothing changed)."""
+
+
+class InjectedFaultError(ReplogError):
+    """Raised by the test-only crash points and storage fault injector."""

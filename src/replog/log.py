@@ -1,94 +1,114 @@
-"""A replication log at one fsspec URL: create, open, append, read, verify.
+"""A replication log at one fsspec URL: the facade over the format, for writers and readers.
 
-The format is described in docs/FORMAT.md. In short: segments are immutable files;
-a commit record written with put-if-absent makes them visible; every ``snapshot_interval``
-commits a snapshot of the state is written, and a hint file names the newest one, so
-finding the head reads a hint, one snapshot header and the few commits after it.
+The format is described in docs/FORMAT.md and implemented in :mod:`replog.format`; this
+module opens logs, keeps their state current, and commits with the rules that make
+writes safe:
+
+* a commit is one put-if-absent of the next version; a lost race is retried on the new
+  state; an uncertain outcome is resolved by reading the version back;
+* staged files are deleted only when it is certain no commit names them: an exception
+  after a commit landed, or while its outcome is unknown, keeps them
+  (:class:`CommitAttempt`).
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import random
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
-from pyarrow import ipc
 
 from replog.errors import (
     CommitConflictError,
-    CorruptionError,
     DataLossError,
-    InvalidEventError,
     InvalidOptionError,
     LogExistsError,
-    ReplogError,
+    LogNotFoundError,
+    MissingFileError,
 )
-from replog.events import (
-    EVENT_SCHEMA,
-    STORED_SCHEMA,
-    events_from_records,
-    events_from_table,
-    to_event_batch,
-)
-from replog.records import (
+from replog.format import history, segments
+from replog.format.commits import (
     APPEND,
+    DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_SHARDS,
+    DEFAULT_SNAPSHOT_INTERVAL,
     DESCRIPTOR_PATH,
-    SHARDS_DIR,
-    SNAPSHOT_HINT_PATH,
+    MAX_SHARDS,
     CommitRecord,
     LogDescriptor,
     WriterInfo,
     commit_path,
-    seal,
-    snapshot_path,
-    snapshot_segments_path,
-    unseal,
+    now_ms,
 )
-from replog.routing import shards_of
-from replog.segments import (
-    SEGMENT_SUFFIX,
-    SegmentInfo,
-    StagedSegment,
-    decode_segment,
-    encode_segment,
-    sha256_hex,
-    slice_batches,
-    timestamp_range_ms,
-)
-from replog.state import LogState, SinkMark, segments_from_table
-from replog.storage import Storage, missing_log_error
+from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
+from replog.format.segments import SegmentInfo, StagedSegment
+from replog.format.state import LogState
+from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_SHARDS = 8
-DEFAULT_SEGMENT_MAX_EVENTS = 262_144
 MAX_COMMIT_ATTEMPTS = 200
-IO_THREADS = 8
-DEFAULT_GRACE_MS = 3_600_000
-"""Garbage younger than this is kept: it may belong to a live writer or a planned read."""
+CHECK_THREADS = 8
 
 
-def now_ms() -> int:
-    return int(time.time() * 1000)
+@dataclass
+class CommitAttempt:
+    """What a caller may safely do with its staged files after a commit call.
+
+    ``landed`` is the record once it is on storage; ``in_doubt`` is set while a write may
+    have landed without its writer knowing (interrupted, or storage never answered).
+    Staged files may be deleted only when :attr:`safe_to_discard`.
+    """
+
+    landed: CommitRecord | None = None
+    in_doubt: bool = False
+
+    @property
+    def safe_to_discard(self) -> bool:
+        return self.landed is None and not self.in_doubt
 
 
 @dataclass(frozen=True)
-class Problem:
-    """A defect ``verify`` found: the file at fault and what is wrong with it."""
+class LogInfo:
+    """A summary of a log (``replog info``)."""
 
-    path: str
-    message: str
+    url: str
+    format_version: int
+    log_id: str
+    shards: int
+    version: int
+    heads: dict[int, int]
+    lows: dict[int, int]
+    segments: int
+    bytes: int
+    sinks: dict[str, dict[str, Any]]
+    last_commit_ms: int
 
-    def __str__(self) -> str:
-        return f"{self.path}: {self.message}"
+    @property
+    def events(self) -> int:
+        return sum(max(self.heads[s] - self.lows[s] + 1, 0) for s in self.heads)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "format_version": self.format_version,
+            "log_id": self.log_id,
+            "shards": self.shards,
+            "version": self.version,
+            "heads": {str(s): h for s, h in self.heads.items()},
+            "lows": {str(s): low for s, low in self.lows.items()},
+            "events": self.events,
+            "segments": self.segments,
+            "bytes": self.bytes,
+            "sinks": self.sinks,
+            "last_commit_ms": self.last_commit_ms,
+        }
 
 
 class ReplicationLog:
@@ -108,19 +128,34 @@ class ReplicationLog:
         shards: int = DEFAULT_SHARDS,
         *,
         storage_options: Mapping[str, Any] | None = None,
-        snapshot_interval: int = 100,
+        snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
     ) -> ReplicationLog:
-        """Create an empty log at ``url``; :class:`LogExistsError` if one is there."""
-        if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= 4096:
-            raise InvalidOptionError(f"shards must be an integer from 1 to 4096, got {shards!r}")
+        """Create an empty log at ``url``.
+
+        Raises:
+            LogExistsError: a log is already there.
+            InvalidOptionError: ``shards`` is not 1..4096, or the URL cannot be opened.
+            UnsupportedStorageError: the backend has no atomic create-if-absent.
+        """
+        if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
+            raise InvalidOptionError(
+                f"shards must be an integer from 1 to {MAX_SHARDS}, got {shards!r}"
+            )
         if snapshot_interval < 1:
             raise InvalidOptionError(f"snapshot_interval must be >= 1, got {snapshot_interval}")
         storage = Storage(url, storage_options)
+        storage.require_writable()
+        checkpoint_interval = (
+            DEFAULT_CHECKPOINT_INTERVAL
+            if snapshot_interval % DEFAULT_CHECKPOINT_INTERVAL == 0
+            else snapshot_interval
+        )
         descriptor = LogDescriptor(
             shards=shards,
             log_id=str(uuid.uuid4()),
             created_ms=now_ms(),
             snapshot_interval=snapshot_interval,
+            checkpoint_interval=checkpoint_interval,
         )
         try:
             storage.put_if_absent(DESCRIPTOR_PATH, descriptor.to_bytes())
@@ -131,14 +166,22 @@ class ReplicationLog:
 
     @classmethod
     def open(cls, url: str, *, storage_options: Mapping[str, Any] | None = None) -> ReplicationLog:
-        """Open the log at ``url``; :class:`LogNotFoundError` if there is none."""
+        """Open the log at ``url``.
+
+        Raises:
+            LogNotFoundError: there is no log at ``url``.
+            UnsupportedFormatError: the log was written by a newer replog.
+        """
         return cls.from_storage(Storage(url, storage_options))
 
     @classmethod
     def from_storage(cls, storage: Storage) -> ReplicationLog:
-        data = storage.read_optional(DESCRIPTOR_PATH)
+        try:
+            data = storage.read_optional(DESCRIPTOR_PATH)
+        except (NotADirectoryError, IsADirectoryError) as exc:
+            raise LogNotFoundError(f"{storage.url!r} holds no replog log ({exc})") from exc
         if data is None:
-            raise missing_log_error(storage.url)
+            raise LogNotFoundError(f"{storage.url!r} holds no replog log (no {DESCRIPTOR_PATH})")
         return cls(storage, LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH)))
 
     @classmethod
@@ -148,7 +191,7 @@ class ReplicationLog:
         """Open the log at ``url``, creating it with ``shards`` shards if absent (race-safe)."""
         try:
             return cls.open(url, storage_options=storage_options)
-        except FileNotFoundError:
+        except LogNotFoundError:
             pass
         try:
             return cls.create(url, shards, storage_options=storage_options)
@@ -161,6 +204,9 @@ class ReplicationLog:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.storage, self.descriptor, self._state = state["storage"], state["descriptor"], None
 
+    def __repr__(self) -> str:
+        return f"ReplicationLog({self.url!r}, shards={self.shards})"
+
     @property
     def url(self) -> str:
         return self.storage.url
@@ -169,19 +215,24 @@ class ReplicationLog:
     def shards(self) -> int:
         return self.descriptor.shards
 
+    @property
+    def log_id(self) -> str:
+        return self.descriptor.log_id
+
     # -- state ------------------------------------------------------------------------
 
     def refresh(self) -> LogState:
         """The current state, reading only what was committed since the last call."""
         if self._state is None:
-            self._state = self._load_from_snapshot()
-        else:
-            caught_up = self._read_new_commits(self._state, limit=self.descriptor.snapshot_interval)
-            if not caught_up:
-                # Far behind: a snapshot is cheaper than replaying every commit.
-                fresh = self._load_from_snapshot()
-                if fresh.version >= self._state.version:
-                    self._state = fresh
+            self._state = history.load_state(self.storage, self.descriptor)
+            return self._state
+        caught_up = history.catch_up(
+            self.storage, self._state, limit=self.descriptor.snapshot_interval
+        )
+        if not caught_up:  # far behind: a snapshot is cheaper than every commit
+            fresh = history.load_state(self.storage, self.descriptor)
+            if fresh.version >= self._state.version:
+                self._state = fresh
         return self._state
 
     def state(self) -> LogState:
@@ -192,123 +243,28 @@ class ReplicationLog:
         """Per-shard last committed sequence (0 for an empty shard)."""
         return dict(enumerate(self.refresh().heads))
 
-    def _read_new_commits(self, state: LogState, limit: int | None = None) -> bool:
-        """Apply commits after ``state.version``; False if ``limit`` was hit first."""
-        applied = 0
-        while limit is None or applied < limit:
-            relative = commit_path(state.version + 1)
-            data = self.storage.read_optional(relative)
-            if data is None:
-                return True
-            state.apply(CommitRecord.from_bytes(data, self.storage.path(relative)), relative)
-            applied += 1
-        return False
-
-    def _snapshot_hint(self) -> int:
-        data = self.storage.read_optional(SNAPSHOT_HINT_PATH)
-        if data is None:
-            return 0
-        try:
-            return int(json.loads(data)["version"])
-        except (ValueError, KeyError, TypeError):
-            logger.warning(
-                "ignoring unreadable snapshot hint %s", self.storage.path(SNAPSHOT_HINT_PATH)
-            )
-            return 0
-
-    def _load_from_snapshot(self) -> LogState:
-        interval = self.descriptor.snapshot_interval
-        version = self._snapshot_hint()
-        # The hint may lag (it is overwritten without coordination): probe forward.
-        while self.storage.exists(snapshot_path(version + interval)):
-            version += interval
-        while version > 0:
-            try:
-                state = self._read_snapshot(version)
-                break
-            except CorruptionError as exc:
-                logger.warning(
-                    "snapshot at version %d unusable (%s); trying an older one", version, exc
-                )
-                version -= interval
-        else:
-            state = LogState(shards=self.shards)
-        self._read_new_commits(state)
-        return state
-
-    def _read_snapshot(self, version: int) -> LogState:
-        relative = snapshot_path(version)
-        body = unseal(self.storage.read(relative), self.storage.path(relative))
-        segments_relative = snapshot_segments_path(version)
-        expected_sha = body["segments_sha256"]
-
-        def load_segments() -> list[list[SegmentInfo]]:
-            data = self.storage.read(segments_relative)
-            path = self.storage.path(segments_relative)
-            if sha256_hex(data) != expected_sha:
-                raise CorruptionError(path, f"checksum mismatch: expected sha256 {expected_sha}")
-            return segments_from_table(ipc.open_file(pa.BufferReader(data)).read_all(), self.shards)
-
-        return LogState(
-            shards=self.shards,
-            version=int(body["version"]),
-            heads=[int(body["heads"][str(s)]) for s in range(self.shards)],
-            lows=[int(body["lows"][str(s)]) for s in range(self.shards)],
-            sinks={
-                name: SinkMark(str(mark["query_id"]), int(mark["epoch"]), int(mark["version"]))
-                for name, mark in body["sinks"].items()
-            },
-            total_bytes=int(body["bytes"]),
-            segment_count=int(body["segment_count"]),
-            timestamp_ms=int(body["timestamp_ms"]),
-            segment_loader=load_segments,
-        )
-
-    def _write_snapshot(self, state: LogState) -> None:
-        """Best effort: a missing snapshot only makes the next open read more commits."""
-        sink = pa.BufferOutputStream()
-        table = state.segments_table()
-        with ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        segments_bytes = bytes(sink.getvalue())
-        header = seal(
-            {
-                "format_version": self.descriptor.format_version,
-                "version": state.version,
-                "timestamp_ms": state.timestamp_ms,
-                "shards": self.shards,
-                "heads": state.heads_json(),
-                "lows": state.lows_json(),
-                "sinks": {
-                    name: {"query_id": m.query_id, "epoch": m.epoch, "version": m.version}
-                    for name, m in sorted(state.sinks.items())
-                },
-                "bytes": state.total_bytes,
-                "segment_count": state.segment_count,
-                "segments_sha256": sha256_hex(segments_bytes),
-            }
-        )
-        try:
-            self.storage.put_if_absent(snapshot_segments_path(state.version), segments_bytes)
-            self.storage.put_if_absent(snapshot_path(state.version), header)
-        except FileExistsError:
-            return
-        if self._snapshot_hint() < state.version:
-            self.storage.write(SNAPSHOT_HINT_PATH, json.dumps({"version": state.version}).encode())
-        logger.debug("wrote snapshot of %s at version %d", self.url, state.version)
-
     # -- writing ----------------------------------------------------------------------
 
     def append(
         self,
         events: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]],
         *,
-        segment_max_events: int = DEFAULT_SEGMENT_MAX_EVENTS,
+        segment_max_events: int = segments.MAX_SEGMENT_EVENTS,
     ) -> CommitRecord | None:
-        """Append change events (dicts or an Arrow table) as one atomic commit.
+        """Append change events as one atomic commit; None when there was nothing to append.
 
-        Validates everything before writing anything. Returns the commit, or None when
-        there was nothing to append.
+        Args:
+            events: dicts with the event fields (``data`` required) or an Arrow table
+                with those columns. JSON payloads are stored exactly (numbers, key order).
+            segment_max_events: most events per segment file.
+
+        Raises:
+            InvalidEventError: an event is malformed (nothing was written).
+            CommitOutcomeUnknownError: storage failed so that it is unknown whether the
+                commit landed; ``replog read`` tells, and nothing is lost either way.
+
+        Example:
+            >>> log.append([{"key": "order/1", "data": {"total": 9.5}}])  # doctest: +SKIP
         """
         if isinstance(events, pa.Table | pa.RecordBatch):
             table = events_from_table(events)
@@ -316,167 +272,146 @@ class ReplicationLog:
             table = events_from_records(events)
         if table.num_rows == 0:
             return None
-        staged = self.stage(table, segment_max_events=segment_max_events)
+        staged = self.stage(table, max_events=segment_max_events)
+        attempt = CommitAttempt()
         try:
-            return self.commit_staged(staged)
+            return self.commit_staged(staged, attempt=attempt)
         except BaseException:
-            self.discard_staged(staged)
+            self.discard_after(attempt, staged)
             raise
 
     def stage(
-        self, table: pa.Table, *, segment_max_events: int = DEFAULT_SEGMENT_MAX_EVENTS
+        self, table: pa.Table, *, max_events: int = segments.MAX_SEGMENT_EVENTS
     ) -> list[StagedSegment]:
-        """Route stored-schema rows to shards and write them as segment files (not yet visible)."""
-        if table.num_rows == 0:
-            return []
-        if not table.schema.equals(STORED_SCHEMA):
-            raise InvalidEventError(
-                "stage() takes validated rows in the stored schema (from events_from_table or "
-                f"events_from_records); got columns {table.schema.names}"
-            )
-        shard_ids = shards_of(table.column("key"), self.shards)
-        order = np.argsort(shard_ids, kind="stable")  # stable: keeps per-key order
-        # take() on one contiguous chunk is ~2.5x faster than on many small ones
-        routed = table.combine_chunks().take(pa.array(order))
-        bounds = np.searchsorted(shard_ids[order], np.arange(self.shards + 1), side="left")
-        pieces: list[tuple[int, pa.Table]] = []
-        for shard in range(self.shards):
-            start, stop = int(bounds[shard]), int(bounds[shard + 1])
-            for offset in range(start, stop, segment_max_events):
-                pieces.append((shard, routed.slice(offset, min(segment_max_events, stop - offset))))
-        with ThreadPoolExecutor(max_workers=min(IO_THREADS, len(pieces))) as pool:
-            return list(pool.map(lambda piece: self.write_segment(*piece), pieces))
-
-    def write_segment(self, shard: int, table: pa.Table) -> StagedSegment:
-        """Write stored-schema rows of one shard as a staged (not yet visible) segment."""
-        data = encode_segment(table)
-        relative = f"{SHARDS_DIR}/{shard:05d}/{uuid.uuid4().hex}{SEGMENT_SUFFIX}"
-        self.storage.put_if_absent(relative, data)
-        low, high = timestamp_range_ms(table)
-        return StagedSegment(
-            path=relative,
-            shard=shard,
-            events=table.num_rows,
-            bytes=len(data),
-            sha256=sha256_hex(data),
-            min_timestamp_ms=low,
-            max_timestamp_ms=high,
-        )
+        """Route validated rows to shards and write them as segment files (not yet visible)."""
+        self.storage.require_writable()
+        return segments.stage(self.storage, self.shards, table, max_events=max_events)
 
     def discard_staged(self, staged: Iterable[StagedSegment | SegmentInfo]) -> None:
-        """Delete staged files that will never be committed."""
+        """Delete staged files that no commit names (the caller must know that)."""
         for segment in staged:
             self.storage.delete(segment.path)
 
+    def discard_after(
+        self, attempt: CommitAttempt, staged: Sequence[StagedSegment | SegmentInfo]
+    ) -> None:
+        """After a failed commit call: delete ``staged`` if it is certain no commit names
+        them; otherwise keep them (``replog recover`` collects them if unreferenced)."""
+        if attempt.safe_to_discard:
+            self.discard_staged(staged)
+        elif staged:
+            logger.warning(
+                "%s: keeping %d staged files: the commit %s; 'replog recover' deletes them "
+                "if no commit names them",
+                self.url,
+                len(staged),
+                "landed" if attempt.landed else "may have landed",
+            )
+
     def commit_staged(
-        self, staged: list[StagedSegment], *, writer: WriterInfo | None = None
+        self,
+        staged: Sequence[StagedSegment],
+        *,
+        writer: WriterInfo | None = None,
+        attempt: CommitAttempt | None = None,
     ) -> CommitRecord | None:
-        """Make staged segments visible in one put-if-absent commit, retrying lost races.
+        """Make staged segments visible in one commit, retrying lost races.
 
         With a ``writer``, the commit is exactly-once per (sink id, query id, epoch): if
-        the log already holds it (this or an earlier attempt won), returns None and
-        commits nothing.
+        the log already holds it, returns None and commits nothing; if a newer run owns
+        the sink, raises :class:`~replog.errors.FencedError`. Checks first that every
+        staged file still exists.
         """
+        self.check_staged(staged)
 
         def build(state: LogState) -> CommitRecord | None:
-            if writer is not None and self.holds_epoch(writer):
-                return None
+            claimed = None
+            if writer is not None:
+                if state.holds(writer):
+                    return None
+                claimed = state.claim(writer)  # FencedError if a newer run owns the sink
             heads = list(state.heads)
             added = []
             for segment in staged:
                 added.append(segment.at(heads[segment.shard] + 1))
                 heads[segment.shard] += segment.events
-            return CommitRecord(
-                version=state.version + 1,
-                timestamp_ms=now_ms(),
-                operation=APPEND,
-                add=tuple(added),
-                writer=writer,
+            return CommitRecord.after(state.version, APPEND, add=tuple(added), writer=claimed)
+
+        return self.commit(build, attempt=attempt)
+
+    def check_staged(self, staged: Sequence[StagedSegment | SegmentInfo]) -> None:
+        """Raise :class:`MissingFileError` if a staged file is gone (collected by a
+        ``replog recover`` whose grace period was shorter than this write)."""
+        if not staged:
+            return
+        with ThreadPoolExecutor(max_workers=min(CHECK_THREADS, len(staged))) as pool:
+            present = list(pool.map(lambda s: self.storage.exists(s.path), staged))
+        missing = [s.path for s, ok in zip(staged, present, strict=True) if not ok]
+        if missing:
+            raise MissingFileError(
+                self.storage.where(missing[0]),
+                f"{len(missing)} staged segment file(s) are gone before their commit (collected "
+                f"by 'replog recover' with a --grace shorter than this write?); nothing was "
+                f"committed, run the write again",
             )
 
-        return self.commit_with_retries(build)
-
-    def commit_with_retries(
-        self, build: Callable[[LogState], CommitRecord | None]
+    def commit(
+        self,
+        build: Callable[[LogState], CommitRecord | None],
+        *,
+        attempt: CommitAttempt | None = None,
     ) -> CommitRecord | None:
         """Commit ``build(state)`` (a record for ``state.version + 1``), retrying lost races.
 
         ``build`` sees the refreshed state on every attempt and may return None to commit
-        nothing. Also for maintenance commits (compaction, truncation).
+        nothing. Used for every kind of commit (appends, compaction, truncation).
         """
-        for attempt in range(MAX_COMMIT_ATTEMPTS):
-            record = build(self.refresh())
-            if record is None or self._try_commit(record):
-                return record
-            time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(attempt, 6))))
+        attempt = attempt if attempt is not None else CommitAttempt()
+        for tries in range(MAX_COMMIT_ATTEMPTS):
+            state = self.refresh()
+            record = build(state)
+            if record is None:
+                return None
+            attempt.in_doubt = True
+            try:
+                self.storage.put_if_absent(commit_path(record.version), record.to_bytes())
+            except FileExistsError:
+                attempt.in_doubt = False  # read back: another writer's record is there
+                logger.debug("lost the race for version %d; retrying", record.version)
+                time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(tries, 6))))
+                continue
+            attempt.landed, attempt.in_doubt = record, False
+            state.apply(record)
+            self._checkpoint(state)
+            return record
         raise CommitConflictError(
             f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
         )
 
-    def _try_commit(self, record: CommitRecord) -> bool:
-        relative = commit_path(record.version)
+    def _checkpoint(self, state: LogState) -> None:
+        """Best effort: the commit has landed whatever happens here."""
         try:
-            self.storage.put_if_absent(relative, record.to_bytes())
-        except FileExistsError:
-            logger.debug("lost the race for %s; retrying", relative)
-            return False
-        state = self.state()
-        state.apply(record, relative)
-        if record.version % self.descriptor.snapshot_interval == 0:
-            try:
-                self._write_snapshot(state)
-            except (OSError, ReplogError) as exc:
-                logger.warning("could not write snapshot at version %d: %s", record.version, exc)
-        return True
+            history.write_checkpoint(self.storage, self.descriptor, state)
+        except Exception as exc:
+            logger.warning("could not write the checkpoint at version %d: %s", state.version, exc)
 
-    def holds_epoch(self, writer: WriterInfo) -> bool:
-        """Whether the (refreshed) log already holds the commit of ``writer``'s epoch."""
-        mark = self.state().sinks.get(writer.sink_id)
-        return mark is not None and mark.query_id == writer.query_id and mark.epoch >= writer.epoch
-
-    def orphaned_segments(self, grace_ms: int = DEFAULT_GRACE_MS) -> list[str]:
-        """Segment files no live segment entry references, safe to delete (relative paths).
-
-        Lists the shard directories (repair only). Two kinds of file are protected for
-        ``grace_ms``: files written within it (a live writer may have staged them and not
-        committed yet) and files that a commit within it removed (compaction, retention:
-        a query may have planned a task on them just before).
-        """
-        state = self.refresh()
-        live = {segment.path for lane in state.segments for segment in lane}
-        cutoff = now_ms() - grace_ms
-        protected = live | self._removed_since(state, cutoff)
-        orphans = []
-        for shard_dir in self.storage.list(SHARDS_DIR):
-            for name in self.storage.list(f"{SHARDS_DIR}/{shard_dir}"):
-                relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
-                if relative in protected or not name.endswith(SEGMENT_SUFFIX):
-                    continue
-                modified = self.storage.modified_ms(relative)
-                if modified is None or modified <= cutoff:
-                    orphans.append(relative)
-        return orphans
-
-    def _removed_since(self, state: LogState, cutoff_ms: int) -> set[str]:
-        """Paths removed by commits made after ``cutoff_ms`` (reads commits backwards)."""
-        removed: set[str] = set()
-        for version in range(state.version, 0, -1):
-            relative = commit_path(version)
-            data = self.storage.read_optional(relative)
-            if data is None:  # before the oldest commit kept
-                break
-            record = CommitRecord.from_bytes(data, self.storage.path(relative))
-            if record.timestamp_ms <= cutoff_ms:
-                break
-            removed.update(segment.path for segment in record.remove)
-        return removed
+    def added_since(self, version: int, paths: Iterable[str]) -> set[str]:
+        """Which of ``paths`` a commit after ``version`` added (reads those commits)."""
+        wanted = set(paths)
+        current = self.refresh().version
+        found: set[str] = set()
+        for record in history.read_commits(self.storage, version + 1, current):
+            found.update(segment.path for segment in record.add if segment.path in wanted)
+        return found
 
     # -- reading ----------------------------------------------------------------------
 
     def read(self, shard: int, first: int = 1, last: int | None = None) -> Iterator[pa.RecordBatch]:
         """Events of ``shard`` with sequences in ``[first, last]`` (default: to the head).
 
-        Raises :class:`DataLossError` if ``first`` was removed by retention.
+        Raises:
+            DataLossError: ``first`` was removed by retention.
+            CorruptionError: a segment does not match its checksum (names the file).
         """
         if not 0 <= shard < self.shards:
             raise InvalidOptionError(f"shard {shard} does not exist (log has {self.shards} shards)")
@@ -486,91 +421,27 @@ class ReplicationLog:
         if first < state.lows[shard] and first <= last:
             raise DataLossError(shard, first, state.lows[shard])
         for segment in state.covering(shard, first, last):
-            yield from read_segment(self.storage, segment, first, last)
+            yield from segments.read_segment(self.storage, segment, first, last)
 
     def read_table(self, shard: int, first: int = 1, last: int | None = None) -> pa.Table:
         return pa.Table.from_batches(list(self.read(shard, first, last)), schema=EVENT_SCHEMA)
 
-    def info(self) -> dict[str, Any]:
-        """A summary of the log, as ``replog info --json`` prints it."""
+    def info(self) -> LogInfo:
+        """A summary of the log, as ``replog info`` prints it."""
         state = self.refresh()
-        return {
-            "url": self.url,
-            "format_version": self.descriptor.format_version,
-            "log_id": self.descriptor.log_id,
-            "shards": self.shards,
-            "version": state.version,
-            "heads": state.heads_json(),
-            "lows": state.lows_json(),
-            "events": sum(h - low + 1 for h, low in zip(state.heads, state.lows, strict=True)),
-            "segments": state.segment_count,
-            "bytes": state.total_bytes,
-            "sinks": {
+        return LogInfo(
+            url=self.url,
+            format_version=self.descriptor.format_version,
+            log_id=self.log_id,
+            shards=self.shards,
+            version=state.version,
+            heads=dict(enumerate(state.heads)),
+            lows=dict(enumerate(state.lows)),
+            segments=state.segment_count,
+            bytes=state.total_bytes,
+            sinks={
                 name: {"query_id": m.query_id, "epoch": m.epoch, "version": m.version}
                 for name, m in sorted(state.sinks.items())
             },
-            "last_commit_ms": state.timestamp_ms,
-        }
-
-    def verify(self) -> list[Problem]:
-        """Check every commit record and every live segment against its checksum.
-
-        Returns every problem found (empty when the log is sound).
-        """
-        problems: list[Problem] = []
-        state = LogState(shards=self.shards)
-        version = 1
-        while True:
-            relative = commit_path(version)
-            try:
-                data = self.storage.read_optional(relative)
-                if data is None:
-                    break
-                state.apply(CommitRecord.from_bytes(data, self.storage.path(relative)), relative)
-            except ReplogError as exc:
-                problems.append(Problem(self.storage.path(relative), str(exc)))
-                break
-            version += 1
-        for lane in state.segments:
-            for segment in lane:
-                path = self.storage.path(segment.path)
-                try:
-                    read_stored(self.storage, segment)
-                except CorruptionError as exc:
-                    problems.append(Problem(path, str(exc).removeprefix(f"{path}: ")))
-        return problems
-
-
-def read_stored(storage: Storage, segment: SegmentInfo) -> pa.Table:
-    """A committed segment's rows (stored schema), checked against its commit entry.
-
-    Raises :class:`CorruptionError` naming the file if it is missing, torn or altered.
-    """
-    path = storage.path(segment.path)
-    try:
-        data = storage.read(segment.path)
-    except FileNotFoundError as exc:
-        raise CorruptionError(
-            path,
-            "segment file is missing (deleted outside replog, or collected by "
-            "'replog recover' with a --grace shorter than a running read?)",
-        ) from exc
-    return decode_segment(
-        data, path=path, expected_sha256=segment.sha256, expected_rows=segment.events
-    )
-
-
-def read_segment(
-    storage: Storage, segment: SegmentInfo, first: int, last: int
-) -> Iterator[pa.RecordBatch]:
-    """Events ``[first, last]`` of one committed segment, checksum-verified.
-
-    A module-level function so Spark executors can read with only the segment entry.
-    """
-    table = read_stored(storage, segment)
-    start = max(first, segment.first_sequence)
-    stop = min(last, segment.last_sequence)
-    sequence = start
-    for batch in slice_batches(table, start - segment.first_sequence, stop - start + 1):
-        yield to_event_batch(batch, segment.shard, sequence)
-        sequence += batch.num_rows
+            last_commit_ms=state.timestamp_ms,
+        )

@@ -1,32 +1,105 @@
-"""Consumer offsets: ``{shard: last processed sequence}``, their parsing and their JSON form.
+"""Offsets: ``{shard: last processed sequence}``, their Spark form, and where a read starts.
 
-Spark offsets are dicts of JSON primitives: keys ``"0"``, ``"1"``, ... hold the last
-processed sequence of each shard; the key ``"version"`` records the log version the
-offset was taken at (planning reads only the commits after it).
+A Spark offset is a dict of JSON primitives: keys ``"0"``, ``"1"``, ... hold the last
+processed sequence of each shard; ``"log_id"`` names the log the offset belongs to (a
+query that resumes against a recreated log fails instead of reading the wrong events);
+``"consumer"`` names the consumer whose position it is; ``"url"`` is where the log is (a
+sink that writes what this consumer read records its positions there); ``"version"`` is
+the log version the offset was taken at (for operators: the commit that made the data
+visible).
+
+:func:`resolve` is the one place a starting or ending position given by a user (a
+keyword, JSON, or a timestamp) becomes offsets; the source and ``replog consumer set``
+share it.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from replog.errors import InvalidOptionError
+import pyarrow.compute as pc
+
+from replog.errors import InvalidOptionError, LogIdentityError
+from replog.format.segments import read_stored
+from replog.format.state import LogState
+from replog.log import ReplicationLog
 
 Offsets = dict[int, int]
+
 VERSION_KEY = "version"
+LOG_KEY = "log_id"
+CONSUMER_KEY = "consumer"
+URL_KEY = "url"
 
 
-def to_spark(offsets: Mapping[int, int], version: int) -> dict[str, int]:
-    document = {str(shard): int(sequence) for shard, sequence in sorted(offsets.items())}
-    document[VERSION_KEY] = int(version)
-    return document
+@dataclass(frozen=True)
+class SparkOffset:
+    """A position as Spark stores it in its checkpoint."""
+
+    offsets: Offsets
+    version: int
+    log_id: str | None = None
+    consumer: str | None = None
+    url: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {str(s): int(seq) for s, seq in sorted(self.offsets.items())}
+        document[VERSION_KEY] = int(self.version)
+        for key, value in (
+            (LOG_KEY, self.log_id),
+            (CONSUMER_KEY, self.consumer),
+            (URL_KEY, self.url),
+        ):
+            if value is not None:
+                document[key] = value
+        return document
+
+    @classmethod
+    def from_json(cls, document: Mapping[str, Any]) -> SparkOffset:
+        offsets = {int(key): int(value) for key, value in document.items() if key.isdigit()}
+
+        def text(key: str) -> str | None:
+            value = document.get(key)
+            return None if value is None else str(value)
+
+        return cls(
+            offsets,
+            int(document.get(VERSION_KEY, 0)),
+            text(LOG_KEY),
+            text(CONSUMER_KEY),
+            text(URL_KEY),
+        )
+
+    def check_log(self, log: ReplicationLog, state: LogState) -> None:
+        """Raise :class:`LogIdentityError` if this offset cannot belong to ``log`` as it is:
+        another log id (recreated at the URL), or positions past its heads (restored from
+        an older copy)."""
+        if self.log_id is not None and self.log_id != log.log_id:
+            raise LogIdentityError(
+                f"{log.url} now holds log {log.log_id}, but this query's checkpoint is for "
+                f"log {self.log_id}: the log was recreated at the same URL. Start the query "
+                f"from a new checkpoint (choose startingOffsets) to read the new log"
+            )
+        for shard, sequence in self.offsets.items():
+            if shard >= log.shards or sequence > state.heads[shard]:
+                raise LogIdentityError(
+                    f"{log.url}: this query's checkpoint has read shard {shard} up to sequence "
+                    f"{sequence}, past the log's head "
+                    f"{state.heads[shard] if shard < log.shards else 'no such shard'}: the log "
+                    f"was restored from an older copy, or replaced. Start from a new checkpoint"
+                )
 
 
-def from_spark(document: Mapping[str, Any]) -> tuple[Offsets, int]:
-    """Offsets and log version from a Spark offset dict (as written by :func:`to_spark`)."""
-    offsets = {int(key): int(value) for key, value in document.items() if key.isdigit()}
-    return offsets, int(document.get(VERSION_KEY, 0))
+def earliest(state: LogState) -> Offsets:
+    """Offsets before the oldest retained event of every shard."""
+    return {shard: low - 1 for shard, low in enumerate(state.lows)}
+
+
+def latest(state: LogState) -> Offsets:
+    return dict(enumerate(state.heads))
 
 
 def parse_offsets_json(text: str, shards: int, option: str) -> Offsets:
@@ -46,7 +119,7 @@ def parse_offsets_json(text: str, shards: int, option: str) -> Offsets:
         )
     offsets = dict.fromkeys(range(shards), 0)
     for key, value in document.items():
-        if key == VERSION_KEY:
+        if key in (VERSION_KEY, LOG_KEY, CONSUMER_KEY, URL_KEY):
             continue
         if not str(key).isdigit():
             raise InvalidOptionError(f"option {option!r}: {key!r} is not a shard number")
@@ -62,4 +135,51 @@ def parse_offsets_json(text: str, shards: int, option: str) -> Offsets:
                 f"sequence, an integer >= 0"
             )
         offsets[shard] = value
+    return offsets
+
+
+def for_timestamp(log: ReplicationLog, state: LogState, timestamp_ms: int) -> Offsets:
+    """Per shard, the offset just before the first event (in sequence order) whose event
+    time is at or after ``timestamp_ms``; the head if there is none.
+
+    Segments whose newest event is older are skipped without being read; the first other
+    segment is read to find the exact event. Timestamps need not be monotonic in a shard:
+    events after that position with earlier times are still delivered, events before it
+    with later times are not.
+    """
+    offsets: Offsets = {}
+    for shard in range(log.shards):
+        offsets[shard] = state.heads[shard]
+        for segment in state.covering(shard, state.lows[shard], state.heads[shard]):
+            if segment.max_timestamp_ms < timestamp_ms:
+                continue
+            stamps = read_stored(log.storage, segment).column("timestamp").cast("int64")
+            reached = pc.greater_equal(stamps, timestamp_ms * 1000)
+            index = pc.index(reached, True).as_py()
+            if index >= 0:
+                first = segment.first_sequence + index
+                offsets[shard] = max(first, state.lows[shard]) - 1
+                break
+    return offsets
+
+
+def resolve(
+    log: ReplicationLog, spec: str, option: str, *, timestamp_ms: int | None = None
+) -> Offsets:
+    """Offsets for a user's position: ``earliest``, ``latest``, JSON, or (when
+    ``timestamp_ms`` is given) the first event at or after that time."""
+    state = log.refresh()
+    if timestamp_ms is not None:
+        return for_timestamp(log, state, timestamp_ms)
+    if spec == "earliest":
+        return earliest(state)
+    if spec == "latest":
+        return latest(state)
+    offsets = parse_offsets_json(spec, log.shards, option)
+    for shard, sequence in offsets.items():
+        if sequence > state.heads[shard]:
+            raise InvalidOptionError(
+                f"option {option!r}: shard {shard} offset {sequence} is beyond its head "
+                f"{state.heads[shard]}"
+            )
     return offsets

@@ -1,6 +1,6 @@
-"""Read planning for consumers: where to start, how far to go, and how to split the work.
+"""Read planning: how far a micro-batch goes, and how its events are split into tasks.
 
-Pure functions over a :class:`~replog.state.LogState`; the Spark source only adapts
+Pure functions over a :class:`~replog.format.state.LogState`; the Spark source only adapts
 Spark's calls to them. Costs depend on the shards and the segments in the planned range,
 never on the age of the log.
 """
@@ -11,9 +11,9 @@ import logging
 from dataclasses import dataclass
 
 from replog.errors import DataLossError
+from replog.format.segments import SegmentInfo
+from replog.format.state import LogState
 from replog.offsets import Offsets
-from replog.segments import SegmentInfo
-from replog.state import LogState
 
 logger = logging.getLogger(__name__)
 
@@ -32,33 +32,25 @@ class ReadTask:
         return self.last - self.first + 1
 
 
-def earliest(state: LogState) -> Offsets:
-    """Offsets before the oldest retained event of every shard."""
-    return {shard: low - 1 for shard, low in enumerate(state.lows)}
-
-
-def latest(state: LogState) -> Offsets:
-    return dict(enumerate(state.heads))
-
-
 def cap_events(start: Offsets, target: Offsets, max_events: int) -> Offsets:
-    """Advance from ``start`` towards ``target`` by at most ``max_events`` in all.
+    """Advance from ``start`` towards ``target`` by about ``max_events`` in all, fairly.
 
-    The budget is shared in proportion to each shard's backlog, so no shard starves;
-    at least one event is admitted whenever any is available.
+    Every shard with a backlog is admitted in every batch: the budget is filled like
+    water, smallest backlogs first, so a shard holding one event is never starved by a
+    shard a million behind. When there are more backlogged shards than ``max_events``,
+    each still gets one event (the limit is exceeded by at most shards - 1, as Kafka's
+    source does for its partitions).
     """
     backlog = {shard: max(target[shard] - start.get(shard, 0), 0) for shard in target}
-    total = sum(backlog.values())
-    if total <= max_events:
-        return dict(target)
-    grant = {shard: (max_events * pending) // total for shard, pending in backlog.items()}
-    spare = max_events - sum(grant.values())
-    for shard in sorted(backlog, key=lambda s: backlog[s] - grant[s], reverse=True):
-        if spare <= 0:
-            break
-        if grant[shard] < backlog[shard]:
-            grant[shard] += 1
-            spare -= 1
+    waiting = sorted((pending, shard) for shard, pending in backlog.items() if pending > 0)
+    if sum(pending for pending, _ in waiting) <= max_events:
+        return {shard: max(target[shard], start.get(shard, 0)) for shard in target}
+    grant = dict.fromkeys(target, 0)
+    budget = max(max_events, len(waiting))
+    for index, (pending, shard) in enumerate(waiting):
+        share = max(budget // (len(waiting) - index), 1)
+        grant[shard] = min(pending, share)
+        budget -= grant[shard]
     return {shard: start.get(shard, 0) + grant[shard] for shard in target}
 
 

@@ -1,25 +1,89 @@
 """Source and sink options, parsed once into frozen dataclasses.
 
-Spark hands options over as a case-insensitive string map; every error names the
-option, the value and what is allowed. ``fs.<name>`` options become fsspec storage
-options and are never logged (see :func:`replog.storage.redact`).
+Spark hands options over as a case-insensitive string map. Every option is known by name:
+an unknown one is refused (with a hint when it is a Kafka or Delta habit, or a typo), and
+every error names the option, the value and what is allowed. ``fs.<name>`` options become
+fsspec storage options and are never logged (:func:`replog.storage.redact`).
+
+Locations are made absolute on the driver, as Spark's file sources qualify theirs, so
+executors (in other working directories) and later restarts see the same log; checkpoint
+locations are normalised before an id is derived from them.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
-from replog.consumers import check_name
+from replog.checkpoints.consumers import check_name
 from replog.errors import InvalidOptionError
+from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS
 from replog.storage import coerce_option_value
+from replog.timeutil import check_epoch_ms, duration_ms
 
 FS_PREFIX = "fs."
 DEFAULT_MAX_EVENTS_PER_PARTITION = 500_000
+DEFAULT_MAX_TRIGGER_DELAY = "15m"
 STARTING_KEYWORDS = ("manifest", "earliest", "latest")
+
+SOURCE_OPTIONS = (
+    "path",
+    "consumer",
+    "startingOffsets",
+    "startingTimestamp",
+    "endingOffsets",
+    "maxEventsPerTrigger",
+    "maxBytesPerTrigger",
+    "maxEventsPerPartition",
+    "minEventsPerTrigger",
+    "maxTriggerDelay",
+    "failOnDataLoss",
+)
+SINK_OPTIONS = (
+    "path",
+    "sinkId",
+    "shards",
+    "collection",
+    "txnAppId",
+    "txnVersion",
+    "checkpointLocation",
+)
+
+HINTS = {
+    "maxoffsetspertrigger": "maxOffsetsPerTrigger is Kafka's name; replog's is maxEventsPerTrigger",
+    "minoffsetspertrigger": "minOffsetsPerTrigger is Kafka's name; replog's is minEventsPerTrigger",
+    "maxfilespertrigger": "replog limits micro-batches by events: maxEventsPerTrigger",
+    "startingoffsetsbytimestamp": (
+        "startingOffsetsByTimestamp is Kafka's; replog takes one time for every shard: "
+        "startingTimestamp (ms since the epoch)"
+    ),
+    "startingversion": (
+        "startingVersion is Delta's; replog starts at startingOffsets or startingTimestamp"
+    ),
+    "endingtimestamp": "replog batch reads end at endingOffsets",
+    "subscribe": "replog reads the log given as the path: .load(url)",
+    "subscribepattern": "replog reads the log given as the path: .load(url)",
+    "kafka.bootstrap.servers": "replog reads the log given as the path: .load(url)",
+    "kafka.group.id": "kafka.group.id is Kafka's; replog names a reader with consumer",
+    "groupidprefix": "groupIdPrefix is Kafka's; replog names a reader with consumer",
+    "readchangefeed": "readChangeFeed is Delta's; a replog log is always a change feed",
+    "ignorechanges": "ignoreChanges is Delta's; replog logs are append-only",
+    "skipchangecommits": "skipChangeCommits is Delta's; replog logs are append-only",
+    "topic": "topic is Kafka's; replog writes to the log given as the path: .start(url)",
+    "mergeschema": "mergeSchema is Delta's; replog's columns are fixed (see the README)",
+    "overwriteschema": "overwriteSchema is Delta's; replog's columns are fixed",
+    "replacewhere": "replaceWhere is Delta's; replog logs are append-only",
+    "txnappid": "txnAppId and txnVersion are for batch writes (df.write)",
+    "txnversion": "txnAppId and txnVersion are for batch writes (df.write)",
+    "checkpointlocation": "set checkpointLocation on writeStream, not on readStream",
+    "queryname": "set the query name with writeStream.queryName(...)",
+}
 
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
@@ -30,16 +94,35 @@ def _get(options: Mapping[str, str], name: str) -> str | None:
     return None
 
 
-def _positive_int(options: Mapping[str, str], name: str) -> int | None:
+def check_known(options: Mapping[str, str], known: Iterable[str], what: str) -> None:
+    """Refuse every option that is not in ``known`` (nor ``fs.*``), naming it."""
+    allowed = {name.lower(): name for name in known}
+    for key in options:
+        lowered = key.lower()
+        if lowered in allowed or lowered.startswith(FS_PREFIX) or lowered.startswith("__"):
+            continue
+        hint = HINTS.get(lowered)
+        if hint is None:
+            close = difflib.get_close_matches(lowered, list(allowed), n=1, cutoff=0.75)
+            hint = f"did you mean {allowed[close[0]]}?" if close else ""
+        listed = ", ".join(sorted(allowed.values()))
+        raise InvalidOptionError(
+            f"{what}: unknown option {key!r}{'; ' + hint if hint else ''} "
+            f"(options: {listed}, and fs.<name> for storage)"
+        )
+
+
+def _positive_int(options: Mapping[str, str], name: str, *, zero: bool = False) -> int | None:
     raw = _get(options, name)
     if raw is None:
         return None
     try:
-        value = int(raw)
+        value = int(raw.strip())
     except ValueError as exc:
         raise InvalidOptionError(f"option {name!r}: {raw!r} is not an integer") from exc
-    if value <= 0:
-        raise InvalidOptionError(f"option {name!r}: must be a positive integer, got {value}")
+    if value < 0 or (value == 0 and not zero):
+        kind = "an integer >= 0" if zero else "a positive integer"
+        raise InvalidOptionError(f"option {name!r}: must be {kind}, got {value}")
     return value
 
 
@@ -52,20 +135,62 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     return raw.strip().lower() == "true"
 
 
+def is_local(location: str) -> bool:
+    return "://" not in location and not location.startswith("file:")
+
+
+def absolute_location(location: str) -> str:
+    """``location`` with a local path made absolute (a ``file:`` URL becomes a path)."""
+    location = location.strip()
+    if location.startswith("file:"):
+        parts = urlsplit(location)
+        if parts.netloc not in ("", "localhost"):
+            raise InvalidOptionError(f"{location!r}: a file: URL names no other host")
+        return os.path.normpath(parts.path or "/")
+    if is_local(location):
+        return os.path.normpath(os.path.abspath(os.path.expanduser(location)))
+    return location
+
+
+_SCHEME_ALIASES = {"s3a": "s3", "s3n": "s3", "gs": "gcs", "abfss": "abfs"}
+
+
+def normalize_location(location: str) -> str:
+    """One spelling per place: ``/x``, ``file:/x``, ``file:///x`` and ``x/`` relative to
+    the working directory agree, as do ``s3a://b/x/`` and ``s3://b/x``."""
+    location = absolute_location(location)
+    if "://" not in location:
+        return location
+    parts = urlsplit(location)
+    scheme = _SCHEME_ALIASES.get(parts.scheme.lower(), parts.scheme.lower())
+    path = re.sub(r"/+", "/", parts.path).rstrip("/")
+    return f"{scheme}://{parts.netloc}{path}"
+
+
+def id_from_location(location: str, prefix: str = "") -> str:
+    """A stable, valid name for a checkpoint location: its last part plus a short hash of
+    its normalised form."""
+    normalized = normalize_location(location)
+    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", normalized.rsplit("/", 1)[-1]).strip("-.")
+    digest = hashlib.sha256(normalized.encode("utf-8")).hexdigest()[:10]
+    return f"{prefix}{(tail or 'chk')[:80]}-{digest}"
+
+
 def _path(options: Mapping[str, str]) -> str:
     path = _get(options, "path")
-    if not path:
+    if not path or not path.strip():
         raise InvalidOptionError(
             "option 'path' is required: pass the log URL to .load(url) / .start(url) "
             "or .option('path', url)"
         )
-    return path
+    return absolute_location(path)
 
 
 def storage_options(options: Mapping[str, str]) -> dict[str, Any]:
-    """The ``fs.*`` options, prefix removed, values coerced (``"true"`` → True, ``"5"`` → 5)."""
+    """The ``fs.*`` options, prefix removed, values coerced (``"true"`` → True, ``"5"`` → 5;
+    secrets are passed as given)."""
     return {
-        key[len(FS_PREFIX) :]: coerce_option_value(value)
+        key[len(FS_PREFIX) :]: coerce_option_value(key[len(FS_PREFIX) :], value)
         for key, value in options.items()
         if key.lower().startswith(FS_PREFIX)
     }
@@ -74,21 +199,26 @@ def storage_options(options: Mapping[str, str]) -> dict[str, Any]:
 @dataclass(frozen=True)
 class SourceOptions:
     path: str
-    consumer: str = "default"
+    consumer: str | None = None
     starting_offsets: str = "manifest"
+    starting_timestamp_ms: int | None = None
     ending_offsets: str = "latest"
     max_events_per_trigger: int | None = None
     max_bytes_per_trigger: int | None = None
     max_events_per_partition: int = DEFAULT_MAX_EVENTS_PER_PARTITION
+    min_events_per_trigger: int | None = None
+    max_trigger_delay_ms: int = 15 * 60_000
     fail_on_data_loss: bool = True
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool = True) -> SourceOptions:
-        """Streaming queries start from the consumer's manifest by default; batch reads
+        """Streaming queries start from the consumer's position by default; batch reads
         (``spark.read``) from the earliest event, like Kafka's batch reads."""
+        check_known(options, SOURCE_OPTIONS, "replog source")
         default_start = "manifest" if streaming else "earliest"
-        starting = (_get(options, "startingOffsets") or default_start).strip()
+        given_start = _get(options, "startingOffsets")
+        starting = (given_start or default_start).strip()
         if starting.lower() in STARTING_KEYWORDS:
             starting = starting.lower()
         elif not starting.startswith("{"):
@@ -96,6 +226,14 @@ class SourceOptions:
                 f"option 'startingOffsets': {starting!r} is not allowed; use manifest, "
                 f'earliest, latest, or JSON like {{"0": 41, "1": 0}}'
             )
+        raw_timestamp = _get(options, "startingTimestamp")
+        timestamp = None
+        if raw_timestamp is not None:
+            if given_start is not None:
+                raise InvalidOptionError(
+                    "options 'startingOffsets' and 'startingTimestamp' are both set; set one"
+                )
+            timestamp = check_epoch_ms(raw_timestamp, "startingTimestamp")
         ending = (_get(options, "endingOffsets") or "latest").strip()
         if ending.lower() == "latest":
             ending = "latest"
@@ -103,56 +241,99 @@ class SourceOptions:
             raise InvalidOptionError(
                 f"option 'endingOffsets': {ending!r} is not allowed; use latest or JSON"
             )
+        if streaming and _get(options, "endingOffsets") is not None:
+            raise InvalidOptionError("option 'endingOffsets' is for batch reads (spark.read)")
+        consumer = _get(options, "consumer")
+        if consumer is not None:
+            check_name(consumer, "consumer")
+        elif starting == "manifest" and given_start is not None:
+            raise InvalidOptionError(
+                "option 'startingOffsets': 'manifest' resumes a named consumer; set "
+                "option 'consumer' too"
+            )
+        min_events = _positive_int(options, "minEventsPerTrigger")
+        raw_delay = _get(options, "maxTriggerDelay")
+        if raw_delay is not None and min_events is None:
+            raise InvalidOptionError("option 'maxTriggerDelay' needs 'minEventsPerTrigger'")
         return cls(
             path=_path(options),
-            consumer=check_name(_get(options, "consumer") or "default", "consumer"),
+            consumer=consumer,
             starting_offsets=starting,
+            starting_timestamp_ms=timestamp,
             ending_offsets=ending,
             max_events_per_trigger=_positive_int(options, "maxEventsPerTrigger"),
             max_bytes_per_trigger=_positive_int(options, "maxBytesPerTrigger"),
             max_events_per_partition=_positive_int(options, "maxEventsPerPartition")
             or DEFAULT_MAX_EVENTS_PER_PARTITION,
+            min_events_per_trigger=min_events,
+            max_trigger_delay_ms=duration_ms(
+                raw_delay or DEFAULT_MAX_TRIGGER_DELAY, "option 'maxTriggerDelay'"
+            ),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             storage_options=storage_options(options),
         )
 
 
-def sink_id_from_checkpoint(location: str) -> str:
-    """A stable, valid sink id for a checkpoint location: its last part plus a short hash."""
-    tail = re.sub(r"[^A-Za-z0-9._-]+", "-", location.rstrip("/").rsplit("/", 1)[-1]).strip("-.")
-    digest = hashlib.sha256(location.rstrip("/").encode("utf-8")).hexdigest()[:10]
-    return f"{(tail or 'chk')[:80]}-{digest}"
+@dataclass(frozen=True)
+class Transaction:
+    """Delta's idempotent-write contract: ``version`` of ``app_id`` is written once."""
+
+    app_id: str
+    version: int
 
 
 @dataclass(frozen=True)
 class SinkOptions:
     path: str
-    sink_id: str
-    shards: int = 8
+    sink_id: str | None
+    checkpoint: str | None = None
+    shards: int = DEFAULT_SHARDS
     collection: str | None = None
+    transaction: Transaction | None = None
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> SinkOptions:
+        check_known(options, SINK_OPTIONS, "replog-sink")
+        checkpoint = _get(options, "checkpointLocation")
+        checkpoint = absolute_location(checkpoint) if checkpoint else None
         sink_id = _get(options, "sinkId")
-        if sink_id is None:
-            checkpoint = _get(options, "checkpointLocation")
-            if checkpoint:
-                sink_id = sink_id_from_checkpoint(checkpoint)
-            elif streaming:
+        app_id, version = _get(options, "txnAppId"), _positive_int(options, "txnVersion", zero=True)
+        transaction = None
+        if streaming:
+            if app_id is not None or version is not None:
                 raise InvalidOptionError(
-                    "option 'sinkId' is required: name this writer with .option('sinkId', ...) "
-                    "or set .option('checkpointLocation', ...) to derive it"
+                    "options 'txnAppId'/'txnVersion' are for batch writes (df.write); a streaming "
+                    "sink is exactly-once per checkpoint and sinkId already"
                 )
-            else:
-                sink_id = "batch"
-        shards = _positive_int(options, "shards") or 8
-        if shards > 4096:
-            raise InvalidOptionError(f"option 'shards': at most 4096, got {shards}")
+            if sink_id is None:
+                if checkpoint is None:
+                    raise InvalidOptionError(
+                        "option 'sinkId' is required: name this writer with "
+                        ".option('sinkId', ...) or set .option('checkpointLocation', ...) to "
+                        "derive it"
+                    )
+                sink_id = id_from_location(checkpoint)
+            check_name(sink_id, "sinkId")
+        else:
+            if sink_id is not None:
+                raise InvalidOptionError(
+                    "option 'sinkId' names a streaming writer; to make a batch write "
+                    "idempotent, set 'txnAppId' and 'txnVersion' (Delta's contract)"
+                )
+            if (app_id is None) != (version is None):
+                raise InvalidOptionError("options 'txnAppId' and 'txnVersion' go together")
+            if app_id is not None and version is not None:
+                transaction = Transaction(check_name(app_id, "txnAppId"), version)
+        shards = _positive_int(options, "shards") or DEFAULT_SHARDS
+        if shards > MAX_SHARDS:
+            raise InvalidOptionError(f"option 'shards': at most {MAX_SHARDS}, got {shards}")
         return cls(
             path=_path(options),
-            sink_id=check_name(sink_id, "sinkId"),
+            sink_id=sink_id,
+            checkpoint=checkpoint,
             shards=shards,
             collection=_get(options, "collection"),
+            transaction=transaction,
             storage_options=storage_options(options),
         )

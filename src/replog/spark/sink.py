@@ -1,15 +1,18 @@
 """``df.writeStream.format("replog-sink")`` and ``df.write.format("replog-sink")``.
 
-Executors validate rows, route them to shards and stage segment files; the commit
-message names the files with the Spark query id and epoch. The driver runs the
-exactly-once protocol of :mod:`replog.sink_protocol`.
+Executors validate rows, route them to shards and stage segment files; the commit message
+names the files with the Spark query id, run id and epoch. The driver runs the
+exactly-once protocol of :mod:`replog.checkpoints.sinks`, recording in the log commit the
+source positions the micro-batch covers (read from Spark's offset log).
+
+A batch write is one atomic append. With ``txnAppId``/``txnVersion`` it is idempotent:
+a version already committed for the app id is skipped (Delta's contract).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -24,33 +27,45 @@ from pyspark.sql.datasource import (
 from pyspark.sql.types import (
     BinaryType,
     DataType,
+    NullType,
     StringType,
     StructType,
     TimestampNTZType,
     TimestampType,
 )
 
-from replog.errors import InvalidEventError
-from replog.events import IGNORED_COLUMNS, INPUT_COLUMNS, events_from_table, now_utc
-from replog.faults import fault_point
-from replog.log import ReplicationLog
-from replog.segments import StagedSegment
-from replog.sink_protocol import SinkCommitter
+from replog.checkpoints import consumers
+from replog.checkpoints.sinks import Batch, SinkCommitter
+from replog.crashpoints import crash_point
+from replog.errors import InvalidEventError, InvalidOptionError, ReplogError, SinkProtocolError
+from replog.format import leases
+from replog.format.commits import SourcePosition, WriterInfo
+from replog.format.events import IGNORED_COLUMNS, INPUT_COLUMNS, events_from_table, now_utc
+from replog.format.segments import StagedSegment
+from replog.log import CommitAttempt, ReplicationLog
+from replog.offsets import SparkOffset
 from replog.spark.options import SinkOptions
+from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
 
 STAGE_EVERY_ROWS = 262_144
-"""A task stages a segment set every this many rows, bounding its memory."""
+STAGE_EVERY_BYTES = 128 * 1024 * 1024
+"""A task stages a segment set every this many rows or bytes, bounding its memory (and
+keeping every Arrow binary column far below its 2 GiB limit)."""
 
-_ALLOWED_TYPES: dict[str, tuple[type[DataType], ...]] = {
+TXN_QUERY = "txn"
+"""The query id of idempotent batch writes: their epochs are the txnVersions."""
+
+_TYPES: dict[str, tuple[type[DataType], ...]] = {
     "data": (BinaryType, StringType),
-    "key": (StringType,),
-    "operation": (StringType,),
-    "collection": (StringType,),
-    "event_id": (StringType,),
-    "metadata": (StringType,),
-    "timestamp": (TimestampType, TimestampNTZType),
+    "before": (BinaryType, StringType, NullType),
+    "key": (StringType, NullType),
+    "operation": (StringType, NullType),
+    "collection": (StringType, NullType),
+    "event_id": (StringType, NullType),
+    "metadata": (StringType, NullType),
+    "timestamp": (TimestampType, TimestampNTZType, NullType),
 }
 
 
@@ -66,7 +81,7 @@ def validate_input_schema(schema: StructType) -> None:
     if "data" not in names:
         raise InvalidEventError("replog-sink: column 'data' (binary or string) is required")
     for field in schema.fields:
-        allowed = _ALLOWED_TYPES.get(field.name)
+        allowed = _TYPES.get(field.name)
         if allowed and not isinstance(field.dataType, allowed):
             expected = " or ".join(t.__name__.removesuffix("Type").lower() for t in allowed)
             raise InvalidEventError(
@@ -77,61 +92,95 @@ def validate_input_schema(schema: StructType) -> None:
 
 @dataclass(frozen=True)
 class ReplogCommitMessage(WriterCommitMessage):
-    """What one task staged, and for which query and epoch."""
+    """What one task staged, and for which query, run and epoch."""
 
     query_id: str | None
+    run_id: str | None
     epoch: int | None
     partition: int
     segments: tuple[StagedSegment, ...]
 
 
-def _staged(messages: Sequence[WriterCommitMessage | None]) -> list[StagedSegment]:
-    ordered = sorted(
+def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[ReplogCommitMessage]:
+    return sorted(
         (m for m in messages if isinstance(m, ReplogCommitMessage)), key=lambda m: m.partition
     )
-    return [segment for message in ordered for segment in message.segments]
 
 
-def _query_id(messages: Sequence[WriterCommitMessage | None]) -> str | None:
-    ids = {m.query_id for m in messages if isinstance(m, ReplogCommitMessage) and m.query_id}
-    if len(ids) > 1:
-        raise InvalidEventError(f"commit messages from several queries: {sorted(ids)}")
-    return ids.pop() if ids else None
+def _staged(messages: Sequence[WriterCommitMessage | None]) -> tuple[StagedSegment, ...]:
+    return tuple(segment for message in _messages(messages) for segment in message.segments)
+
+
+def _one(values: set[str | None], what: str) -> str | None:
+    known = {value for value in values if value}
+    if len(known) > 1:
+        raise SinkProtocolError(f"commit messages name several {what}: {sorted(known)}")
+    return known.pop() if known else None
 
 
 _COMMITTING_LOGS: dict[str, ReplicationLog] = {}
-"""Target logs this process has committed to, with their state.
+"""Target logs this process has planned or committed to, with their state.
 
-Spark runs every ``commit`` of a query in one long-lived driver-side Python process
-(one PID for all micro-batches, measured), on a fresh writer each time. Keeping the log
-here means the next commit reads only the log commits made since, instead of a snapshot
-and up to 99 commits after it (up to ~100 GETs per micro-batch on S3).
+Spark runs every ``commit`` of a query in one long-lived driver-side Python process (one
+PID for all micro-batches, measured), on a fresh writer each time, and builds each
+micro-batch's writer in another long-lived one. Keeping the log here means each reads
+only the log commits made since its last micro-batch.
 """
+_LINKED: set[tuple[str, str, str]] = set()
+"""(source log id, consumer, target log id) links this process has written."""
 
 
 def _target_log(options: SinkOptions) -> ReplicationLog:
-    """The sink's target log, reusing this process's copy if it is still the same log."""
-    opened = ReplicationLog.open(options.path, storage_options=options.storage_options)
+    """The sink's target log (created if absent), reusing this process's copy while it is
+    still the same log."""
+    opened = ReplicationLog.open_or_create(
+        options.path, options.shards, storage_options=options.storage_options
+    )
     key = json.dumps([options.path, options.storage_options], sort_keys=True, default=str)
     cached = _COMMITTING_LOGS.get(key)
-    if cached is not None and cached.descriptor.log_id == opened.descriptor.log_id:
-        return cached  # refreshed by the committer before it decides anything
+    if cached is not None and cached.log_id == opened.log_id:
+        return cached  # refreshed before anything is decided
     _COMMITTING_LOGS[key] = opened
     return opened
 
 
-class _ArrowStager:
-    """Shared by the streaming and the batch writer: staging (executors), committer (driver)."""
+def source_positions(options: SinkOptions, batch_id: int) -> list[tuple[SourcePosition, str]]:
+    """The replog source positions micro-batch ``batch_id`` read up to, from Spark's offset
+    log (``<checkpoint>/offsets/<batch id>``, written before the batch ran), with each
+    source's URL. Empty when the checkpoint is not known or holds no replog source."""
+    if options.checkpoint is None:
+        return []
+    relative = f"offsets/{batch_id}"
+    try:
+        data = Storage(options.checkpoint, options.storage_options).read_optional(relative)
+    except (ReplogError, OSError) as exc:
+        logger.warning(
+            "cannot read Spark's offset log %s/%s: %s", options.checkpoint, relative, exc
+        )
+        return []
+    found = []
+    for line in (data or b"").decode("utf-8", "replace").splitlines()[2:]:
+        try:
+            document = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(document, dict) and "log_id" in document and "consumer" in document:
+            offset = SparkOffset.from_json(document)
+            assert offset.log_id is not None and offset.consumer is not None
+            position = SourcePosition(offset.log_id, offset.consumer, offset.offsets)
+            found.append((position, offset.url or ""))
+    return found
+
+
+class _Stager:
+    """Shared by the streaming and the batch writer: staging on executors."""
 
     options: SinkOptions
-
-    def _committer(self) -> SinkCommitter:
-        """Driver side: the protocol runner for this sink's target log."""
-        return SinkCommitter(_target_log(self.options), self.options.sink_id)
 
     def _stage_all(self, batches: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         context = TaskContext.get()
         query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
+        run_id = context.getLocalProperty("spark.jobGroup.id") if context else None
         batch_id = context.getLocalProperty("streaming.sql.batchId") if context else None
         partition = context.partitionId() if context else 0
         epoch = int(batch_id) if batch_id is not None else None
@@ -139,7 +188,7 @@ class _ArrowStager:
         now = now_utc()
         staged: list[StagedSegment] = []
         buffered: list[pa.Table] = []
-        rows = 0
+        rows = size = 0
         try:
             for batch in batches:
                 if batch.num_rows == 0:
@@ -148,59 +197,158 @@ class _ArrowStager:
                     events_from_table(batch, default_collection=self.options.collection, now=now)
                 )
                 rows += batch.num_rows
-                if rows >= STAGE_EVERY_ROWS:
+                size += batch.nbytes
+                if rows >= STAGE_EVERY_ROWS or size >= STAGE_EVERY_BYTES:
                     staged.extend(log.stage(pa.concat_tables(buffered)))
-                    buffered, rows = [], 0
+                    buffered, rows, size = [], 0, 0
             if buffered:
                 staged.extend(log.stage(pa.concat_tables(buffered)))
             if context is not None and context.attemptNumber() == 0:
-                fault_point("write_task", epoch)
+                crash_point("write_task", epoch)
         except BaseException:
-            log.discard_staged(staged)
+            log.discard_staged(staged)  # this task's files: never in any commit message
             raise
-        return ReplogCommitMessage(query_id, epoch, partition, tuple(staged))
+        return ReplogCommitMessage(query_id, run_id, epoch, partition, tuple(staged))
 
 
-class ReplogStreamWriter(_ArrowStager, DataSourceStreamArrowWriter):
-    def __init__(self, options: SinkOptions) -> None:
+class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
+    """One micro-batch of a streaming query (a fresh writer per micro-batch)."""
+
+    def __init__(self, options: SinkOptions, since_version: int) -> None:
         self.options = options
+        self.since_version = since_version
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        query_id = _query_id(messages)
+    def _batch(self, messages: Sequence[WriterCommitMessage | None], batch_id: int) -> Batch:
+        received = _messages(messages)
+        query_id = _one({m.query_id for m in received}, "query ids")
         staged = _staged(messages)
-        if query_id is None:
-            if staged:
-                raise InvalidEventError("staged data without a streaming query id")
-            return
-        self._committer().commit(query_id, batchId, staged)
-
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
-        self._committer().abort(
-            _query_id(messages),
-            batchId,
-            _staged(messages),
-            reason=f"Spark aborted micro-batch {batchId}",
+        if query_id is None and staged:
+            raise SinkProtocolError("replog-sink: staged data without a streaming query id")
+        return Batch(
+            query_id=query_id or "",
+            epoch=batch_id,
+            staged=staged,
+            run_id=_one({m.run_id for m in received}, "run ids"),
+            since_version=self.since_version,
         )
 
+    def _committer(self) -> SinkCommitter:
+        assert self.options.sink_id is not None
+        return SinkCommitter(_target_log(self.options), self.options.sink_id)
 
-class ReplogBatchWriter(_ArrowStager, DataSourceArrowWriter):
-    """``df.write``: the whole job is one epoch of a one-off query id."""
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        batch = self._batch(messages, batchId)
+        if not batch.query_id:
+            return
+        committer = self._committer()
+        found = source_positions(self.options, batchId)
+        for position, url in found:
+            self._link(committer.log, position, url)
+        committer.commit(
+            Batch(
+                batch.query_id,
+                batch.epoch,
+                batch.staged,
+                batch.run_id,
+                tuple(position for position, _ in found),
+                batch.since_version,
+            )
+        )
 
-    def __init__(self, options: SinkOptions) -> None:
+    def _link(self, target: ReplicationLog, position: SourcePosition, url: str) -> None:
+        """Tell the source's consumer that this sink writes what it reads (once)."""
+        key = (position.log_id, position.consumer, target.log_id)
+        if not url or key in _LINKED:
+            return
+        link = consumers.SinkLink(target.url, target.log_id, self.options.sink_id or "")
+        try:
+            consumers.write_link(
+                Storage(url, self.options.storage_options), position.consumer, link
+            )
+        except (ReplogError, OSError) as exc:
+            logger.warning(
+                "sink %s: cannot record in source %s that it writes what consumer %s reads "
+                "(%s): a query that replaces its checkpoint may repeat the last micro-batch",
+                self.options.sink_id,
+                url,
+                position.consumer,
+                exc,
+            )
+            return
+        _LINKED.add(key)
+
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
+        batch = self._batch(messages, batchId)
+        self._committer().abort(batch, reason=f"Spark aborted micro-batch {batchId}")
+
+
+class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
+    """``df.write``: the whole job is one atomic append (idempotent with a transaction)."""
+
+    def __init__(self, options: SinkOptions, since_version: int, lease: leases.Lease) -> None:
         self.options = options
-        self.job_id = f"batch-{uuid.uuid4()}"
+        self.since_version = since_version
+        self.lease = lease
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
 
+    def _writer(self) -> WriterInfo | None:
+        transaction = self.options.transaction
+        if transaction is None:
+            return None
+        return WriterInfo(transaction.app_id, TXN_QUERY, transaction.version)
+
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._committer().commit(self.job_id, 0, _staged(messages))
+        log = _target_log(self.options)
+        staged = _staged(messages)
+        leases.mark(log.storage, self.lease, leases.COMMITTING)
+        attempt = CommitAttempt()
+        try:
+            record = log.commit_staged(staged, writer=self._writer(), attempt=attempt)
+        except BaseException:
+            log.discard_after(attempt, staged)
+            if attempt.safe_to_discard:
+                self._release(log)
+            raise
+        if record is None:  # the transaction's version was committed before: skipped
+            log.discard_staged(staged)
+            transaction = self.options.transaction
+            assert transaction is not None
+            logger.warning(
+                "replog-sink: txnAppId %s version %d is already in %s; this write was skipped",
+                transaction.app_id,
+                transaction.version,
+                log.url,
+            )
+        self._release(log)
+
+    def _release(self, log: ReplicationLog) -> None:
+        try:
+            leases.release(log.storage, self.lease)
+        except Exception as exc:
+            logger.warning("could not release staging lease %s: %s", self.lease.relative, exc)
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        self._committer().abort(self.job_id, 0, _staged(messages), reason="Spark aborted the job")
+        log = _target_log(self.options)
+        staged = _staged(messages)
+        paths = [segment.path for segment in staged]
+        if paths and log.added_since(self.since_version, paths):
+            logger.warning("replog-sink: abort ignored: this write's commit is in %s", log.url)
+            return
+        current = leases.read(log.storage, self.lease)
+        if current is not None and current.state == leases.COMMITTING and staged:
+            logger.warning(
+                "replog-sink: write aborted while its commit may still land; its %d staged "
+                "files are kept ('replog recover' deletes them if no commit names them)",
+                len(staged),
+            )
+            return
+        log.discard_staged(staged)
+        leases.release(log.storage, self.lease)
 
 
 class ReplogSinkDataSource(DataSource):
@@ -210,18 +358,20 @@ class ReplogSinkDataSource(DataSource):
     def name(cls) -> str:
         return "replog-sink"
 
-    def _prepare(self, schema: StructType, *, streaming: bool) -> SinkOptions:
+    def _open(self, schema: StructType, *, streaming: bool) -> tuple[SinkOptions, ReplicationLog]:
         validate_input_schema(schema)
         options = SinkOptions.parse(self.options, streaming=streaming)
-        ReplicationLog.open_or_create(
-            options.path, options.shards, storage_options=options.storage_options
-        )
-        return options
+        log = _target_log(options)
+        log.storage.require_writable()
+        return options, log
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ReplogStreamWriter:
-        return ReplogStreamWriter(self._prepare(schema, streaming=True))
+        options, log = self._open(schema, streaming=True)
+        return ReplogStreamWriter(options, log.refresh().version)
 
     def writer(self, schema: StructType, overwrite: bool) -> ReplogBatchWriter:
         if overwrite:
-            raise InvalidEventError("replog-sink is append-only: use mode('append')")
-        return ReplogBatchWriter(self._prepare(schema, streaming=False))
+            raise InvalidOptionError("replog-sink is append-only: use mode('append')")
+        options, log = self._open(schema, streaming=False)
+        lease = leases.acquire(log.storage, f"batch write into {log.url}")
+        return ReplogBatchWriter(options, log.refresh().version, lease)

@@ -1,14 +1,24 @@
 """``spark.readStream.format("replog")`` and ``spark.read.format("replog")``.
 
-A thin adapter: offsets, planning and reading live in the pure core
-(:mod:`replog.offsets`, :mod:`replog.planning`, :func:`replog.log.read_segment`).
-The driver-side reader keeps its :class:`ReplicationLog` (and so the log state) between
-micro-batches, so each batch reads only the commits made since the previous one.
+A thin adapter: offsets, planning and reading live in the core (:mod:`replog.offsets`,
+:mod:`replog.planning`, :func:`replog.format.segments.read_segment`). The driver-side
+reader keeps its :class:`ReplicationLog` (and so the log state) between micro-batches, so
+each batch reads only the commits made since the previous one.
+
+The consumer's committed offsets follow Spark's commit log exactly: Spark asks for
+``latestOffset(start)`` only once the micro-batch that ended at ``start`` is in its commit
+log (or ``start`` is the query's initial offset), so ``start`` is recorded there. Spark's
+own ``commit(end)`` comes one batch later, and never for the last batch of an
+``AvailableNow`` run; it is recorded too, and is then usually already there.
 """
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
+import time
+import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -24,20 +34,26 @@ from pyspark.sql.streaming.datasource import (
     ReadLimit,
     ReadMaxBytes,
     ReadMaxRows,
+    ReadMinRows,
     SupportsTriggerAvailableNow,
 )
 from pyspark.sql.types import StructType
 
-from replog import consumers, planning
-from replog.errors import InvalidOptionError
-from replog.events import SPARK_SCHEMA_DDL
-from replog.log import ReplicationLog, read_segment
-from replog.offsets import Offsets, from_spark, parse_offsets_json, to_spark
+from replog import offsets as positions
+from replog import planning
+from replog.checkpoints import consumers
+from replog.format.events import SPARK_SCHEMA_DDL
+from replog.format.segments import read_segment
+from replog.log import ReplicationLog
+from replog.offsets import Offsets, SparkOffset
 from replog.planning import ReadTask
 from replog.spark.options import SourceOptions
 from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
+
+LEGACY_CONSUMER = "default"
+"""The consumer of checkpoints written before offsets named their consumer."""
 
 
 class ReplogPartition(InputPartition):
@@ -62,27 +78,29 @@ def read_partition(partition: ReplogPartition) -> Iterator[pa.RecordBatch]:
         yield from read_segment(partition.storage, segment, task.first, task.last)
 
 
-def resolve_offsets(log: ReplicationLog, spec: str, option: str, consumer: str | None) -> Offsets:
-    """Offsets for ``startingOffsets``/``endingOffsets``: a keyword or JSON."""
+def _start_offsets(log: ReplicationLog, options: SourceOptions, consumer: str | None) -> Offsets:
+    """Where a new query (or a batch read) starts."""
+    if options.starting_timestamp_ms is not None:
+        return positions.resolve(
+            log, "", "startingTimestamp", timestamp_ms=options.starting_timestamp_ms
+        )
+    if options.starting_offsets == "manifest":
+        if consumer is not None:
+            resumed = consumers.resume_offsets(log, consumer, options.storage_options)
+            if resumed is not None:
+                logger.info("consumer %s resumes at %s", consumer, resumed.offsets)
+                return resumed.offsets
+        return positions.earliest(log.refresh())
+    return positions.resolve(log, options.starting_offsets, "startingOffsets")
+
+
+def _plan(
+    log: ReplicationLog, options: SourceOptions, start: Offsets, end: Offsets
+) -> list[ReplogPartition]:
     state = log.refresh()
-    if spec == "earliest":
-        return planning.earliest(state)
-    if spec == "latest":
-        return planning.latest(state)
-    if spec == "manifest":
-        position = consumers.committed_offsets(log, consumer) if consumer else None
-        if position is not None:
-            logger.info("consumer %s resumes from its manifest: %s", consumer, position.offsets)
-            return {shard: position.offsets.get(shard, 0) for shard in range(log.shards)}
-        return planning.earliest(state)
-    offsets = parse_offsets_json(spec, log.shards, option)
-    for shard, sequence in offsets.items():
-        if sequence > state.heads[shard]:
-            raise InvalidOptionError(
-                f"option {option!r}: shard {shard} offset {sequence} is beyond its head "
-                f"{state.heads[shard]}"
-            )
-    return offsets
+    start = planning.check_data_loss(state, start, fail_on_data_loss=options.fail_on_data_loss)
+    tasks = planning.plan_tasks(state, start, end, options.max_events_per_partition)
+    return [ReplogPartition(log.storage, task) for task in tasks]
 
 
 class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
@@ -90,11 +108,20 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:12]}"
         self._log: ReplicationLog | None = None
+        self._committer: consumers.OffsetCommitter | None = None
+        self._recorded: Offsets | None = None
+        self._initial: SparkOffset | None = None
         self._available_now_target: Offsets | None = None
+        self._last_trigger_ms = time.time() * 1000
 
-    def __getstate__(self) -> dict[str, Any]:
-        return {"options": self.options, "_log": None, "_available_now_target": None}
+    def __getstate__(self) -> dict[str, Any]:  # executors need the options only
+        return {"options": self.options, "owner": self.owner}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["options"])  # type: ignore[misc]
+        self.owner = state["owner"]
 
     @property
     def log(self) -> ReplicationLog:
@@ -104,70 +131,126 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             )
         return self._log
 
+    def _offset(self, offsets: Offsets, version: int, consumer: str | None) -> SparkOffset:
+        return SparkOffset(offsets, version, self.log.log_id, consumer, self.log.url)
+
+    def _consumer(self, offset: SparkOffset) -> str:
+        if self.options.consumer is not None:
+            if offset.consumer not in (None, self.options.consumer):
+                logger.warning(
+                    "option consumer=%s differs from the checkpoint's consumer %s; "
+                    "committing as %s",
+                    self.options.consumer,
+                    offset.consumer,
+                    self.options.consumer,
+                )
+            return self.options.consumer
+        return offset.consumer or LEGACY_CONSUMER
+
+    def _record(self, consumer: str, offset: SparkOffset) -> None:
+        """Commit ``offset`` as the consumer's position (once per distinct position)."""
+        if offset.offsets == self._recorded:
+            return
+        if self._committer is None or self._committer.consumer != consumer:
+            self._committer = consumers.OffsetCommitter(self.log, consumer, self.owner)
+        self._committer.commit(offset.offsets, log_version=offset.version, note="spark")
+        self._recorded = dict(offset.offsets)
+
     # -- planning (driver) --------------------------------------------------------------
 
-    def initialOffset(self) -> dict[str, int]:
-        offsets = resolve_offsets(
-            self.log, self.options.starting_offsets, "startingOffsets", self.options.consumer
-        )
-        logger.info(
-            "replog source %s (consumer %s) starts at %s",
-            self.options.path,
-            self.options.consumer,
-            offsets,
-        )
-        return to_spark(offsets, 0)
+    def initialOffset(self) -> dict[str, Any]:
+        if self._initial is None:
+            consumer = self.options.consumer or f"query-{uuid.uuid4().hex[:16]}"
+            state = self.log.refresh()
+            start = _start_offsets(self.log, self.options, self.options.consumer)
+            self._initial = self._offset(start, state.version, consumer)
+            logger.info(
+                "replog source %s (consumer %s) starts at %s", self.options.path, consumer, start
+            )
+            if self.options.consumer is not None:  # a named consumer appears at once
+                self._record(consumer, self._initial)
+        return self._initial.to_json()
 
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_events_per_trigger is not None:
             return ReadMaxRows(self.options.max_events_per_trigger)
         if self.options.max_bytes_per_trigger is not None:
             return ReadMaxBytes(self.options.max_bytes_per_trigger)
+        if self.options.min_events_per_trigger is not None:
+            return ReadMinRows(self.options.min_events_per_trigger)
         return ReadAllAvailable()
 
     def prepareForTriggerAvailableNow(self) -> None:
-        self._available_now_target = planning.latest(self.log.refresh())
+        self._available_now_target = positions.latest(self.log.refresh())
         logger.info("Trigger.AvailableNow: reading up to %s", self._available_now_target)
 
-    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, int]:
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         state = self.log.refresh()
-        begin, _ = from_spark(start)
-        target = self._available_now_target or planning.latest(state)
-        target = {shard: max(target[shard], begin.get(shard, 0)) for shard in target}
-        if not isinstance(limit, ReadAllAvailable):
-            max_events = None
-            if isinstance(limit, ReadMaxRows):
-                max_events = limit.max_rows
-            if self.options.max_bytes_per_trigger is not None or isinstance(limit, ReadMaxBytes):
-                max_bytes = (
-                    limit.max_bytes
-                    if isinstance(limit, ReadMaxBytes)
-                    else self.options.max_bytes_per_trigger
-                )
-                assert max_bytes is not None
-                by_bytes = planning.events_for_bytes(state, begin, target, max_bytes)
-                max_events = by_bytes if max_events is None else min(max_events, by_bytes)
-            if max_events is not None:
-                target = planning.cap_events(begin, target, max_events)
-        return to_spark(target, state.version)
+        begin = SparkOffset.from_json(start)
+        begin.check_log(self.log, state)
+        consumer = self._consumer(begin)
+        first = begin.offsets
+        target = self._available_now_target or positions.latest(state)
+        target = {shard: max(target[shard], first.get(shard, 0)) for shard in target}
+        max_events = self._max_events(state, first, target, limit)
+        if max_events is not None:
+            target = planning.cap_events(first, target, max_events)
+        if self._wait_for_more(first, target, limit):
+            target = {shard: first.get(shard, 0) for shard in target}
+        end = self._offset(target, state.version, consumer)
+        new_data = target != {shard: first.get(shard, 0) for shard in target}
+        if new_data:
+            self._last_trigger_ms = time.time() * 1000
+        # Spark asks for latestOffset(start) once the batch ending at start is in its
+        # commit log: start is processed. Its own initial offset is recorded only when a
+        # batch follows (a derived consumer must not be left behind by a restart).
+        persisted = self._initial is None or begin.offsets != self._initial.offsets
+        if self.options.consumer is not None or persisted or new_data:
+            self._record(consumer, self._offset(first, begin.version, consumer))
+        return end.to_json()
 
-    def reportLatestOffset(self) -> dict[str, int]:
+    def _max_events(
+        self, state: Any, first: Offsets, target: Offsets, limit: ReadLimit
+    ) -> int | None:
+        if isinstance(limit, ReadAllAvailable):
+            return None
+        max_events = limit.max_rows if isinstance(limit, ReadMaxRows) else None
+        max_bytes = (
+            limit.max_bytes
+            if isinstance(limit, ReadMaxBytes)
+            else self.options.max_bytes_per_trigger
+        )
+        if max_events is None:
+            max_events = self.options.max_events_per_trigger
+        if max_bytes is not None:
+            by_bytes = planning.events_for_bytes(state, first, target, max_bytes)
+            max_events = by_bytes if max_events is None else min(max_events, by_bytes)
+        return max_events
+
+    def _wait_for_more(self, first: Offsets, target: Offsets, limit: ReadLimit) -> bool:
+        """minEventsPerTrigger: hold the batch back until enough events wait, or until
+        maxTriggerDelay has passed since the last batch (never under AvailableNow)."""
+        minimum = self.options.min_events_per_trigger
+        if minimum is None or self._available_now_target is not None:
+            return False
+        if isinstance(limit, ReadAllAvailable):
+            return False
+        backlog = sum(target[shard] - first.get(shard, 0) for shard in target)
+        waited = time.time() * 1000 - self._last_trigger_ms
+        return 0 < backlog < minimum and waited < self.options.max_trigger_delay_ms
+
+    def reportLatestOffset(self) -> dict[str, Any]:
         state = self.log.state()
-        return to_spark(planning.latest(state), state.version)
+        return self._offset(positions.latest(state), state.version, None).to_json()
 
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[ReplogPartition]:
-        begin, _ = from_spark(start)
-        finish, _ = from_spark(end)
-        state = self.log.refresh()
-        begin = planning.check_data_loss(
-            state, begin, fail_on_data_loss=self.options.fail_on_data_loss
-        )
-        tasks = planning.plan_tasks(state, begin, finish, self.options.max_events_per_partition)
-        return [ReplogPartition(self.log.storage, task) for task in tasks]
+        begin, finish = SparkOffset.from_json(start), SparkOffset.from_json(end)
+        finish.check_log(self.log, self.log.refresh())
+        return _plan(self.log, self.options, begin.offsets, finish.offsets)
 
     def commit(self, end: dict[str, Any]) -> None:
-        offsets, version = from_spark(end)
-        consumers.commit_offsets(self.log, self.options.consumer, offsets, epoch=version)
+        offset = SparkOffset.from_json(end)
+        self._record(self._consumer(offset), offset)
 
     # -- reading (executors) ------------------------------------------------------------
 
@@ -177,23 +260,16 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
 
 class ReplogBatchReader(DataSourceReader):
-    """``spark.read.format("replog")``: a bounded range between two offsets."""
+    """``spark.read.format("replog")``: a bounded range; it never commits offsets."""
 
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
     def partitions(self) -> Sequence[ReplogPartition]:
         log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
-        start = resolve_offsets(
-            log, self.options.starting_offsets, "startingOffsets", self.options.consumer
-        )
-        end = resolve_offsets(log, self.options.ending_offsets, "endingOffsets", None)
-        state = log.state()
-        start = planning.check_data_loss(
-            state, start, fail_on_data_loss=self.options.fail_on_data_loss
-        )
-        tasks = planning.plan_tasks(state, start, end, self.options.max_events_per_partition)
-        return [ReplogPartition(log.storage, task) for task in tasks]
+        start = _start_offsets(log, self.options, self.options.consumer)
+        end = positions.resolve(log, self.options.ending_offsets, "endingOffsets")
+        return _plan(log, self.options, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         assert isinstance(partition, ReplogPartition)

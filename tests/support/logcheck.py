@@ -44,10 +44,26 @@ def check_key_order(rows: list[dict[str, Any]]) -> None:
         assert ns == sorted(ns), f"key {key} out of order: {ns[:20]}"
 
 
-def run_concurrently(*functions: Callable[[], Any]) -> None:
-    """Run every function in its own thread, all at once, and wait for all of them."""
-    threads = [threading.Thread(target=function) for function in functions]
+def run_concurrently(*functions: Callable[[], Any]) -> list[Any]:
+    """Run every function in its own thread, all at once; return their results in order.
+
+    The first exception any of them raised is re-raised here: a failing thread fails the
+    test (pytest's ``filterwarnings = error`` catches any thread that escapes this too).
+    """
+    results: list[Any] = [None] * len(functions)
+    errors: list[BaseException] = []
+
+    def run(index: int, function: Callable[[], Any]) -> None:
+        try:
+            results[index] = function()
+        except BaseException as exc:  # handed to the test thread below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i, f)) for i, f in enumerate(functions)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+    if errors:
+        raise errors[0]
+    return results

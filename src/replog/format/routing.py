@@ -18,10 +18,7 @@ _MASK64 = 0xFFFFFFFFFFFFFFFF
 
 def fnv1a_64(data: bytes) -> int:
     """FNV-1a 64 of ``data`` (the reference definition; slow, for single keys and tests)."""
-    value = FNV64_OFFSET
-    for byte in data:
-        value = ((value ^ byte) * FNV64_PRIME) & _MASK64
-    return value
+    return _fnv1a_64_continue(FNV64_OFFSET, data)
 
 
 def shard_of(key: str, shards: int) -> int:
@@ -29,19 +26,32 @@ def shard_of(key: str, shards: int) -> int:
     return fnv1a_64(key.encode("utf-8")) % shards
 
 
+VECTOR_MIN_KEYS = 32
+"""Below this many keys still being hashed, the rest are finished one by one: a numpy
+step costs microseconds whatever its size, so one very long key among short ones would
+otherwise cost a step per byte (2 MB key: 15 s). Either way the cost is linear in the
+total key bytes."""
+
+
+def _fnv1a_64_continue(value: int, data: bytes) -> int:
+    for byte in data:
+        value = ((value ^ byte) * FNV64_PRIME) & _MASK64
+    return value
+
+
 def fnv1a_64_array(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """FNV-1a 64 of every (non-null) string in ``keys``, as a ``uint64`` numpy array."""
     if isinstance(keys, pa.ChunkedArray):
-        keys = keys.combine_chunks()
-    binary = keys.cast(pa.binary())
+        keys = keys.combine_chunks() if keys.num_chunks else pa.array([], pa.string())
+    binary = keys.cast(pa.large_binary())  # 64-bit offsets: no 2 GiB limit
     count = len(binary)
     hashes = np.full(count, FNV64_OFFSET, dtype=np.uint64)
     if count == 0:
         return hashes
     offsets_buffer, data_buffer = binary.buffers()[1], binary.buffers()[2]
-    offsets = np.frombuffer(offsets_buffer, dtype=np.int32)[
+    offsets = np.frombuffer(offsets_buffer, dtype=np.int64)[
         binary.offset : binary.offset + count + 1
-    ].astype(np.int64)
+    ]
     data = (
         np.frombuffer(data_buffer, dtype=np.uint8)
         if data_buffer is not None
@@ -53,12 +63,21 @@ def fnv1a_64_array(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     order = np.argsort(-lengths, kind="stable")
     sorted_lengths = lengths[order]
     prime = np.uint64(FNV64_PRIME)
-    max_length = int(sorted_lengths[0]) if count else 0
-    for j in range(max_length):
-        active = int(np.searchsorted(-sorted_lengths, -j, side="left"))
+    position = 0
+    active = count
+    while position < int(sorted_lengths[0]):
+        active = int(np.searchsorted(-sorted_lengths, -position, side="left"))
+        if active < VECTOR_MIN_KEYS:
+            break
         rows = order[:active]
-        hashes[rows] ^= data[starts[rows] + j].astype(np.uint64)
+        hashes[rows] ^= data[starts[rows] + position].astype(np.uint64)
         hashes[rows] *= prime
+        position += 1
+    else:
+        return hashes
+    for row in order[:active].tolist():
+        tail = data[starts[row] + position : starts[row] + lengths[row]].tobytes()
+        hashes[row] = _fnv1a_64_continue(int(hashes[row]), tail)
     return hashes
 
 

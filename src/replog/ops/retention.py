@@ -13,12 +13,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from replog import consumers
+from replog.checkpoints import consumers
 from replog.errors import InvalidOptionError, RetentionError
-from replog.log import ReplicationLog, now_ms
-from replog.records import TRUNCATE, CommitRecord
-from replog.state import LogState
+from replog.format.commits import TRUNCATE, CommitRecord
+from replog.format.state import LogState
+from replog.log import ReplicationLog
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +53,15 @@ class TruncationPlan:
     @property
     def total_dropped(self) -> int:
         return sum(self.dropped_events.values())
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "log_version": self.version,
+            "lows": {str(s): low for s, low in sorted(self.lows.items())},
+            "dropped_events": {str(s): n for s, n in sorted(self.dropped_events.items())},
+            "total_dropped": self.total_dropped,
+            "blockers": [str(blocker) for blocker in self.blockers],
+        }
 
 
 def consumed_lows(log: ReplicationLog) -> dict[int, int]:
@@ -139,15 +149,9 @@ def truncate(
             for segment in state.segments[shard]
             if segment.last_sequence < low
         )
-        return CommitRecord(
-            version=state.version + 1,
-            timestamp_ms=now_ms(),
-            operation=TRUNCATE,
-            remove=removed,
-            low_watermarks=lows,
-        )
+        return CommitRecord.after(state.version, TRUNCATE, remove=removed, low_watermarks=lows)
 
-    record = log.commit_with_retries(build)
+    record = log.commit(build)
     if record is not None:
         logger.info(
             "truncated %s at version %d: lows %s, %d segments removed, %d events dropped",

@@ -2,8 +2,9 @@
 
 Modelled on laminardb's checkpoint manifest: source offsets per source, last committed
 epoch and commit status per sink, topology and integrity fields. JSON, readable by a
-person. Fields missing in an older manifest take defaults; fields this version does not
-know (from a newer writer) are kept in :attr:`CheckpointManifest.extra` and written back.
+person; FORMAT.md ("Checkpoint manifests") specifies every field. Fields missing in an
+older manifest take defaults; fields this version does not know (from a newer writer) are
+kept in :attr:`CheckpointManifest.extra` and written back.
 """
 
 from __future__ import annotations
@@ -55,12 +56,12 @@ class SinkCommitStatus:
         return {FAILED: self.reason or ""} if self.is_failed else self.state
 
     @classmethod
-    def from_json(cls, value: Any) -> SinkCommitStatus:
+    def from_json(cls, value: Any, path: str = "<manifest>") -> SinkCommitStatus:
         if value in (PENDING, COMMITTED):
             return cls(value)
         if isinstance(value, dict) and set(value) == {FAILED}:
             return cls.failed(str(value[FAILED]))
-        raise ValueError(f"unknown sink commit status {value!r}")
+        raise CorruptionError(path, f"unknown sink commit status {value!r}")
 
     def __str__(self) -> str:
         return f"Failed({self.reason})" if self.is_failed else self.state
@@ -124,13 +125,12 @@ class CheckpointManifest:
         "checksum",
     )
 
-    def next(self, epoch: int | None = None) -> CheckpointManifest:
-        """A copy with the next checkpoint id and a fresh timestamp, to be modified and saved."""
+    def successor(self, checkpoint_id: int) -> CheckpointManifest:
+        """A copy to be changed and saved as ``checkpoint_id``, with a fresh timestamp
+        (:meth:`~replog.checkpoints.store.ManifestStore.next_manifest` picks the id)."""
         successor = copy.deepcopy(self)
-        successor.checkpoint_id = self.checkpoint_id + 1
+        successor.checkpoint_id = checkpoint_id
         successor.timestamp_ms = int(time.time() * 1000)
-        if epoch is not None:
-            successor.epoch = epoch
         return successor
 
     def to_json(self) -> dict[str, Any]:
@@ -170,7 +170,7 @@ class CheckpointManifest:
                 },
                 sink_epochs={str(k): int(v) for k, v in data.get("sink_epochs", {}).items()},
                 sink_commit_statuses={
-                    str(k): SinkCommitStatus.from_json(v)
+                    str(k): SinkCommitStatus.from_json(v, path)
                     for k, v in data.get("sink_commit_statuses", {}).items()
                 },
                 sink_query_ids={str(k): str(v) for k, v in data.get("sink_query_ids", {}).items()},

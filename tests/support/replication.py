@@ -10,11 +10,12 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from logcheck import check_log
-
+from replog.checkpoints.manifest import SinkCommitStatus
+from replog.checkpoints.sinks import PENDING_SEGMENTS
 from replog.log import ReplicationLog
+from support.logcheck import check_log
 
-APPS = Path(__file__).parent / "apps"
+APPS = Path(__file__).parents[2] / "integration" / "apps"
 
 
 def run_app(
@@ -87,3 +88,15 @@ def batches(result: subprocess.CompletedProcess[str]) -> list[int]:
         if line.startswith("BATCHES "):
             return list(json.loads(line.removeprefix("BATCHES ")))
     raise AssertionError(f"app printed no BATCHES line:\n{result.stdout}\n{result.stderr[-3000:]}")
+
+
+def leave_pending(committer, query: str, epoch: int, staged: list) -> None:
+    """What a driver killed right after writing Pending(epoch) leaves: the manifest says
+    Pending and names ``staged``; the log has no commit of the epoch."""
+    pending = committer.store.next_manifest(committer.store.load_latest())
+    pending.epoch = epoch
+    pending.sink_names = sorted({*pending.sink_names, committer.sink_id})
+    pending.sink_commit_statuses[committer.sink_id] = SinkCommitStatus.pending()
+    pending.sink_query_ids[committer.sink_id] = query
+    pending.extra[PENDING_SEGMENTS] = {committer.sink_id: [s.path for s in staged]}
+    committer.store.save(pending)

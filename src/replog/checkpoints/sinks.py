@@ -1,0 +1,311 @@
+"""Sinks of a log and the exactly-once commit protocol they follow (pure; no pyspark).
+
+For sink S, query Q, run R and epoch E, with S's manifests in ``<log>/_replog/sinks/S``:
+
+1. A Pending epoch left by a crash is resolved from the log: the log holds it →
+   Committed; it does not → rolled back (Spark replays it). Its staged files are left to
+   ``replog recover``: a zombie driver of the crashed attempt may still commit them.
+2. The log already holds (S, Q, E) → a replay: this attempt's files are discarded (no
+   commit can name them) and the manifest is brought up to date.
+3. A newer run owns S → :class:`~replog.errors.FencedError`, before anything is written.
+4. Manifest: Pending(E), naming the staged files. 5. Log: one put-if-absent commit naming
+   (S, Q, E), R's generation and the source positions the data covers. 6. Manifest:
+   Committed (bookkeeping: if it fails, step 1 of the next commit completes it).
+
+:meth:`SinkCommitter.abort` never deletes a file a commit names: it looks the attempt's
+files up in every commit made since its micro-batch began, and while the attempt's log
+commit may still be in flight (the manifest says Pending for it) it keeps them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from enum import Enum
+
+from replog.checkpoints.consumers import check_name
+from replog.checkpoints.manifest import CheckpointManifest, SinkCommitStatus
+from replog.checkpoints.store import ManifestStore
+from replog.crashpoints import crash_point
+from replog.format.commits import META_DIR, SourcePosition, WriterInfo
+from replog.format.segments import StagedSegment
+from replog.log import CommitAttempt, ReplicationLog
+
+logger = logging.getLogger(__name__)
+
+SINKS_DIR = f"{META_DIR}/sinks"
+PENDING_SEGMENTS = "pending_segments"
+"""Manifest field (per sink) listing the staged files of the Pending epoch."""
+
+
+def sink_store(log: ReplicationLog, sink_id: str) -> ManifestStore:
+    return ManifestStore(log.storage.child(f"{SINKS_DIR}/{check_name(sink_id, 'sinkId')}"))
+
+
+def list_sinks(log: ReplicationLog) -> list[str]:
+    return log.storage.listdir(SINKS_DIR)
+
+
+class Outcome(Enum):
+    COMMITTED = "committed"
+    REPLAYED = "replayed"
+    EMPTY = "empty"
+
+
+@dataclass(frozen=True)
+class PendingResolution:
+    epoch: int
+    query_id: str
+    committed: bool
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One attempt of one epoch: what its tasks staged, and who wrote it.
+
+    ``since_version`` is the log version when the attempt began (its writer was created):
+    any commit naming its files comes after it.
+    """
+
+    query_id: str
+    epoch: int
+    staged: tuple[StagedSegment, ...] = ()
+    run_id: str | None = None
+    sources: tuple[SourcePosition, ...] = ()
+    since_version: int = 0
+
+    @property
+    def paths(self) -> list[str]:
+        return [segment.path for segment in self.staged]
+
+    @property
+    def events(self) -> int:
+        return sum(segment.events for segment in self.staged)
+
+
+class SinkCommitter:
+    """Runs the protocol for one sink of one log (driver side)."""
+
+    def __init__(self, log: ReplicationLog, sink_id: str) -> None:
+        self.log = log
+        self.sink_id = check_name(sink_id, "sinkId")
+        self.store: ManifestStore = sink_store(log, sink_id)
+
+    # -- state --------------------------------------------------------------------------
+
+    def _load(self) -> CheckpointManifest:
+        manifest = self.store.load_latest() or CheckpointManifest()
+        if self.sink_id not in manifest.sink_names:
+            manifest.sink_names.append(self.sink_id)
+        return manifest
+
+    def _status(
+        self, base: CheckpointManifest, query_id: str, epoch: int, status: SinkCommitStatus
+    ) -> CheckpointManifest:
+        manifest = self.store.next_manifest(base)
+        manifest.epoch = epoch
+        manifest.extra.pop(PENDING_SEGMENTS, None)
+        manifest.sink_commit_statuses[self.sink_id] = status
+        manifest.sink_query_ids[self.sink_id] = query_id
+        if status.is_committed:
+            manifest.sink_epochs[self.sink_id] = epoch
+        return manifest
+
+    def pending(self) -> tuple[CheckpointManifest, PendingResolution] | None:
+        """The sink's Pending epoch and how resolving it would end (from the refreshed log),
+        or None when nothing is Pending. Writes nothing."""
+        self.log.refresh()
+        manifest = self._load()
+        resolution = self._resolution(manifest)
+        return None if resolution is None else (manifest, resolution)
+
+    def recover(self) -> PendingResolution | None:
+        """Resolve a Pending epoch left by a crash (idempotent); None if there was none."""
+        found = self.pending()
+        if found is None:
+            return None
+        self.resolve_pending(found[0])
+        return found[1]
+
+    def _resolution(self, manifest: CheckpointManifest) -> PendingResolution | None:
+        status = manifest.sink_commit_statuses.get(self.sink_id)
+        if status is None or not status.is_pending:
+            return None
+        query_id = manifest.sink_query_ids[self.sink_id]
+        held = self.log.state().holds(WriterInfo(self.sink_id, query_id, manifest.epoch))
+        return PendingResolution(manifest.epoch, query_id, held)
+
+    def resolve_pending(
+        self, manifest: CheckpointManifest
+    ) -> tuple[PendingResolution | None, CheckpointManifest]:
+        """Resolve ``manifest``'s Pending epoch from the log as last refreshed: Committed if
+        the log holds it, else rolled back. Returns the resolution and the manifest now
+        current (``manifest`` itself when nothing was Pending)."""
+        resolution = self._resolution(manifest)
+        if resolution is None:
+            return None, manifest
+        pending = manifest.extra.get(PENDING_SEGMENTS, {}).get(self.sink_id, [])
+        if resolution.committed:
+            status = SinkCommitStatus.committed()
+            logger.warning(
+                "sink %s: Pending epoch %d is in the log (the driver stopped before marking "
+                "it); marked Committed",
+                self.sink_id,
+                manifest.epoch,
+            )
+        else:
+            status = SinkCommitStatus.failed(
+                f"epoch {manifest.epoch} rolled back: its driver stopped before its log commit"
+            )
+            # The staged files are left for `replog recover` (after its grace period), not
+            # deleted: a zombie driver of that attempt may still commit them, and the log
+            # would then name deleted files. Its commit is safe otherwise: the log accepts
+            # (sink, query, epoch) once, and the replay defers to it.
+            logger.warning(
+                "sink %s: Pending epoch %d never reached the log; rolled back, Spark replays "
+                "it (%d staged files left for 'replog recover')",
+                self.sink_id,
+                manifest.epoch,
+                len(pending),
+            )
+        resolved = self._status(manifest, resolution.query_id, manifest.epoch, status)
+        self.store.save(resolved)
+        return resolution, resolved
+
+    # -- protocol -----------------------------------------------------------------------
+
+    def commit(self, batch: Batch) -> Outcome:
+        """Commit ``batch`` exactly once."""
+        crash_point("staged", batch.epoch)
+        writer = WriterInfo(
+            self.sink_id, batch.query_id, batch.epoch, run_id=batch.run_id, sources=batch.sources
+        )
+        state = self.log.refresh()  # once: every check below reads this state
+        _, manifest = self.resolve_pending(self._load())
+        if state.holds(writer):
+            self.log.discard_staged(batch.staged)  # no commit can name them: never put
+            if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch or (
+                manifest.sink_query_ids.get(self.sink_id) != batch.query_id
+            ):
+                self.store.save(
+                    self._status(
+                        manifest, batch.query_id, batch.epoch, SinkCommitStatus.committed()
+                    )
+                )
+            logger.info(
+                "sink %s: epoch %d is already in the log (replay); skipped",
+                self.sink_id,
+                batch.epoch,
+            )
+            return Outcome.REPLAYED
+        state.claim(writer)  # a fenced run stops here, before writing anything
+        previous_query = manifest.sink_query_ids.get(self.sink_id)
+        if previous_query not in (None, batch.query_id):
+            logger.warning(
+                "sink %s: now written by query %s (was %s): a new Spark checkpoint; its "
+                "epochs start a new lineage",
+                self.sink_id,
+                batch.query_id,
+                previous_query,
+            )
+        if not batch.staged:
+            return Outcome.EMPTY
+
+        pending = self._status(manifest, batch.query_id, batch.epoch, SinkCommitStatus.pending())
+        pending.sink_epochs = dict(manifest.sink_epochs) if previous_query == batch.query_id else {}
+        pending.extra[PENDING_SEGMENTS] = {self.sink_id: batch.paths}
+        self.store.save(pending)
+        crash_point("after_pending", batch.epoch)
+
+        attempt = CommitAttempt()
+        try:
+            record = self.log.commit_staged(batch.staged, writer=writer, attempt=attempt)
+        except BaseException as exc:
+            if attempt.safe_to_discard:  # certain: nothing of this attempt is in the log
+                self.log.discard_staged(batch.staged)
+                self.store.save(
+                    self._status(
+                        pending,
+                        batch.query_id,
+                        batch.epoch,
+                        SinkCommitStatus.failed(str(exc)[:500]),
+                    )
+                )
+            raise
+        if record is None:  # another attempt of this epoch reached the log first
+            self.log.discard_staged(batch.staged)
+        crash_point("after_log_commit", batch.epoch)
+
+        done = self._status(pending, batch.query_id, batch.epoch, SinkCommitStatus.committed())
+        try:
+            self.store.save(done)
+        except Exception as exc:
+            logger.warning(
+                "sink %s: epoch %d is in the log but its manifest could not be marked "
+                "Committed (%s); the next commit or 'replog recover' completes it",
+                self.sink_id,
+                batch.epoch,
+                exc,
+            )
+        crash_point("after_committed", batch.epoch)
+        logger.info(
+            "sink %s: committed epoch %d of query %s (%d events, log version %s)",
+            self.sink_id,
+            batch.epoch,
+            batch.query_id,
+            batch.events,
+            record.version if record else "of an earlier attempt",
+        )
+        return Outcome.COMMITTED if record else Outcome.REPLAYED
+
+    def abort(self, batch: Batch, reason: str) -> None:
+        """Record Failed(reason) and delete the attempt's staged files, unless a commit
+        names them (then the epoch stays committed) or its log commit may be in flight
+        (then they stay for ``replog recover``)."""
+        self.log.refresh()
+        if batch.staged and self.log.added_since(batch.since_version, batch.paths):
+            logger.warning(
+                "sink %s: abort of epoch %d ignored: the epoch is in the log",
+                self.sink_id,
+                batch.epoch,
+            )
+            manifest = self._load()
+            if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch:
+                self.store.save(
+                    self._status(
+                        manifest, batch.query_id, batch.epoch, SinkCommitStatus.committed()
+                    )
+                )
+            return
+        manifest = self._load()
+        status = manifest.sink_commit_statuses.get(self.sink_id)
+        in_flight = (
+            status is not None
+            and status.is_pending
+            and manifest.epoch == batch.epoch
+            and manifest.sink_query_ids.get(self.sink_id) == batch.query_id
+            and set(manifest.extra.get(PENDING_SEGMENTS, {}).get(self.sink_id, []))
+            == set(batch.paths)
+        )
+        if in_flight and batch.staged:
+            logger.warning(
+                "sink %s: epoch %d aborted (%s) while its log commit may still land; its %d "
+                "staged files are kept and the Pending epoch is resolved at the next commit "
+                "or by 'replog recover'",
+                self.sink_id,
+                batch.epoch,
+                reason,
+                len(batch.staged),
+            )
+            return
+        self.log.discard_staged(batch.staged)
+        self.store.save(
+            self._status(manifest, batch.query_id, batch.epoch, SinkCommitStatus.failed(reason))
+        )
+        logger.warning(
+            "sink %s: epoch %d aborted (%s); %d staged files deleted",
+            self.sink_id,
+            batch.epoch,
+            reason,
+            len(batch.staged),
+        )

@@ -1,0 +1,282 @@
+"""The ``replog`` commands: each turns parsed arguments into a core call and hands the
+typed result to the output (:mod:`replog.cli.output`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from typing import IO, Any
+
+from replog import ingest
+from replog import offsets as positions
+from replog.checkpoints import consumers
+from replog.checkpoints.manifest import CheckpointManifest
+from replog.checkpoints.store import ManifestStore
+from replog.cli.output import Output
+from replog.errors import InvalidOptionError, ManifestNotFoundError, ReplogError
+from replog.format.commits import now_ms
+from replog.log import ReplicationLog
+from replog.ops import compaction, recovery, retention, status, verify
+from replog.storage import coerce_option_value
+from replog.timeutil import check_epoch_ms, duration_ms
+
+PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+
+Command = Callable[[argparse.Namespace, Output], int]
+
+
+def storage_options(pairs: Sequence[str]) -> dict[str, Any]:
+    options: dict[str, Any] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        if not sep or not name:
+            raise InvalidOptionError(f"--fs-option expects name=value, got {pair!r}")
+        options[name] = coerce_option_value(name, value)
+    return options
+
+
+def open_log(args: argparse.Namespace) -> ReplicationLog:
+    return ReplicationLog.open(args.url, storage_options=storage_options(args.fs_option))
+
+
+# -- create / append / info / read / tail / verify -----------------------------------------
+
+
+def cmd_create(args: argparse.Namespace, out: Output) -> int:
+    log = ReplicationLog.create(
+        args.url, args.shards, storage_options=storage_options(args.fs_option)
+    )
+    out.created(log.info())
+    return 0
+
+
+@contextmanager
+def _input(path: str | None) -> Iterator[tuple[IO[str], int | None]]:
+    if path in (None, "-"):
+        yield sys.stdin, None
+        return
+    assert path is not None
+    try:
+        handle = open(path, encoding="utf-8")  # noqa: SIM115 - closed below
+    except OSError as exc:
+        raise InvalidOptionError(f"cannot read {path!r}: {exc}") from exc
+    with handle:
+        yield handle, os.path.getsize(path)
+
+
+def _progress(total: int | None) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
+    """A progress bar on stderr for large inputs, if tqdm (the 'progress' extra) is there."""
+    if total is None or total < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
+        return None, lambda: None
+    try:
+        from tqdm import tqdm  # noqa: PLC0415 - optional extra
+    except ImportError:
+        return None, lambda: None
+    bar = tqdm(total=total, unit="B", unit_scale=True, desc="parsing", file=sys.stderr)
+    return bar.update, bar.close
+
+
+def cmd_append(args: argparse.Namespace, out: Output) -> int:
+    log = open_log(args)
+    key_fields = (
+        tuple(f.strip() for f in args.key_fields.split(",") if f.strip()) if args.key_fields else ()
+    )
+    with _input(args.file) as (stream, total):
+        update, close = _progress(total)
+        try:
+            report = ingest.append_lines(
+                log, stream, format=args.format, key_fields=key_fields, progress=update
+            )
+        finally:
+            close()
+    out.appended(report)
+    return 0
+
+
+def cmd_info(args: argparse.Namespace, out: Output) -> int:
+    out.info(open_log(args).info())
+    return 0
+
+
+def _first(log: ReplicationLog, shard: int, spec: str) -> int:
+    state = log.refresh()
+    if spec == "earliest":
+        return state.lows[shard]
+    if spec == "latest":
+        return state.heads[shard] + 1
+    try:
+        return int(spec)
+    except ValueError as exc:
+        raise InvalidOptionError(f"--from: {spec!r} is not a sequence, earliest or latest") from exc
+
+
+def _rows(
+    log: ReplicationLog, shard: int, first: int, last: int | None = None
+) -> Iterator[dict[str, Any]]:
+    for batch in log.read(shard, first, last):
+        yield from batch.to_pylist()
+
+
+def cmd_read(args: argparse.Namespace, out: Output) -> int:
+    log = open_log(args)
+    shards = [args.shard] if args.shard is not None else list(range(log.shards))
+    remaining = args.limit
+    for shard in shards:
+        for row in _rows(log, shard, _first(log, shard, args.from_seq)):
+            if remaining is not None and remaining <= 0:
+                return 0
+            out.events([row])
+            if remaining is not None:
+                remaining -= 1
+    return 0
+
+
+def cmd_tail(args: argparse.Namespace, out: Output) -> int:
+    """The last ``-n`` events of each shard, then (``--follow``) every new event."""
+    log = open_log(args)
+    shards = [args.shard] if args.shard is not None else list(range(log.shards))
+    state = log.refresh()
+    next_sequence = {}
+    for shard in shards:
+        first = max(state.heads[shard] - args.lines + 1, state.lows[shard])
+        out.events(_rows(log, shard, first, state.heads[shard]))
+        next_sequence[shard] = state.heads[shard] + 1
+    interval = duration_ms(args.interval, "--interval") / 1000
+    while args.follow:
+        time.sleep(interval)
+        state = log.refresh()
+        for shard in shards:
+            if state.heads[shard] >= next_sequence[shard]:
+                first = max(next_sequence[shard], state.lows[shard])
+                out.events(_rows(log, shard, first, state.heads[shard]))
+                next_sequence[shard] = state.heads[shard] + 1
+    return 0
+
+
+def cmd_verify(args: argparse.Namespace, out: Output) -> int:
+    report = verify.verify(open_log(args))
+    out.verified(report)
+    return 0 if report.ok else 1
+
+
+# -- manifests and consumers ----------------------------------------------------------------
+
+
+def cmd_manifest(args: argparse.Namespace, out: Output) -> int:
+    store = ManifestStore(args.url, storage_options=storage_options(args.fs_option))
+    if args.action == "list":
+        listing: list[tuple[int, CheckpointManifest | str]] = []
+        for checkpoint_id in store.list_ids():
+            try:
+                listing.append((checkpoint_id, store.load(checkpoint_id)))
+            except (ReplogError, FileNotFoundError) as exc:
+                listing.append((checkpoint_id, str(exc)))
+        out.manifests(store.url, listing, store.latest_id())
+        return 0
+    manifest = store.load(args.id) if args.id is not None else store.load_latest()
+    if manifest is None:
+        raise ManifestNotFoundError(f"no manifests in {store.url}")
+    if args.action == "show":
+        out.manifest(manifest)
+        return 0
+    problems = manifest.validate()
+    out.validated(manifest, problems)
+    return 1 if problems else 0
+
+
+def _target(log: ReplicationLog, args: argparse.Namespace) -> dict[int, int]:
+    given = [
+        args.to_earliest,
+        args.to_latest,
+        args.offsets is not None,
+        args.to_timestamp is not None,
+    ]
+    if sum(given) != 1:
+        raise InvalidOptionError(
+            "consumer set: give exactly one target: --to-earliest, --to-latest, "
+            "--offsets JSON or --to-timestamp MS"
+        )
+    if args.to_timestamp is not None:
+        stamp = check_epoch_ms(args.to_timestamp, "--to-timestamp")
+        return positions.resolve(log, "", "--to-timestamp", timestamp_ms=stamp)
+    spec = "earliest" if args.to_earliest else "latest" if args.to_latest else args.offsets
+    return positions.resolve(log, spec, "--offsets")
+
+
+def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
+    log = open_log(args)
+    if args.action == "list":
+        out.names(consumers.list_consumers(log))
+        return 0
+    if args.consumer is None:
+        raise InvalidOptionError(f"consumer {args.action}: --consumer NAME is required")
+    consumers.check_name(args.consumer, "--consumer")
+    if args.action == "show":
+        out.consumer(log.url, status.consumer_position(log, args.consumer))
+        return 0
+    current = consumers.committed_position(log, args.consumer)
+    if args.action == "delete":
+        if args.execute:
+            consumers.delete_consumer(log, args.consumer)
+        elif args.consumer not in consumers.list_consumers(log):
+            raise ManifestNotFoundError(f"{log.url} has no consumer {args.consumer!r}")
+        out.consumer_deleted(args.consumer, current, args.execute)
+        return 0
+    target = _target(log, args)
+    if args.execute:
+        owner = f"replog-cli@{socket.gethostname()}:{os.getpid()}"
+        committer = consumers.OffsetCommitter(log, args.consumer, owner)
+        committer.commit(target, log_version=log.state().version, note="replog consumer set")
+    out.consumer_set(args.consumer, current.offsets if current else {}, target, args.execute)
+    return 0
+
+
+# -- operating a log: status / truncate / recover / compact ----------------------------------
+
+
+def cmd_status(args: argparse.Namespace, out: Output) -> int:
+    out.status(status.log_status(open_log(args)))
+    return 0
+
+
+def cmd_truncate(args: argparse.Namespace, out: Output) -> int:
+    log = open_log(args)
+    if args.keep_from is not None:
+        requested = positions.parse_offsets_json(args.keep_from, log.shards, "--keep-from")
+    elif args.older_than is not None:
+        cutoff = now_ms() - duration_ms(args.older_than, "--older-than")
+        requested = retention.lows_older_than(log.refresh(), cutoff)
+    else:
+        requested = retention.consumed_lows(log)
+    if args.dry_run:
+        plan = retention.plan_truncation(log, requested)
+        out.truncation_plan(plan, args.force)
+        return 1 if plan.blockers and not args.force else 0
+    plan, record = retention.truncate(log, requested, force=args.force)
+    out.truncated(
+        log.url, plan, record.version if record else None, len(record.remove) if record else 0
+    )
+    return 0
+
+
+def cmd_recover(args: argparse.Namespace, out: Output) -> int:
+    report = recovery.recover(
+        open_log(args), grace_ms=duration_ms(args.grace, "--grace"), dry_run=args.dry_run
+    )
+    out.recovered(report, args.grace, args.verbose)
+    return 0
+
+
+def cmd_compact(args: argparse.Namespace, out: Output) -> int:
+    log = open_log(args)
+    if args.dry_run:
+        merges = compaction.plan_compaction(log.refresh(), target_bytes=args.target_bytes)
+        out.compacted(log.url, compaction.CompactionResult(tuple(merges), None), True)
+        return 0
+    out.compacted(log.url, compaction.compact(log, target_bytes=args.target_bytes), False)
+    return 0

@@ -1,0 +1,331 @@
+"""How the ``replog`` command shows results: one renderer for text, one for JSON.
+
+Commands compute typed results with the core functions and hand them to an
+:class:`Output`; nothing else in the CLI prints results.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+from collections.abc import Iterable, Mapping
+from datetime import datetime, timezone
+from typing import IO, Any
+
+from replog.checkpoints.consumers import ConsumerPosition
+from replog.checkpoints.manifest import CheckpointManifest
+from replog.format.commits import now_ms
+from replog.ingest import AppendReport
+from replog.log import LogInfo
+from replog.ops.compaction import CompactionResult
+from replog.ops.recovery import RecoveryReport
+from replog.ops.retention import TruncationPlan
+from replog.ops.status import ConsumerStatus, LogStatus
+from replog.ops.verify import VerifyReport
+
+
+def event_json(row: Mapping[str, Any]) -> dict[str, Any]:
+    """An event as ``replog read`` prints it: payloads as text when they are UTF-8."""
+    document = {
+        name: value for name, value in row.items() if name not in ("data", "before", "timestamp")
+    }
+    stamp: datetime = row["timestamp"]
+    document["timestamp"] = stamp.astimezone(timezone.utc).isoformat().replace("+00:00", "Z")
+    for name in ("data", "before"):
+        payload: bytes | None = row.get(name)
+        if payload is None:
+            document[name] = None
+            continue
+        try:
+            document[name] = payload.decode("utf-8")
+        except UnicodeDecodeError:
+            document[f"{name}_base64"] = base64.b64encode(payload).decode("ascii")
+    return document
+
+
+def age(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    seconds = max((now_ms() - ms) / 1000, 0)
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f}{unit} ago"
+    return f"{seconds:.1f}s ago"
+
+
+class Output:
+    """Text output (for people)."""
+
+    def __init__(self, stream: IO[str] | None = None) -> None:
+        self.stream = stream or sys.stdout
+
+    def line(self, text: str = "") -> None:
+        print(text, file=self.stream)
+
+    def events(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        for row in rows:
+            print(json.dumps(event_json(row), sort_keys=True), file=self.stream, flush=True)
+
+    def created(self, info: LogInfo) -> None:
+        self.line(f"created {info.url} with {info.shards} shards")
+
+    def appended(self, report: AppendReport) -> None:
+        skipped = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
+        if report.record is None:
+            self.line("nothing to append (no events in the input)")
+        else:
+            self.line(
+                f"appended {report.events} events to {report.url} as version "
+                f"{report.record.version} ({len(report.record.add)} segments)"
+            )
+        if skipped:
+            self.line(f"skipped {skipped}")
+
+    def info(self, info: LogInfo) -> None:
+        self.line(f"log        {info.url}")
+        self.line(f"log id     {info.log_id} (format version {info.format_version})")
+        self.line(f"shards     {info.shards}")
+        self.line(f"version    {info.version}")
+        self.line(f"events     {info.events}")
+        self.line(f"segments   {info.segments} ({info.bytes:,} bytes)")
+        for shard, head in info.heads.items():
+            low = info.lows[shard]
+            held = f"sequences {low}..{head}" if head >= low else "empty"
+            dropped = f" (1..{low - 1} removed by retention)" if low > 1 else ""
+            self.line(f"  shard {shard:>4}: {held}{dropped}")
+        for sink, mark in info.sinks.items():
+            self.line(f"sink {sink}: epoch {mark['epoch']} of query {mark['query_id']}")
+
+    def verified(self, report: VerifyReport) -> None:
+        for problem in report.problems:
+            self.line(f"BAD {problem}")
+        if report.ok:
+            self.line(
+                f"ok: {report.commits} commits, {report.snapshots} snapshots, "
+                f"{report.segments} segments ({report.events} events), {report.manifests} "
+                f"manifests"
+            )
+        else:
+            print(f"{len(report.problems)} problem(s) found in {report.url}", file=sys.stderr)
+
+    def manifests(
+        self, url: str, listing: list[tuple[int, CheckpointManifest | str]], latest: int
+    ) -> None:
+        for checkpoint_id, found in listing:
+            if isinstance(found, CheckpointManifest):
+                stamp = datetime.fromtimestamp(found.timestamp_ms / 1000, timezone.utc)
+                summary = f"epoch {found.epoch}  {stamp:%Y-%m-%d %H:%M:%S}Z"
+            else:
+                summary = f"UNREADABLE: {found}"
+            marker = "*" if checkpoint_id == latest else " "
+            self.line(f"{marker} {checkpoint_id:>8}  {summary}")
+        if not listing:
+            self.line(f"no manifests in {url}")
+
+    def manifest(self, manifest: CheckpointManifest) -> None:
+        self.line(json.dumps(manifest.to_json(), indent=2, sort_keys=True))
+
+    def validated(self, manifest: CheckpointManifest, problems: list[str]) -> None:
+        for problem in problems:
+            self.line(f"INVALID checkpoint {manifest.checkpoint_id}: {problem}")
+        if not problems:
+            self.line(f"ok: checkpoint {manifest.checkpoint_id} is valid")
+
+    def names(self, names: list[str]) -> None:
+        for name in names:
+            self.line(name)
+
+    def consumer(self, url: str, status: ConsumerStatus) -> None:
+        state = (
+            "never committed"
+            if status.checkpoint_id is None
+            else f"checkpoint {status.checkpoint_id}, {age(status.committed_ms)}"
+        )
+        self.line(f"consumer {status.name} of {url}: {state}")
+        for shard, offset in status.offsets.items():
+            self.line(
+                f"  shard {shard:>4}: committed {offset:>10}  head {status.heads[shard]:>10}  "
+                f"lag {status.lag_events[shard]:>10}"
+            )
+        self.line(f"  total lag {status.total_lag} events")
+
+    def consumer_set(
+        self, name: str, before: dict[int, int], after: dict[int, int], executed: bool
+    ) -> None:
+        self.line(f"consumer {name}:")
+        for shard in sorted(after):
+            old = before.get(shard)
+            self.line(
+                f"  shard {shard:>4}: {'-' if old is None else old:>10} -> {after[shard]:>10}"
+            )
+        if executed:
+            self.line("offsets set")
+        else:
+            self.line("dry run: nothing changed; add --execute to set these offsets")
+
+    def consumer_deleted(
+        self, name: str, position: ConsumerPosition | None, executed: bool
+    ) -> None:
+        where = f" (committed {position.offsets})" if position else ""
+        if executed:
+            self.line(f"deleted consumer {name}{where}")
+        else:
+            self.line(f"dry run: would delete consumer {name}{where}; add --execute")
+
+    def status(self, report: LogStatus) -> None:
+        self.line(f"log {report.url}: version {report.version}, {report.events:,} events retained")
+        self.line(f"consumers ({len(report.consumers)}):")
+        for consumer in report.consumers:
+            committed = (
+                f"checkpoint {consumer.checkpoint_id}, {age(consumer.committed_ms)}"
+                if consumer.checkpoint_id is not None
+                else "never committed"
+            )
+            self.line(
+                f"  {consumer.name:<24} lag {consumer.total_lag:>12,} events   "
+                f"oldest unconsumed {age(consumer.oldest_unconsumed_ms):>12}   ({committed})"
+            )
+        self.line(f"sinks ({len(report.sinks)}):")
+        for sink in report.sinks:
+            self.line(
+                f"  {sink.sink_id:<24} epoch {sink.epoch}  {sink.status}  query {sink.query_id}  "
+                f"updated {age(sink.updated_ms)}  (log holds epoch {sink.log_epoch} at version "
+                f"{sink.log_version})"
+            )
+
+    def truncation_plan(self, plan: TruncationPlan, force: bool) -> None:
+        for blocker in plan.blockers:
+            self.line(f"BLOCKED {blocker}")
+        self.line(
+            f"would drop {plan.total_dropped:,} events; new lows {plan.lows or 'unchanged'}"
+            + (" (needs --force)" if plan.blockers and not force else "")
+        )
+
+    def truncated(self, url: str, plan: TruncationPlan, version: int | None, removed: int) -> None:
+        if version is None:
+            self.line(
+                "nothing to truncate: every shard already starts at or after the requested low"
+            )
+            return
+        self.line(
+            f"truncated {url} at version {version}: dropped {plan.total_dropped:,} events, "
+            f"removed {removed} segments from the log, new lows {plan.lows}; "
+            f"'replog recover' deletes the files after the grace period"
+        )
+
+    def recovered(self, report: RecoveryReport, grace: str, verbose: bool) -> None:
+        verb = "would resolve" if report.dry_run else "resolved"
+        for sink_id, resolution in sorted(report.resolved.items()):
+            outcome = "Committed (the log holds it)" if resolution.committed else "rolled back"
+            self.line(f"sink {sink_id}: {verb} Pending epoch {resolution.epoch} -> {outcome}")
+        for sink_id, epoch in sorted(report.pending_too_recent.items()):
+            self.line(
+                f"sink {sink_id}: Pending epoch {epoch} is younger than --grace {grace}; "
+                f"left alone (its driver may be committing)"
+            )
+        kept = report.scan
+        self.line(
+            f"{'would delete' if report.dry_run else 'deleted'} {len(report.garbage)} garbage "
+            f"segment files older than {grace} (kept: {kept.kept_young} young, "
+            f"{kept.kept_leased} under a staging lease, {kept.kept_removed_recently} recently "
+            f"removed, {kept.kept_pending} named by a Pending commit)"
+        )
+        for relative in report.garbage if verbose else []:
+            self.line(f"  {relative}")
+
+    def compacted(self, url: str, result: CompactionResult, dry_run: bool) -> None:
+        if dry_run:
+            self.line(f"would merge {result.segments_before} segments into {len(result.merges)}")
+        elif result.record is None:
+            self.line("nothing to compact")
+        else:
+            self.line(
+                f"compacted {url} at version {result.record.version}: merged "
+                f"{result.segments_before} segments into {len(result.merges)}; 'replog recover' "
+                f"deletes the replaced files after the grace period"
+            )
+
+
+class JsonOutput(Output):
+    """One JSON document per result (for scripts and monitoring agents)."""
+
+    def document(self, document: Any) -> None:
+        print(json.dumps(document, sort_keys=True), file=self.stream)
+
+    def created(self, info: LogInfo) -> None:
+        self.document(info.to_json())
+
+    def appended(self, report: AppendReport) -> None:
+        self.document(report.to_json())
+
+    def info(self, info: LogInfo) -> None:
+        self.document(info.to_json())
+
+    def verified(self, report: VerifyReport) -> None:
+        self.document(report.to_json())
+
+    def manifests(
+        self, url: str, listing: list[tuple[int, CheckpointManifest | str]], latest: int
+    ) -> None:
+        self.document(
+            [
+                {
+                    "checkpoint_id": checkpoint_id,
+                    "latest": checkpoint_id == latest,
+                    "manifest": found.to_json() if isinstance(found, CheckpointManifest) else None,
+                    "error": found if isinstance(found, str) else None,
+                }
+                for checkpoint_id, found in listing
+            ]
+        )
+
+    def manifest(self, manifest: CheckpointManifest) -> None:
+        self.document(manifest.to_json())
+
+    def validated(self, manifest: CheckpointManifest, problems: list[str]) -> None:
+        self.document({"checkpoint_id": manifest.checkpoint_id, "problems": problems})
+
+    def names(self, names: list[str]) -> None:
+        self.document(names)
+
+    def consumer(self, url: str, status: ConsumerStatus) -> None:
+        self.document(status.to_json(now_ms()))
+
+    def consumer_set(
+        self, name: str, before: dict[int, int], after: dict[int, int], executed: bool
+    ) -> None:
+        self.document(
+            {
+                "consumer": name,
+                "executed": executed,
+                "before": {str(s): v for s, v in sorted(before.items())},
+                "after": {str(s): v for s, v in sorted(after.items())},
+            }
+        )
+
+    def consumer_deleted(
+        self, name: str, position: ConsumerPosition | None, executed: bool
+    ) -> None:
+        self.document(
+            {
+                "consumer": name,
+                "executed": executed,
+                "position": position.to_json() if position else None,
+            }
+        )
+
+    def status(self, report: LogStatus) -> None:
+        self.document(report.to_json())
+
+    def truncation_plan(self, plan: TruncationPlan, force: bool) -> None:
+        self.document(plan.to_json())
+
+    def truncated(self, url: str, plan: TruncationPlan, version: int | None, removed: int) -> None:
+        self.document({**plan.to_json(), "version": version, "segments_removed": removed})
+
+    def recovered(self, report: RecoveryReport, grace: str, verbose: bool) -> None:
+        self.document(report.to_json())
+
+    def compacted(self, url: str, result: CompactionResult, dry_run: bool) -> None:
+        self.document(result.to_json(dry_run))

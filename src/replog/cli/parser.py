@@ -1,0 +1,148 @@
+"""The ``replog`` command line: sub-commands and their arguments."""
+
+from __future__ import annotations
+
+import argparse
+
+from replog import __version__
+from replog.cli import commands
+from replog.ops.compaction import DEFAULT_TARGET_BYTES
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--fs-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="fsspec storage option, e.g. endpoint_url=http://localhost:9000 (repeatable)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    json_output = argparse.ArgumentParser(add_help=False)
+    json_output.add_argument("--json", action="store_true", help="print one JSON document")
+    parser = argparse.ArgumentParser(
+        prog="replog", description="Create, inspect and operate replog replication logs."
+    )
+    parser.add_argument("--version", action="version", version=f"replog {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: commands.Command, **kwargs: object) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common, json_output], **kwargs)  # type: ignore[arg-type]
+        p.set_defaults(handler=handler)
+        return p
+
+    p = command("create", commands.cmd_create, help="create an empty log")
+    p.add_argument("url")
+    p.add_argument("--shards", type=int, default=8, help="number of shards (default 8)")
+
+    p = command(
+        "append",
+        commands.cmd_append,
+        help="append JSON lines as one atomic commit",
+        description="Append events (one JSON object per line) as one atomic commit. Every "
+        "line is validated first: a bad line names its number and nothing is written. "
+        "Payloads given as JSON values are stored as their exact text.",
+    )
+    p.add_argument("url")
+    p.add_argument("file", nargs="?", help="JSON lines file, or - for stdin (default)")
+    p.add_argument(
+        "--format",
+        choices=["replog", "debezium"],
+        default="replog",
+        help="replog change events (default), or Debezium change-event values",
+    )
+    p.add_argument("--key-fields", help="debezium: the row fields that make the key, e.g. id")
+
+    p = command("info", commands.cmd_info, help="summarise a log")
+    p.add_argument("url")
+
+    p = command("read", commands.cmd_read, help="print events as JSON lines")
+    p.add_argument("url")
+    p.add_argument("--shard", type=int, help="only this shard")
+    p.add_argument(
+        "--from", dest="from_seq", default="earliest", help="first sequence, or earliest (default)"
+    )
+    p.add_argument("--limit", type=int, help="at most this many events")
+
+    p = command("tail", commands.cmd_tail, help="print the newest events; --follow for new ones")
+    p.add_argument("url")
+    p.add_argument("--shard", type=int, help="only this shard")
+    p.add_argument("-n", "--lines", type=int, default=10, help="events per shard to start with")
+    p.add_argument("-f", "--follow", action="store_true", help="keep printing new events")
+    p.add_argument("--interval", default="1s", help="how often --follow looks (default 1s)")
+
+    p = command("verify", commands.cmd_verify, help="check every checksummed file")
+    p.add_argument("url")
+
+    p = command("manifest", commands.cmd_manifest, help="inspect checkpoint manifests")
+    p.add_argument("action", choices=["list", "show", "validate"])
+    p.add_argument("url", help="a manifest store, e.g. LOG/_replog/consumers/NAME")
+    p.add_argument("--id", type=int, help="a checkpoint id (default: the latest valid)")
+
+    p = command(
+        "consumer",
+        commands.cmd_consumer,
+        help="list, show, set or delete consumers",
+        description="'set' moves a consumer's committed offsets (like Kafka's "
+        "--reset-offsets): it needs one target and only shows what it would do unless "
+        "--execute. A running query reading as that consumer is fenced (it stops) at its next "
+        "commit. 'delete' forgets a consumer, so retention stops waiting for it.",
+    )
+    p.add_argument("action", choices=["list", "show", "set", "delete"])
+    p.add_argument("url", help="the log")
+    p.add_argument("--consumer", help="the consumer's name")
+    target = p.add_argument_group("set: one target")
+    target.add_argument("--to-earliest", action="store_true", help="before the oldest event")
+    target.add_argument("--to-latest", action="store_true", help="after the newest event")
+    target.add_argument("--to-timestamp", help="before the first event at or after MS")
+    target.add_argument("--offsets", help='JSON {"0": 41, ...}: last processed per shard')
+    p.add_argument("--execute", action="store_true", help="do it (default: a dry run)")
+
+    p = command(
+        "status", commands.cmd_status, help="consumers (offsets, lag) and sinks (epoch, status)"
+    )
+    p.add_argument("url")
+
+    p = command(
+        "truncate",
+        commands.cmd_truncate,
+        help="retention: drop old events, never ones a known consumer has not committed",
+        description="Raise the shards' low watermarks in one commit. Refuses (and changes "
+        "nothing) if a known consumer has not committed the events it would drop, unless "
+        "--force. Without --keep-from or --older-than, drops what every consumer committed.",
+    )
+    p.add_argument("url")
+    how = p.add_mutually_exclusive_group()
+    how.add_argument("--keep-from", help='first sequence to keep per shard, JSON {"0": 1000}')
+    how.add_argument(
+        "--older-than", help="drop segments whose events are all older than this (e.g. 7d)"
+    )
+    p.add_argument("--force", action="store_true", help="drop even unconsumed events")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be dropped")
+
+    p = command(
+        "recover",
+        commands.cmd_recover,
+        help="resolve Pending sink commits and delete orphaned segment files",
+        description="Resolve each sink's Pending epoch from the log (committed or rolled "
+        "back) and delete segment files no commit references. Anything younger than "
+        "--grace is left alone; it must exceed your longest micro-batch. Files of a batch "
+        "write or compaction in progress are protected by its staging lease.",
+    )
+    p.add_argument("url")
+    p.add_argument("--grace", default="1h", help="age below which nothing is touched (1h)")
+    p.add_argument("--dry-run", action="store_true", help="only say what would be done")
+
+    p = command(
+        "compact", commands.cmd_compact, help="merge small segments of each shard in one commit"
+    )
+    p.add_argument("url")
+    p.add_argument(
+        "--target-bytes",
+        type=int,
+        default=DEFAULT_TARGET_BYTES,
+        help="largest merged segment in bytes (default 64 MiB)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="only say what would be merged")
+    return parser

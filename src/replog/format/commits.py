@@ -1,0 +1,252 @@
+"""The log's JSON records: the descriptor and the commit records (FORMAT.md).
+
+Both are sealed (:mod:`replog.format.sealed`): a torn or edited record is detected, and a
+reader refuses a format version it does not know instead of misreading it.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from replog.errors import CorruptionError
+from replog.format.sealed import seal, unseal
+from replog.format.segments import SegmentInfo
+
+FORMAT_VERSION = 2
+"""Written by this replog. Version 2 added ``before``, commit tokens, fencing and source
+positions; version 1 logs stay readable and writable (FORMAT.md, "Versions")."""
+
+META_DIR = "_replog"
+DESCRIPTOR_PATH = f"{META_DIR}/log.json"
+COMMITS_DIR = f"{META_DIR}/commits"
+
+APPEND, COMPACT, TRUNCATE = "append", "compact", "truncate"
+COMMIT_OPERATIONS = (APPEND, COMPACT, TRUNCATE)
+
+DEFAULT_SHARDS = 8
+MAX_SHARDS = 4096
+DEFAULT_SNAPSHOT_INTERVAL = 100
+DEFAULT_CHECKPOINT_INTERVAL = 10
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def commit_path(version: int) -> str:
+    return f"{COMMITS_DIR}/{version:020d}.json"
+
+
+def _int(value: Any, name: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def _str(value: Any, name: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{name} must be a string, got {value!r}")
+    return value
+
+
+@dataclass(frozen=True)
+class LogDescriptor:
+    """``_replog/log.json``: the immutable facts of a log."""
+
+    shards: int
+    log_id: str
+    created_ms: int
+    snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL
+    checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
+    format_version: int = FORMAT_VERSION
+
+    def to_bytes(self) -> bytes:
+        return seal(
+            {
+                "format_version": self.format_version,
+                "shards": self.shards,
+                "log_id": self.log_id,
+                "created_ms": self.created_ms,
+                "snapshot_interval": self.snapshot_interval,
+                "checkpoint_interval": self.checkpoint_interval,
+                "routing": "fnv1a64-utf8-mod-shards",
+                "segment_format": "arrow-ipc-file",
+            }
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> LogDescriptor:
+        body = unseal(data, path, max_version=FORMAT_VERSION)
+        try:
+            snapshot_interval = _int(body.get("snapshot_interval", 100), "snapshot_interval")
+            descriptor = cls(
+                shards=_int(body["shards"], "shards"),
+                log_id=_str(body["log_id"], "log_id"),
+                created_ms=_int(body["created_ms"], "created_ms"),
+                snapshot_interval=snapshot_interval,
+                # Format 1 logs have no header-only checkpoints.
+                checkpoint_interval=_int(
+                    body.get("checkpoint_interval", snapshot_interval), "checkpoint_interval"
+                ),
+                format_version=_int(body["format_version"], "format_version"),
+            )
+        except (KeyError, ValueError) as exc:
+            raise CorruptionError(path, f"malformed log descriptor: {exc}") from exc
+        if not 1 <= descriptor.shards <= MAX_SHARDS or descriptor.snapshot_interval < 1:
+            raise CorruptionError(path, "shards or snapshot_interval out of range")
+        if descriptor.snapshot_interval % descriptor.checkpoint_interval:
+            raise CorruptionError(
+                path, "snapshot_interval is not a multiple of checkpoint_interval"
+            )
+        return descriptor
+
+
+@dataclass(frozen=True)
+class SourcePosition:
+    """How far a sink's commit has read one source: the consumer of log ``log_id`` at
+    ``offsets`` (last processed sequence per shard) when this commit's data was read."""
+
+    log_id: str
+    consumer: str
+    offsets: Mapping[int, int]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "log_id": self.log_id,
+            "consumer": self.consumer,
+            "offsets": {str(shard): seq for shard, seq in sorted(self.offsets.items())},
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SourcePosition:
+        return cls(
+            _str(data["log_id"], "log_id"),
+            _str(data["consumer"], "consumer"),
+            {int(shard): _int(seq, "offset") for shard, seq in data["offsets"].items()},
+        )
+
+
+@dataclass(frozen=True)
+class WriterInfo:
+    """Who made a commit: a sink id with the Spark query id and epoch (micro-batch id).
+
+    ``run_id`` and ``generation`` fence writers (the newest run of a sink wins);
+    ``sources`` records what the commit's data covers in the logs it was read from.
+    """
+
+    sink_id: str
+    query_id: str
+    epoch: int
+    run_id: str | None = None
+    generation: int = 0
+    sources: tuple[SourcePosition, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "sink_id": self.sink_id,
+            "query_id": self.query_id,
+            "epoch": self.epoch,
+        }
+        if self.run_id is not None:
+            document["run_id"] = self.run_id
+            document["generation"] = self.generation
+        if self.sources:
+            document["sources"] = [source.to_json() for source in self.sources]
+        return document
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> WriterInfo:
+        run_id = data.get("run_id")
+        return cls(
+            sink_id=_str(data["sink_id"], "sink_id"),
+            query_id=_str(data["query_id"], "query_id"),
+            epoch=_int(data["epoch"], "epoch"),
+            run_id=None if run_id is None else _str(run_id, "run_id"),
+            generation=_int(data.get("generation", 0), "generation"),
+            sources=tuple(SourcePosition.from_json(item) for item in data.get("sources", [])),
+        )
+
+
+@dataclass(frozen=True)
+class CommitRecord:
+    """``_replog/commits/<version>.json``: one atomic change to the log.
+
+    ``token`` is random and unique to the record, so a writer that cannot tell whether its
+    put-if-absent landed recognises its own record when it reads the version back.
+    """
+
+    version: int
+    timestamp_ms: int
+    operation: str
+    token: str = ""
+    add: tuple[SegmentInfo, ...] = ()
+    remove: tuple[SegmentInfo, ...] = ()
+    low_watermarks: dict[int, int] = field(default_factory=dict)
+    writer: WriterInfo | None = None
+
+    @classmethod
+    def after(
+        cls,
+        version: int,
+        operation: str,
+        *,
+        add: tuple[SegmentInfo, ...] = (),
+        remove: tuple[SegmentInfo, ...] = (),
+        low_watermarks: Mapping[int, int] | None = None,
+        writer: WriterInfo | None = None,
+    ) -> CommitRecord:
+        """The record that follows ``version``: the one way replog builds a commit."""
+        return cls(
+            version=version + 1,
+            timestamp_ms=now_ms(),
+            operation=operation,
+            token=uuid.uuid4().hex,
+            add=tuple(add),
+            remove=tuple(remove),
+            low_watermarks=dict(low_watermarks or {}),
+            writer=writer,
+        )
+
+    def to_bytes(self) -> bytes:
+        document: dict[str, Any] = {
+            "format_version": FORMAT_VERSION,
+            "version": self.version,
+            "timestamp_ms": self.timestamp_ms,
+            "operation": self.operation,
+            "token": self.token,
+            "add": [segment.to_json() for segment in self.add],
+            "remove": [segment.to_json() for segment in self.remove],
+            "low_watermarks": {str(s): seq for s, seq in sorted(self.low_watermarks.items())},
+            "writer": self.writer.to_json() if self.writer else None,
+        }
+        return seal(document)
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> CommitRecord:
+        body = unseal(data, path, max_version=FORMAT_VERSION)
+        try:
+            writer = body.get("writer")
+            record = cls(
+                version=_int(body["version"], "version"),
+                timestamp_ms=_int(body["timestamp_ms"], "timestamp_ms"),
+                operation=_str(body["operation"], "operation"),
+                token=_str(body.get("token", ""), "token"),
+                add=tuple(SegmentInfo.from_json(item) for item in body.get("add", [])),
+                remove=tuple(SegmentInfo.from_json(item) for item in body.get("remove", [])),
+                low_watermarks={
+                    int(s): _int(seq, "low watermark")
+                    for s, seq in body.get("low_watermarks", {}).items()
+                },
+                writer=WriterInfo.from_json(writer) if writer is not None else None,
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise CorruptionError(path, f"malformed commit record: {exc}") from exc
+        if record.operation not in COMMIT_OPERATIONS:
+            raise CorruptionError(path, f"unknown commit operation {record.operation!r}")
+        if record.operation == APPEND and record.remove:
+            raise CorruptionError(path, "an append commit removes segments")
+        return record

@@ -1,0 +1,367 @@
+"""The change event: its columns, its validation, and its Arrow and Spark schemas.
+
+A log stores events in segments with :data:`STORED_SCHEMA` (no shard, no sequence: those
+are assigned when the segment is committed and added back on read, which is what lets a
+writer stage a segment before it knows its sequences). Readers see :data:`EVENT_SCHEMA`,
+which is also the Spark schema of the ``replog`` source.
+
+Payloads (``data``, ``before``) are bytes, stored byte for byte. A payload given as a
+JSON value is stored as its exact JSON text (:mod:`replog.format.jsontext`).
+"""
+
+from __future__ import annotations
+
+import math
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replog.errors import InvalidEventError
+from replog.format import jsontext
+
+OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk")
+"""The closed set of change operations."""
+
+STORED_SCHEMA = pa.schema(
+    [
+        pa.field("event_id", pa.string(), nullable=False),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("operation", pa.string(), nullable=False),
+        pa.field("collection", pa.string()),
+        pa.field("key", pa.string(), nullable=False),
+        pa.field("data", pa.binary(), nullable=False),
+        pa.field("before", pa.binary()),
+        pa.field("metadata", pa.string()),
+    ]
+)
+"""Columns of a segment (format version 2)."""
+
+STORED_SCHEMA_V1 = pa.schema([field for field in STORED_SCHEMA if field.name != "before"])
+"""Columns of a segment written by format version 1 (no ``before``; read as null)."""
+
+EVENT_SCHEMA = pa.schema(
+    [
+        pa.field("shard", pa.int32(), nullable=False),
+        pa.field("sequence", pa.int64(), nullable=False),
+        *STORED_SCHEMA,
+    ]
+)
+
+SPARK_SCHEMA_DDL = (
+    "shard INT NOT NULL, sequence BIGINT NOT NULL, event_id STRING NOT NULL, "
+    "timestamp TIMESTAMP NOT NULL, operation STRING NOT NULL, collection STRING, "
+    "key STRING NOT NULL, data BINARY NOT NULL, before BINARY, metadata STRING"
+)
+""":data:`EVENT_SCHEMA` as a Spark DDL string (kept next to it so the two agree)."""
+
+INPUT_COLUMNS = frozenset(
+    {"data", "before", "key", "operation", "collection", "event_id", "timestamp", "metadata"}
+)
+IGNORED_COLUMNS = frozenset({"shard", "sequence"})
+"""Columns accepted on input but ignored: the log assigns them."""
+
+MIN_TIMESTAMP_US = -62_135_596_800_000_000
+"""0001-01-01T00:00:00Z, the first instant Spark's TIMESTAMP holds."""
+MAX_TIMESTAMP_US = 253_402_300_799_999_999
+"""9999-12-31T23:59:59.999999Z, the last."""
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+
+def now_utc() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+def _payload(value: Any, name: str, where: str) -> bytes | None:
+    """Bytes as given; text (a JSON string's characters, or exact JSON text) as UTF-8;
+    other JSON values encoded exactly."""
+    if value is None:
+        return None
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)
+    if isinstance(value, str):  # RawJSON included: already the exact text
+        return value.encode("utf-8")
+    try:
+        return jsontext.encode(value).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise InvalidEventError(f"{where}: {name!r} cannot be stored as JSON: {exc}") from exc
+
+
+def _micros(value: Any, where: str, default_us: int) -> int:
+    """Event time in microseconds since the epoch, checked against Spark's range."""
+    if value is None:
+        return default_us
+    if isinstance(value, datetime):
+        stamp = value if value.tzinfo else value.replace(tzinfo=timezone.utc)
+        delta = stamp - _EPOCH
+        micros = (delta.days * 86_400 + delta.seconds) * 1_000_000 + delta.microseconds
+    elif isinstance(value, int | float) and not isinstance(value, bool):
+        # Numbers are milliseconds since the Unix epoch, as in Kafka record timestamps.
+        if not math.isfinite(value):
+            raise InvalidEventError(f"{where}: 'timestamp' {value!r} is not a number")
+        micros = round(value * 1000)
+    elif isinstance(value, str):
+        try:
+            parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
+        except ValueError as exc:
+            raise InvalidEventError(
+                f"{where}: 'timestamp' {value!r} is not an ISO-8601 date-time"
+            ) from exc
+        return _micros(parsed, where, default_us)
+    else:
+        raise InvalidEventError(
+            f"{where}: 'timestamp' must be an ISO-8601 string or epoch milliseconds, "
+            f"got {type(value).__name__}"
+        )
+    if not MIN_TIMESTAMP_US <= micros <= MAX_TIMESTAMP_US:
+        raise InvalidEventError(
+            f"{where}: 'timestamp' {value!r} is out of range (years 0001 to 9999; numbers "
+            f"are milliseconds since 1970-01-01)"
+        )
+    return micros
+
+
+def _metadata(value: Any, where: str) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        try:
+            return jsontext.encode(value)
+        except (TypeError, ValueError) as exc:
+            raise InvalidEventError(f"{where}: 'metadata' cannot be stored as JSON: {exc}") from exc
+    if isinstance(value, str):
+        if not jsontext.is_object_text(value):
+            raise InvalidEventError(f"{where}: 'metadata' must be a JSON object, got {value!r:.80}")
+        return str(value)
+    raise InvalidEventError(f"{where}: 'metadata' must be a JSON object or a string holding one")
+
+
+def _text(record: Mapping[str, Any], name: str, where: str) -> str | None:
+    value = record.get(name)
+    if value is None or isinstance(value, str):
+        return None if value is None else str(value)
+    raise InvalidEventError(f"{where}: {name!r} must be a string, got {type(value).__name__}")
+
+
+def events_from_records(
+    records: Iterable[Mapping[str, Any]],
+    *,
+    where: Callable[[int], str] = lambda i: f"event {i}",
+    default_collection: str | None = None,
+) -> pa.Table:
+    """Validate change events given as dicts and return them as a :data:`STORED_SCHEMA` table.
+
+    ``where(i)`` names the i-th record (0-based) in error messages, e.g. "line 7". Every
+    record is validated before anything is returned, so a bad record means nothing is
+    written. An ``event_id`` given twice is an error naming both records.
+    """
+    now_us = _micros(now_utc(), "now", 0)
+    columns: dict[str, list[Any]] = {name: [] for name in STORED_SCHEMA.names}
+    micros: list[int] = []
+    seen_ids: dict[str, int] = {}
+    for index, record in enumerate(records):
+        label = where(index)
+        if not isinstance(record, Mapping):
+            raise InvalidEventError(f"{label}: an event must be a JSON object")
+        unknown = set(record) - INPUT_COLUMNS - IGNORED_COLUMNS
+        if unknown:
+            raise InvalidEventError(
+                f"{label}: unknown field(s) {sorted(unknown)}; allowed: {sorted(INPUT_COLUMNS)}"
+            )
+        data = _payload(record.get("data"), "data", label)
+        if data is None:
+            raise InvalidEventError(f"{label}: 'data' is required and must not be null")
+        operation = record.get("operation", "insert")
+        operation = "insert" if operation is None else operation
+        if operation not in OPERATIONS:
+            raise InvalidEventError(
+                f"{label}: unknown operation {operation!r}; allowed: {', '.join(OPERATIONS)}"
+            )
+        event_id = _text(record, "event_id", label)
+        if event_id == "":
+            raise InvalidEventError(f"{label}: 'event_id' must not be empty (omit it for a UUID)")
+        event_id = event_id or str(uuid.uuid4())
+        if event_id in seen_ids:
+            raise InvalidEventError(
+                f"{label}: event_id {event_id!r} was already given by {where(seen_ids[event_id])}"
+            )
+        seen_ids[event_id] = index
+        key = _text(record, "key", label)
+        columns["event_id"].append(event_id)
+        micros.append(_micros(record.get("timestamp"), label, now_us))
+        columns["operation"].append(operation)
+        columns["collection"].append(_text(record, "collection", label) or default_collection)
+        columns["key"].append(key if key is not None else event_id)
+        columns["data"].append(data)
+        columns["before"].append(_payload(record.get("before"), "before", label))
+        columns["metadata"].append(_metadata(record.get("metadata"), label))
+    columns["timestamp"] = pa.array(micros, pa.int64()).cast(pa.timestamp("us", tz="UTC"))
+    return pa.table(columns, schema=STORED_SCHEMA)
+
+
+def _cast_column(column: pa.ChunkedArray, target: pa.DataType, name: str) -> pa.ChunkedArray:
+    try:
+        return column.cast(target)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise InvalidEventError(
+            f"column {name!r} has type {column.type}, which cannot be used as {target}"
+        ) from exc
+
+
+def _is_text_or_binary(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_binary(kind)
+        or pa.types.is_large_binary(kind)
+        or pa.types.is_string(kind)
+        or pa.types.is_large_string(kind)
+        or pa.types.is_null(kind)
+    )
+
+
+def _check_metadata(metadata: pa.ChunkedArray) -> None:
+    """Every non-null value must be a JSON object (checked once per distinct value)."""
+    for value in pc.unique(metadata.drop_null()).to_pylist():
+        if not jsontext.is_object_text(value):
+            raise InvalidEventError(
+                f"column 'metadata' holds {value!r:.80}, which is not a JSON object"
+            )
+
+
+def _check_timestamps(timestamp: pa.ChunkedArray) -> None:
+    bounds = pc.min_max(timestamp.cast(pa.int64())).as_py()
+    low, high = bounds["min"], bounds["max"]
+    if low is not None and (low < MIN_TIMESTAMP_US or high > MAX_TIMESTAMP_US):
+        bad = low if low < MIN_TIMESTAMP_US else high
+        raise InvalidEventError(
+            f"column 'timestamp' holds {bad} microseconds since 1970, out of range "
+            f"(years 0001 to 9999)"
+        )
+
+
+def events_from_table(
+    table: pa.Table | pa.RecordBatch,
+    *,
+    default_collection: str | None = None,
+    now: datetime | None = None,
+) -> pa.Table:
+    """Validate change events given as Arrow columns and return a :data:`STORED_SCHEMA` table.
+
+    Columns are matched by name (see :data:`INPUT_COLUMNS`); ``shard``/``sequence`` are
+    ignored; any other column is an error naming it. Vectorised: this is the sink's hot path.
+    """
+    if isinstance(table, pa.RecordBatch):
+        table = pa.Table.from_batches([table])
+    names = set(table.column_names)
+    unknown = names - INPUT_COLUMNS - IGNORED_COLUMNS
+    if unknown:
+        raise InvalidEventError(
+            f"unknown column(s) {sorted(unknown)}; allowed: {sorted(INPUT_COLUMNS)} "
+            f"(and {sorted(IGNORED_COLUMNS)}, which are ignored)"
+        )
+    if "data" not in names:
+        raise InvalidEventError("column 'data' (binary or string) is required")
+    rows = table.num_rows
+
+    def payload(name: str) -> pa.ChunkedArray | None:
+        if name not in names:
+            return None
+        column = table.column(name)
+        if not _is_text_or_binary(column.type):
+            raise InvalidEventError(f"column {name!r} must be binary or string, got {column.type}")
+        return _cast_column(column, pa.binary(), name)
+
+    def text(name: str) -> pa.ChunkedArray | None:
+        if name not in names:
+            return None
+        column = table.column(name)
+        if not (
+            pa.types.is_string(column.type)
+            or pa.types.is_large_string(column.type)
+            or pa.types.is_null(column.type)
+        ):
+            raise InvalidEventError(f"column {name!r} must be a string, got {column.type}")
+        return _cast_column(column, pa.string(), name)
+
+    data = payload("data")
+    assert data is not None
+    if data.null_count:
+        raise InvalidEventError(f"column 'data' has {data.null_count} null value(s)")
+    before = payload("before")
+    if before is None:
+        before = pa.nulls(rows, pa.binary())
+
+    operation = text("operation")
+    if operation is None:
+        operation = pa.chunked_array([pa.repeat(pa.scalar("insert", pa.string()), rows)])
+    else:
+        operation = pc.fill_null(operation, "insert")
+        valid = pc.is_in(operation, value_set=pa.array(OPERATIONS))
+        if not pc.all(valid).as_py():
+            bad = pc.filter(operation, pc.invert(valid))
+            values = sorted(set(bad.to_pylist()))[:5]
+            raise InvalidEventError(
+                f"column 'operation' has invalid value(s) {values}; "
+                f"allowed: {', '.join(OPERATIONS)}"
+            )
+
+    event_id = text("event_id")
+    if event_id is not None and pc.any(pc.equal(event_id, "")).as_py():
+        raise InvalidEventError("column 'event_id' has empty value(s); use null for a fresh UUID")
+    if event_id is None or event_id.null_count:
+        fresh = pa.array([str(uuid.uuid4()) for _ in range(rows)], pa.string())
+        event_id = fresh if event_id is None else pc.coalesce(event_id, fresh)
+
+    key = text("key")
+    key = event_id if key is None else pc.coalesce(key, event_id)
+
+    collection = text("collection")
+    if collection is None:
+        collection = pa.repeat(pa.scalar(default_collection, pa.string()), rows)
+    elif default_collection is not None:
+        collection = pc.fill_null(collection, default_collection)
+
+    metadata = text("metadata")
+    if metadata is None:
+        metadata = pa.nulls(rows, pa.string())
+    elif metadata.null_count < rows:
+        _check_metadata(metadata)
+
+    stamp = pa.scalar(now or now_utc(), pa.timestamp("us", tz="UTC"))
+    if "timestamp" in names:
+        ts = table.column("timestamp")
+        if not (pa.types.is_timestamp(ts.type) or pa.types.is_null(ts.type)):
+            raise InvalidEventError(f"column 'timestamp' must be a timestamp, got {ts.type}")
+        timestamp = pc.fill_null(_cast_column(ts, pa.timestamp("us", tz="UTC"), "timestamp"), stamp)
+        _check_timestamps(timestamp)
+    else:
+        timestamp = pa.repeat(stamp, rows)
+
+    return pa.table(
+        [event_id, timestamp, operation, collection, key, data, before, metadata],
+        schema=STORED_SCHEMA,
+    )
+
+
+def upgrade_stored(table: pa.Table) -> pa.Table:
+    """A segment's rows in the current :data:`STORED_SCHEMA` (format 1 had no ``before``)."""
+    if table.schema.equals(STORED_SCHEMA_V1):
+        index = STORED_SCHEMA.get_field_index("before")
+        return table.add_column(
+            index, STORED_SCHEMA.field("before"), pa.nulls(len(table), pa.binary())
+        )
+    return table
+
+
+def to_event_batch(stored: pa.RecordBatch, shard: int, first_sequence: int) -> pa.RecordBatch:
+    """Prepend ``shard`` and ``sequence`` to a stored batch (giving :data:`EVENT_SCHEMA`)."""
+    rows = stored.num_rows
+    shard_col = pa.array(np.full(rows, shard, dtype=np.int32))
+    sequence_col = pa.array(np.arange(first_sequence, first_sequence + rows, dtype=np.int64))
+    return pa.RecordBatch.from_arrays(
+        [shard_col, sequence_col, *stored.columns], schema=EVENT_SCHEMA
+    )

@@ -1,0 +1,123 @@
+"""Garbage: segment files no commit references, and when they may be deleted.
+
+Readers never list directories; only garbage collection does (FORMAT.md, "Garbage"). A
+file is garbage, and may be deleted, when every rule below holds:
+
+* no live segment entry names it (checked again on a fresh state just before deleting);
+* it is older than the grace period: by its last-modified time, or, on a backend that
+  reports none, by when an earlier ``recover`` first saw it unreferenced
+  (``_replog/gc/first_seen.json``);
+* no commit made within the grace period removed it (a reader may have planned a task
+  on it just before a compaction or truncation);
+* it was written before every live staging lease was acquired (a batch job or a
+  compaction may still commit it, however long it runs);
+* no Pending sink manifest names it (the caller passes those).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Collection
+from dataclasses import dataclass, field
+
+from replog.format import leases
+from replog.format.commits import META_DIR, now_ms
+from replog.format.history import read_commit
+from replog.format.segments import SEGMENT_SUFFIX, SHARDS_DIR
+from replog.format.state import LogState
+from replog.log import ReplicationLog
+
+logger = logging.getLogger(__name__)
+
+FIRST_SEEN_PATH = f"{META_DIR}/gc/first_seen.json"
+LEASE_CLOCK_SKEW_MS = 600_000
+"""Files written up to this long before a lease was acquired are protected by it too:
+the lease time comes from the writer's clock, file times from the storage's."""
+
+
+@dataclass
+class GarbageScan:
+    """What one scan found: files to delete, and why others were kept."""
+
+    garbage: list[str] = field(default_factory=list)
+    kept_young: int = 0
+    kept_leased: int = 0
+    kept_removed_recently: int = 0
+    kept_pending: int = 0
+    expired_leases: list[leases.Lease] = field(default_factory=list)
+
+
+def removed_since(log: ReplicationLog, state: LogState, cutoff_ms: int) -> set[str]:
+    """Paths removed by commits made after ``cutoff_ms`` (reads commits backwards)."""
+    removed: set[str] = set()
+    for version in range(state.version, 0, -1):
+        record = read_commit(log.storage, version)
+        if record is None or record.timestamp_ms <= cutoff_ms:
+            break
+        removed.update(segment.path for segment in record.remove)
+    return removed
+
+
+def _first_seen(log: ReplicationLog) -> dict[str, int]:
+    data = log.storage.read_optional(FIRST_SEEN_PATH)
+    if data is None:
+        return {}
+    try:
+        seen = json.loads(data)
+        return {str(path): int(stamp) for path, stamp in seen.items()}
+    except (ValueError, TypeError, AttributeError):
+        logger.warning("ignoring unreadable %s", log.storage.path(FIRST_SEEN_PATH))
+        return {}
+
+
+def scan(
+    log: ReplicationLog,
+    grace_ms: int,
+    *,
+    pending: Collection[str] = (),
+    remember: bool = True,
+) -> GarbageScan:
+    """Find garbage (lists ``shards/``). With ``remember``, record first-seen times of
+    unreferenced files whose backend gives no modification time."""
+    now = now_ms()
+    result = GarbageScan()
+    state = log.refresh()
+    cutoff = now - grace_ms
+    found_leases = leases.leases(log.storage)
+    live = [lease for lease in found_leases if lease.live(now)]
+    result.expired_leases = [lease for lease in found_leases if not lease.live(now)]
+    lease_cutoff = min((lease.acquired_ms for lease in live), default=None)
+    protected = state.live_paths()
+    recently_removed = removed_since(log, state, cutoff)
+    seen = _first_seen(log)
+    still_seen: dict[str, int] = {}
+    pending = set(pending)
+    candidates = []
+    for shard_dir in log.storage.listdir(SHARDS_DIR):
+        for name in log.storage.listdir(f"{SHARDS_DIR}/{shard_dir}"):
+            relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
+            if relative in protected or not name.endswith(SEGMENT_SUFFIX):
+                continue
+            if relative in pending:
+                result.kept_pending += 1
+                continue
+            if relative in recently_removed:
+                result.kept_removed_recently += 1
+                continue
+            stamp = log.storage.modified_ms(relative)
+            if stamp is None:
+                stamp = still_seen[relative] = seen.get(relative, now)
+            if stamp > cutoff:
+                result.kept_young += 1
+            elif lease_cutoff is not None and stamp >= lease_cutoff - LEASE_CLOCK_SKEW_MS:
+                result.kept_leased += 1
+            else:
+                candidates.append(relative)
+    # A commit may have landed since the listing began: look once more, just before deleting.
+    live_now = log.refresh().live_paths()
+    result.garbage = [path for path in candidates if path not in live_now]
+    if remember and (still_seen or seen):
+        kept = {path: stamp for path, stamp in still_seen.items() if path not in result.garbage}
+        log.storage.write(FIRST_SEEN_PATH, json.dumps(kept, sort_keys=True).encode())
+    return result

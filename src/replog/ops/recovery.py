@@ -1,0 +1,99 @@
+"""Recovery: resolving Pending sink commits left by crashes, and collecting garbage.
+
+A sink resolves its own Pending epoch when its query restarts; ``recover`` does the same
+for every sink of a log without Spark, then deletes segment files no commit references
+(staged by crashed writers, or replaced by compaction and retention) by the rules of
+:mod:`replog.ops.garbage`. Everything younger than the grace period is left alone: a
+Pending epoch that recent may belong to a driver that is committing right now, and a file
+that recent may belong to a running batch.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from replog.checkpoints.sinks import PENDING_SEGMENTS, PendingResolution, SinkCommitter, list_sinks
+from replog.format import leases
+from replog.format.commits import now_ms
+from replog.log import ReplicationLog
+from replog.ops import garbage
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_GRACE_MS = 3_600_000
+"""Garbage younger than this is kept: it may belong to a live writer or a planned read."""
+
+
+@dataclass
+class RecoveryReport:
+    """What ``recover`` did (or, with ``dry_run``, would do)."""
+
+    dry_run: bool
+    grace_ms: int
+    resolved: dict[str, PendingResolution] = field(default_factory=dict)
+    pending_too_recent: dict[str, int] = field(default_factory=dict)
+    scan: garbage.GarbageScan = field(default_factory=garbage.GarbageScan)
+
+    @property
+    def garbage(self) -> list[str]:
+        return self.scan.garbage
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "dry_run": self.dry_run,
+            "grace_ms": self.grace_ms,
+            "resolved": {
+                sink: {"epoch": r.epoch, "query_id": r.query_id, "committed": r.committed}
+                for sink, r in sorted(self.resolved.items())
+            },
+            "pending_too_recent": dict(sorted(self.pending_too_recent.items())),
+            "garbage": sorted(self.scan.garbage),
+            "kept": {
+                "young": self.scan.kept_young,
+                "leased": self.scan.kept_leased,
+                "removed_recently": self.scan.kept_removed_recently,
+                "pending": self.scan.kept_pending,
+            },
+            "expired_leases": [lease.lease_id for lease in self.scan.expired_leases],
+        }
+
+
+def recover(
+    log: ReplicationLog, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False
+) -> RecoveryReport:
+    """Resolve every sink's Pending epoch older than ``grace_ms``; delete garbage files.
+
+    With ``dry_run`` nothing is written or deleted; the report says what would be.
+    """
+    report = RecoveryReport(dry_run=dry_run, grace_ms=grace_ms)
+    cutoff = now_ms() - grace_ms
+    pending_files: set[str] = set()  # files of epochs still Pending: not garbage yet
+    for sink_id in list_sinks(log):
+        committer = SinkCommitter(log, sink_id)
+        found = committer.pending()
+        if found is None:
+            continue
+        manifest, resolution = found
+        if manifest.timestamp_ms > cutoff:
+            pending_files.update(manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, []))
+            report.pending_too_recent[sink_id] = manifest.epoch
+            logger.warning(
+                "sink %s: Pending epoch %d is younger than the grace period; left alone "
+                "(its driver may still be committing)",
+                sink_id,
+                manifest.epoch,
+            )
+            continue
+        if not dry_run:
+            committer.resolve_pending(manifest)
+        report.resolved[sink_id] = resolution
+    report.scan = garbage.scan(log, grace_ms, pending=pending_files, remember=not dry_run)
+    if not dry_run:
+        for relative in report.scan.garbage:
+            log.storage.delete(relative)
+        for lease in report.scan.expired_leases:
+            leases.release(log.storage, lease)
+        logger.info("recover %s: deleted %d garbage files", log.url, len(report.scan.garbage))
+    return report

@@ -1,0 +1,181 @@
+"""What ``replog status`` reports: each consumer's position and lag, each sink's state.
+
+Lag is given two ways: events behind the head, and the age of the oldest unconsumed
+event (the event time of the next event each shard would deliver, the oldest over all
+shards), which is what an operator alerts on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from replog.checkpoints import consumers, sinks
+from replog.errors import ManifestNotFoundError
+from replog.format.commits import now_ms
+from replog.format.segments import read_segment
+from replog.format.state import LogState
+from replog.log import ReplicationLog
+
+
+@dataclass(frozen=True)
+class ConsumerStatus:
+    name: str
+    checkpoint_id: int | None
+    committed_ms: int | None
+    offsets: dict[int, int]
+    heads: dict[int, int]
+    oldest_unconsumed_ms: int | None
+    owner: str | None
+
+    @property
+    def lag_events(self) -> dict[int, int]:
+        return {s: max(self.heads[s] - offset, 0) for s, offset in self.offsets.items()}
+
+    @property
+    def total_lag(self) -> int:
+        return sum(self.lag_events.values())
+
+    def to_json(self, now: int) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "checkpoint_id": self.checkpoint_id,
+            "committed_ms": self.committed_ms,
+            "owner": self.owner,
+            "offsets": {str(s): v for s, v in self.offsets.items()},
+            "lag_events": {str(s): v for s, v in self.lag_events.items()},
+            "total_lag": self.total_lag,
+            "oldest_unconsumed_ms": self.oldest_unconsumed_ms,
+            "oldest_unconsumed_age_s": (
+                None
+                if self.oldest_unconsumed_ms is None
+                else round((now - self.oldest_unconsumed_ms) / 1000, 3)
+            ),
+        }
+
+
+@dataclass(frozen=True)
+class SinkStatus:
+    sink_id: str
+    checkpoint_id: int | None
+    epoch: int | None
+    status: str | None
+    query_id: str | None
+    updated_ms: int | None
+    log_epoch: int | None
+    log_version: int | None
+    generation: int | None
+    owner_run: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass(frozen=True)
+class LogStatus:
+    url: str
+    version: int
+    heads: dict[int, int]
+    lows: dict[int, int]
+    consumers: tuple[ConsumerStatus, ...]
+    sinks: tuple[SinkStatus, ...]
+    generated_ms: int
+
+    @property
+    def events(self) -> int:
+        return sum(max(self.heads[s] - self.lows[s] + 1, 0) for s in self.heads)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "url": self.url,
+            "version": self.version,
+            "heads": {str(s): v for s, v in self.heads.items()},
+            "lows": {str(s): v for s, v in self.lows.items()},
+            "events": self.events,
+            "consumers": [c.to_json(self.generated_ms) for c in self.consumers],
+            "sinks": [s.to_json() for s in self.sinks],
+        }
+
+
+class _EventTimes:
+    """Event time of (shard, sequence), reading each segment at most once per report."""
+
+    def __init__(self, log: ReplicationLog, state: LogState) -> None:
+        self.log, self.state = log, state
+        self._known: dict[tuple[int, int], int | None] = {}
+
+    def at(self, shard: int, sequence: int) -> int | None:
+        sequence = max(sequence, self.state.lows[shard])
+        if sequence > self.state.heads[shard]:
+            return None
+        if (shard, sequence) not in self._known:
+            found = None
+            for segment in self.state.covering(shard, sequence, sequence):
+                for batch in read_segment(self.log.storage, segment, sequence, sequence):
+                    found = int(batch.column("timestamp")[0].value) // 1000
+            self._known[(shard, sequence)] = found
+        return self._known[(shard, sequence)]
+
+
+def consumer_status(
+    log: ReplicationLog, state: LogState, name: str, times: _EventTimes
+) -> ConsumerStatus:
+    position = consumers.committed_position(log, name)
+    committed = position.offsets if position else {}
+    offsets = {shard: committed.get(shard, 0) for shard in range(log.shards)}
+    heads = dict(enumerate(state.heads))
+    pending = [times.at(s, offsets[s] + 1) for s in offsets if heads[s] > offsets[s]]
+    known = [t for t in pending if t is not None]
+    return ConsumerStatus(
+        name=name,
+        checkpoint_id=position.checkpoint_id if position else None,
+        committed_ms=position.timestamp_ms if position else None,
+        offsets=offsets,
+        heads=heads,
+        oldest_unconsumed_ms=min(known) if known else None,
+        owner=position.owner if position else None,
+    )
+
+
+def sink_status(log: ReplicationLog, state: LogState, sink_id: str) -> SinkStatus:
+    manifest = sinks.sink_store(log, sink_id).load_latest()
+    mark = state.sinks.get(sink_id)
+    status = manifest.sink_commit_statuses.get(sink_id) if manifest else None
+    return SinkStatus(
+        sink_id=sink_id,
+        checkpoint_id=manifest.checkpoint_id if manifest else None,
+        epoch=manifest.sink_epochs.get(sink_id) if manifest else None,
+        status=str(status) if status else None,
+        query_id=manifest.sink_query_ids.get(sink_id) if manifest else None,
+        updated_ms=manifest.timestamp_ms if manifest else None,
+        log_epoch=mark.epoch if mark else None,
+        log_version=mark.version if mark else None,
+        generation=mark.generation if mark else None,
+        owner_run=mark.owner if mark else None,
+    )
+
+
+def log_status(log: ReplicationLog) -> LogStatus:
+    """Every consumer's position and lag and every sink's state."""
+    state = log.refresh()
+    times = _EventTimes(log, state)
+    sink_ids = sorted(set(sinks.list_sinks(log)) | set(state.sinks))
+    return LogStatus(
+        url=log.url,
+        version=state.version,
+        heads=dict(enumerate(state.heads)),
+        lows=dict(enumerate(state.lows)),
+        consumers=tuple(
+            consumer_status(log, state, name, times) for name in consumers.list_consumers(log)
+        ),
+        sinks=tuple(sink_status(log, state, sink_id) for sink_id in sink_ids),
+        generated_ms=now_ms(),
+    )
+
+
+def consumer_position(log: ReplicationLog, name: str) -> ConsumerStatus:
+    """One consumer's status (``replog consumer show``); raises if it is unknown."""
+    if name not in consumers.list_consumers(log):
+        raise ManifestNotFoundError(f"{log.url} has no consumer {name!r}")
+    state = log.refresh()
+    return consumer_status(log, state, name, _EventTimes(log, state))

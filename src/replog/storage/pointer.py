@@ -1,0 +1,59 @@
+"""Forward-only pointer files: a hint naming the newest file of a numbered series.
+
+The log's snapshot hint and a manifest store's ``latest`` pointer work the same way: the
+pointer is written after the file it names, without coordination, so it may lag (a crash
+in between, a slower writer). Readers therefore take it as a starting point and probe
+forward; writers move it forward only. A missing or unreadable pointer is not an error,
+only a reason to look further (the caller decides how).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+
+from replog.storage import Storage
+
+logger = logging.getLogger(__name__)
+
+
+class ForwardPointer:
+    """The pointer file ``relative`` of ``storage``, holding ``{field: n}``."""
+
+    def __init__(self, storage: Storage, relative: str, field: str) -> None:
+        self.storage = storage
+        self.relative = relative
+        self.field = field
+
+    def read(self) -> int | None:
+        """The number it holds; None if the file is missing or unreadable (with a warning)."""
+        data = self.storage.read_optional(self.relative)
+        if data is None:
+            return None
+        try:
+            value = json.loads(data)[self.field]
+        except (ValueError, KeyError, TypeError):
+            value = None
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            logger.warning(
+                "ignoring unreadable pointer %s (%d bytes)",
+                self.storage.path(self.relative),
+                len(data),
+            )
+            return None
+        return value
+
+    def advance(self, value: int) -> None:
+        """Point at ``value`` unless the pointer already names ``value`` or later."""
+        current = self.read()
+        if current is None or current < value:
+            self.storage.write(self.relative, json.dumps({self.field: value}).encode())
+
+
+def probe_forward(start: int, step: int, exists: Callable[[int], bool]) -> int:
+    """The last of ``start, start + step, ...`` for which ``exists`` holds (``start`` if
+    none after it does): how a reader catches up with a lagging pointer."""
+    while exists(start + step):
+        start += step
+    return start
