@@ -21,7 +21,7 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import ipc
 
-from replog.errors import CorruptionError, StorageError
+from replog.errors import CorruptionError, MissingFileError, StorageError
 from replog.format.commits import (
     FORMAT_VERSION,
     META_DIR,
@@ -184,7 +184,10 @@ def _table(storage: Storage, descriptor: LogDescriptor, version: int) -> list[li
     # Format 1 named the table's checksum segments_sha256.
     expected = body.get("table_sha256", body.get("segments_sha256"))
     table_relative = table_path(version)
-    data = storage.read(table_relative)
+    try:
+        data = storage.read(table_relative)
+    except FileNotFoundError as exc:
+        raise MissingFileError(storage.path(table_relative), "segment table is missing") from exc
     if sha256_hex(data) != expected:
         raise CorruptionError(
             storage.path(table_relative), f"checksum mismatch: expected sha256 {expected}"
