@@ -93,27 +93,23 @@ def test_a_lost_hint_is_found_again_by_probing(memory_url: str) -> None:
 
 def test_verify_checks_every_checksummed_file(memory_url: str) -> None:
     from replog.checkpoints.consumers import OffsetCommitter, consumer_store
+    from replog.checkpoints.store import manifest_name
 
     log = grow(memory_url, 25)
     OffsetCommitter(log, "reader", "test-run").commit({0: 1, 1: 1}, log_version=25, note="test")
     report = verify(log)
     assert report.ok and report.commits == 25 and report.snapshots == 2
     assert report.manifests == 1 and report.events == 25
-    manifest = consumer_store(log, "reader")
-    name = manifest.storage.listdir("")
+    store = consumer_store(log, "reader")
     damaged = [
-        commit_path(7),
-        history.header_path(10),
-        history.table_path(20),
-        *(
-            f"{manifest.url.removeprefix(log.url).strip('/')}/{n}"
-            for n in name
-            if n.endswith(".json") and n[0].isdigit()
-        ),
+        (log.storage, commit_path(7)),
+        (log.storage, history.header_path(10)),
+        (log.storage, history.table_path(20)),
+        (store.storage, manifest_name(1)),
     ]
-    for relative in damaged:
-        data = bytearray(log.storage.read(relative))
+    for storage, relative in damaged:
+        data = bytearray(storage.read(relative))
         data[len(data) // 2] ^= 0x01
-        log.storage.write(relative, bytes(data))
+        storage.write(relative, bytes(data))
     found = {p.path for p in verify(log).problems}
-    assert found == {log.storage.path(relative) for relative in damaged}
+    assert found == {storage.path(relative) for storage, relative in damaged}

@@ -3,12 +3,12 @@ import threading
 from pathlib import Path
 
 import pytest
-from logcheck import run_concurrently
+from support.logcheck import run_concurrently
 
 from replog.errors import ManifestConflictError, ManifestNotFoundError, UnsupportedFormatError
-from replog.manifest import CheckpointManifest, ConnectorCheckpoint, SinkCommitStatus
-from replog.manifest_store import LATEST_POINTER, ManifestStore, manifest_name
-from replog.records import seal
+from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint, SinkCommitStatus
+from replog.checkpoints.store import LATEST_POINTER, QUARANTINE_DIR, ManifestStore, manifest_name
+from replog.format.sealed import seal
 
 
 def sample(checkpoint_id: int = 1) -> CheckpointManifest:
@@ -59,7 +59,7 @@ def test_newer_fields_survive_a_rewrite(store: ManifestStore) -> None:
         "operator_states": {"op": {"external": True}},
         "shiny": 1,
     }
-    store.save(loaded.next())
+    store.save(loaded.successor(2))
     rewritten = json.loads(store.storage.read(manifest_name(2)))
     assert rewritten["shiny"] == 1 and rewritten["operator_states"] == {"op": {"external": True}}
 
@@ -95,7 +95,9 @@ def test_save_load_and_pointer(store: ManifestStore) -> None:
     assert store.load_latest() is None
     first = sample(1)
     store.save(first)
-    store.save(first.next(epoch=8))
+    second = first.successor(2)
+    second.epoch = 8
+    store.save(second)
     latest = store.load_latest()
     assert latest is not None and latest.checkpoint_id == 2 and latest.epoch == 8
     assert json.loads(store.storage.read(LATEST_POINTER)) == {"checkpoint_id": 2}
@@ -112,7 +114,7 @@ def test_pruning_keeps_newest(store: ManifestStore) -> None:
     manifest = sample(1)
     for _ in range(7):
         store.save(manifest)
-        manifest = manifest.next()
+        manifest = store.next_manifest(manifest)
     assert store.list_ids() == [5, 6, 7]
     store.storage.put_if_absent(manifest_name(1), seal(sample(1).to_json()))  # a leftover
     assert store.prune() == [1]
@@ -131,8 +133,7 @@ def test_corrupt_latest_falls_back_with_warning(
     store: ManifestStore, damage, caplog: pytest.LogCaptureFixture
 ) -> None:
     store.save(sample(1))
-    second = sample(1).next()
-    second.epoch = 7
+    second = sample(1).successor(2)
     store.save(second)
     store.storage.write(manifest_name(2), damage(store.storage.read(manifest_name(2))))
     loaded = store.load_latest()
@@ -200,6 +201,48 @@ def test_request_count_does_not_grow(memory_url: str) -> None:
         store.save(manifest)
         store.load_latest()
         costs.append(counter.calls - before)
-        manifest = manifest.next()
+        manifest = store.next_manifest(manifest)
     # From save 6 on, every save also prunes one old manifest; after that the cost is flat.
     assert costs[199] == costs[9], costs
+
+
+def test_a_corrupt_newest_manifest_does_not_wedge_later_saves(store: ManifestStore) -> None:
+    """After falling back from a corrupt newest manifest, the next save goes past it (and
+    a copy of the corrupt file is kept), instead of conflicting with it forever."""
+    store.save(sample(1))
+    store.save(sample(1).successor(2))
+    store.storage.write(manifest_name(2), b"{torn")
+    fresh = ManifestStore(store.storage, keep=3)
+    base = fresh.load_latest()
+    assert base is not None and base.checkpoint_id == 1
+    for expected in (3, 4, 5, 6):
+        manifest = fresh.next_manifest(base)
+        fresh.save(manifest)
+        assert manifest.checkpoint_id == expected
+        base = fresh.load_latest()
+    assert store.storage.read(f"{QUARANTINE_DIR}/{2:020d}.json") == b"{torn"
+    assert fresh.list_ids() == [4, 5, 6]
+
+
+def test_a_lost_pointer_after_pruning_does_not_look_empty(store: ManifestStore) -> None:
+    manifest = sample(1)
+    for _ in range(6):
+        store.save(manifest)
+        manifest = store.next_manifest(manifest)
+    store.storage.delete(LATEST_POINTER)  # manifests 4..6 remain: probing from 0 finds none
+    fresh = ManifestStore(store.storage, keep=3)
+    latest = fresh.load_latest()
+    assert latest is not None and latest.checkpoint_id == 6
+    store.storage.write(LATEST_POINTER, b"\x00garbage")
+    assert ManifestStore(store.storage, keep=3).load_latest().checkpoint_id == 6  # type: ignore[union-attr]
+
+
+def test_every_manifest_in_the_window_corrupt_looks_further_back(store: ManifestStore) -> None:
+    manifest = sample(1)
+    for _ in range(3):
+        store.save(manifest)
+        manifest = store.next_manifest(manifest)
+    for checkpoint_id in (2, 3):
+        store.storage.write(manifest_name(checkpoint_id), b"")
+    narrow = ManifestStore(store.storage, keep=1)
+    assert narrow.load_latest().checkpoint_id == 1  # type: ignore[union-attr]

@@ -1,16 +1,21 @@
-"""The sink's commit protocol without Spark: replays, aborts, crashes and zombie drivers."""
+"""The sink's commit protocol without Spark: replays, aborts, zombies, fencing, doubt."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from logcheck import check_log
+import pytest
+from support.logcheck import check_log
+from support.replication import leave_pending
 
-from replog.events import events_from_records
+from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
+from replog.errors import CommitOutcomeUnknownError, FencedError
+from replog.format.commits import WriterInfo
+from replog.format.events import events_from_records
 from replog.log import ReplicationLog
-from replog.manifest import SinkCommitStatus
-from replog.records import WriterInfo
-from replog.sink_protocol import PENDING_SEGMENTS, Outcome, SinkCommitter
+from replog.ops.verify import verify
+from replog.storage import RetryPolicy, Storage
+from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
 def rows(start: int, count: int):
@@ -22,42 +27,67 @@ def rows(start: int, count: int):
     )
 
 
-def leave_pending(committer: SinkCommitter, query: str, epoch: int, staged: list) -> None:
-    """What a driver killed right after writing Pending(epoch) leaves: the manifest says
-    Pending and names ``staged``; the log has no commit of the epoch."""
-    pending = committer._load().next(epoch=epoch)
-    pending.sink_commit_statuses[committer.sink_id] = SinkCommitStatus.pending()
-    pending.sink_query_ids[committer.sink_id] = query
-    pending.extra[PENDING_SEGMENTS] = {committer.sink_id: [s.path for s in staged]}
-    committer.store.save(pending)
+def batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int, **kw) -> Batch:
+    """One attempt of ``epoch``: its tasks' staged files, the log version it began at."""
+    return Batch(query, epoch, tuple(log.stage(rows(start, count))),
+                 since_version=log.refresh().version, **kw)
 
 
-def test_a_replayed_epoch_is_committed_once(tmp_path: Path) -> None:
-    log = ReplicationLog.create(str(tmp_path / "B"), 2)
+def event_ids(log: ReplicationLog) -> list[str]:
+    return sorted(r["event_id"] for r in check_log(ReplicationLog.open(log.url)))
+
+
+def expected(n: int) -> list[str]:
+    return sorted(f"e{i}" for i in range(n))
+
+
+@pytest.fixture
+def log(tmp_path: Path) -> ReplicationLog:
+    return ReplicationLog.create(str(tmp_path / "B"), 2)
+
+
+def test_a_replayed_epoch_is_committed_once(log: ReplicationLog) -> None:
     committer = SinkCommitter(log, "s")
-    assert committer.commit("q", 0, log.stage(rows(0, 10))) is Outcome.COMMITTED
-    replay = log.stage(rows(0, 10))
-    assert committer.commit("q", 0, replay) is Outcome.REPLAYED
-    assert not any(log.storage.exists(s.path) for s in replay)  # the replay's files are gone
-    assert len(check_log(log)) == 10
+    assert committer.commit(batch(log, "q", 0, 0, 10)) is Outcome.COMMITTED
+    replay = batch(log, "q", 0, 0, 10)
+    assert committer.commit(replay) is Outcome.REPLAYED
+    assert not any(log.storage.exists(p) for p in replay.paths)  # the replay's files are gone
+    assert event_ids(log) == expected(10)
 
 
-def test_abort_after_commit_keeps_the_epoch(tmp_path: Path) -> None:
-    log = ReplicationLog.create(str(tmp_path / "B"), 2)
+def test_abort_after_commit_keeps_the_epoch(log: ReplicationLog) -> None:
     committer = SinkCommitter(log, "s")
-    staged = log.stage(rows(0, 10))
-    committer.commit("q", 0, staged)
-    committer.abort("q", 0, staged, reason="commit raised afterwards")
-    assert log.verify() == [] and len(check_log(log)) == 10
+    attempt = batch(log, "q", 0, 0, 10)
+    committer.commit(attempt)
+    committer.abort(attempt, reason="commit raised afterwards")
+    assert verify(log).ok and event_ids(log) == expected(10)
     assert committer.store.load_latest().sink_commit_statuses["s"].is_committed
 
 
-def test_a_zombie_driver_committing_after_a_rollback_loses_nothing(tmp_path: Path) -> None:
-    """A restarted driver rolls back a Pending epoch while the crashed attempt's driver
-    (a zombie) is still alive and then commits it: no missing files, no duplicates."""
-    log = ReplicationLog.create(str(tmp_path / "B"), 2)
+def test_a_zombie_abort_after_the_mark_moved_on_deletes_nothing(log: ReplicationLog) -> None:
+    """The old driver's epoch 1 reaches the log, then it stalls. The restarted driver
+    skips its replay of 1 and commits 2. The zombie's manifest save then fails and Spark
+    aborts epoch 1 in it: the files the log names for epoch 1 must stay."""
     zombie = SinkCommitter(log, "s")
-    zombie.commit("q", 0, log.stage(rows(0, 10)))
+    zombie.commit(batch(log, "q", 0, 0, 10))
+    stalled = batch(log, "q", 1, 10, 10)
+    log.commit_staged(stalled.staged, writer=WriterInfo("s", "q", 1))  # step 5, then stall
+
+    restarted = SinkCommitter(ReplicationLog.open(log.url), "s")
+    assert restarted.commit(batch(restarted.log, "q", 1, 10, 10)) is Outcome.REPLAYED
+    assert restarted.commit(batch(restarted.log, "q", 2, 20, 10)) is Outcome.COMMITTED
+
+    zombie.abort(stalled, reason="manifest conflict")
+    assert all(log.storage.exists(p) for p in stalled.paths)
+    assert verify(ReplicationLog.open(log.url)).ok
+    assert event_ids(log) == expected(30)
+
+
+def test_a_zombie_committing_after_a_rollback_loses_nothing(log: ReplicationLog) -> None:
+    """A restarted driver rolls back a Pending epoch while the crashed attempt's driver is
+    still alive and then commits it: no missing files, no duplicates."""
+    zombie = SinkCommitter(log, "s")
+    zombie.commit(batch(log, "q", 0, 0, 10))
     zombie_files = log.stage(rows(10, 10))
     leave_pending(zombie, "q", 1, zombie_files)
 
@@ -66,11 +96,93 @@ def test_a_zombie_driver_committing_after_a_rollback_loses_nothing(tmp_path: Pat
     assert resolution is not None and resolution.committed is False
     assert all(log.storage.exists(s.path) for s in zombie_files)  # left for `recover`
 
-    # The zombie's log commit now lands, naming its (still present) files.
     assert log.commit_staged(zombie_files, writer=WriterInfo("s", "q", 1)) is not None
-    # Spark's replay of epoch 1 in the restarted driver defers to it.
-    assert restarted.commit("q", 1, restarted.log.stage(rows(10, 10))) is Outcome.REPLAYED
-    final = ReplicationLog.open(log.url)
-    assert final.verify() == []
-    assert sorted(r["event_id"] for r in check_log(final)) == sorted(f"e{i}" for i in range(20))
+    assert restarted.commit(batch(restarted.log, "q", 1, 10, 10)) is Outcome.REPLAYED
+    assert verify(ReplicationLog.open(log.url)).ok and event_ids(log) == expected(20)
     assert restarted.store.load_latest().sink_epochs["s"] == 1
+
+
+def test_a_newer_run_fences_the_older_one_and_replays_stay_replays(log: ReplicationLog) -> None:
+    """Two live queries on one sink id: the second run takes the sink over; the first
+    can no longer commit new epochs, and its replay of an epoch already in the log is
+    still recognised after the second wrote (the log keeps each query's last epoch)."""
+    first, second = SinkCommitter(log, "s"), SinkCommitter(ReplicationLog.open(log.url), "s")
+    assert first.commit(batch(log, "q1", 5, 0, 10, run_id="r1")) is Outcome.COMMITTED
+    assert second.commit(batch(log, "q2", 0, 10, 10, run_id="r2")) is Outcome.COMMITTED
+    assert first.commit(batch(log, "q1", 5, 0, 10, run_id="r1")) is Outcome.REPLAYED
+    doomed = batch(log, "q1", 6, 20, 10, run_id="r1")
+    with pytest.raises(FencedError, match="r2"):
+        first.commit(doomed)
+    assert event_ids(log) == expected(20)
+    assert second.commit(batch(log, "q2", 1, 20, 10, run_id="r2")) is Outcome.COMMITTED
+    assert event_ids(log) == expected(30)
+
+
+def test_a_sink_commit_whose_put_landed_unseen_is_committed_once(log: ReplicationLog) -> None:
+    rates = FaultRates(unavailable=0, reset=0, lost_response=0, retried_create=1.0)
+    faulty = FaultyStorage.wrap(log.storage, FaultInjector(seed=3, rates=rates))
+    committer = SinkCommitter(ReplicationLog.from_storage(faulty), "s")
+    assert committer.commit(batch(log, "q", 0, 0, 10)) is Outcome.COMMITTED
+    assert committer.commit(batch(log, "q", 1, 10, 10)) is Outcome.COMMITTED
+    assert event_ids(log) == expected(20) and verify(ReplicationLog.open(log.url)).ok
+
+
+class SilentCommits(Storage):
+    """A store where commit 2 lands, but no answer about it (nor a read-back) arrives."""
+
+    blind = False
+
+    def _create_once(self, path: str, data: bytes, sync: bool) -> None:
+        super()._create_once(path, data, sync)
+        if path.endswith("/_replog/commits/00000000000000000002.json"):
+            self.blind = True
+            raise TimeoutError(f"no answer for {path}")
+
+    def _read_once(self, path: str) -> bytes:
+        if path.endswith("/_replog/commits/00000000000000000002.json") and self.blind:
+            raise ConnectionResetError(f"no answer for {path}")
+        return super()._read_once(path)
+
+
+def test_an_abort_while_the_log_commit_is_in_doubt_keeps_the_files(log: ReplicationLog) -> None:
+    """Storage never answers the commit's put: the outcome is unknown, so neither the
+    failed commit nor Spark's abort may delete the staged files."""
+    committer = SinkCommitter(log, "s")
+    committer.commit(batch(log, "q", 0, 0, 10))
+    attempt = batch(log, "q", 1, 10, 10)
+    storage = log.storage.child("")
+    storage.__class__ = SilentCommits
+    storage.retry = RetryPolicy(attempts=2, first_delay_s=0.0)
+    blind = SinkCommitter(ReplicationLog.from_storage(storage), "s")
+    with pytest.raises(CommitOutcomeUnknownError):
+        blind.commit(attempt)
+    committer.abort(attempt, reason="commit failed")
+    assert all(log.storage.exists(p) for p in attempt.paths)
+    # The write did land: the next commit resolves Pending as Committed, nothing doubles.
+    assert committer.commit(batch(log, "q", 2, 20, 10)) is Outcome.COMMITTED
+    assert event_ids(log) == expected(30) and verify(ReplicationLog.open(log.url)).ok
+
+
+def test_an_abort_of_an_epoch_that_never_reached_the_log_cleans_up(log: ReplicationLog) -> None:
+    committer = SinkCommitter(log, "s")
+    attempt = batch(log, "q", 0, 0, 10)
+    committer.abort(attempt, reason="task failed")
+    assert not any(log.storage.exists(p) for p in attempt.paths)
+    status = committer.store.load_latest().sink_commit_statuses["s"]
+    assert status.is_failed
+
+
+def test_an_abort_while_the_log_commit_is_still_in_flight_keeps_the_files(
+    log: ReplicationLog,
+) -> None:
+    """The manifest says Pending for this very attempt and its log commit has not landed
+    yet (a stalled driver thread may still send it): abort keeps the files, so the late
+    commit names files that exist."""
+    committer = SinkCommitter(log, "s")
+    committer.commit(batch(log, "q", 0, 0, 10))
+    attempt = batch(log, "q", 1, 10, 10)
+    leave_pending(committer, "q", 1, list(attempt.staged))
+    committer.abort(attempt, reason="driver gave up waiting")
+    assert all(log.storage.exists(p) for p in attempt.paths)
+    assert log.commit_staged(attempt.staged, writer=WriterInfo("s", "q", 1)) is not None
+    assert verify(ReplicationLog.open(log.url)).ok and event_ids(log) == expected(20)

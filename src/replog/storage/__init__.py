@@ -139,7 +139,8 @@ class Storage:
 
     def child(self, relative: str) -> Storage:
         """The location ``relative`` below this one (same filesystem, options and class)."""
-        clone = copy.copy(self)
+        clone = object.__new__(type(self))  # not copy.copy: pickling state drops subclass fields
+        clone.__dict__.update(self.__dict__)
         clone.url = f"{self.url.rstrip('/')}/{relative}"
         clone.root = self.path(relative)
         return clone
