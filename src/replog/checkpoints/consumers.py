@@ -207,9 +207,7 @@ def delete_consumer(log: ReplicationLog, consumer: str) -> None:
     store = ManifestStore(storage)
     if store.latest_id() == 0 and not storage.listdir(LINKS_DIR):
         raise ManifestNotFoundError(f"{log.url} has no consumer {consumer!r}")
-    for name in storage.listdir(LINKS_DIR):
-        storage.delete(f"{LINKS_DIR}/{name}")
-    store.delete_all()
+    storage.delete_tree("")
     logger.info("deleted consumer %s of %s", consumer, log.url)
 
 

@@ -217,10 +217,3 @@ class ManifestStore:
         for checkpoint_id in doomed:
             self.storage.delete(manifest_name(checkpoint_id))
         return doomed
-
-    def delete_all(self) -> None:
-        """Remove every file of the store (``replog consumer delete``)."""
-        for directory in (MANIFESTS_DIR, QUARANTINE_DIR):
-            for name in self.storage.listdir(directory):
-                self.storage.delete(f"{directory}/{name}")
-        self.storage.delete(LATEST_POINTER)

@@ -261,6 +261,11 @@ class Storage:
         path = self.path(relative)
         self._retrying("delete", path, lambda: self._delete_once(path))
 
+    def delete_tree(self, relative: str) -> None:
+        """Delete a directory and everything below it; one that is already gone is fine."""
+        path = self.path(relative)
+        self._retrying("delete", path, lambda: backends.delete_tree(self.fs, path))
+
     # -- internals -----------------------------------------------------------------------
 
     def _holds(self, path: str, data: bytes) -> bool:

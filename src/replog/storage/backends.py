@@ -166,6 +166,11 @@ def delete(fs: fsspec.AbstractFileSystem, path: str) -> None:
         fs.rm_file(path)
 
 
+def delete_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):
+        fs.rm(path, recursive=True)
+
+
 def list_names(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
     try:
         fs.invalidate_cache(path)

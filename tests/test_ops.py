@@ -1,53 +1,32 @@
-"""status, truncate, recover and compact: the core functions and the CLI commands."""
+"""Operator functions (replog.ops): truncate, compact, recover, status."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
-from clirun import replog
-from logcheck import check_key_order, check_log, run_concurrently
-from test_sink_protocol import leave_pending
+from support.logcheck import check_key_order, check_log, run_concurrently
+from support.logs import backdate, commit_offsets, filled_log, log_rows, segment_files
+from support.replication import leave_pending
 
-from replog import compaction, consumers, recovery, retention, status
-from replog.errors import CorruptionError, DataLossError, RetentionError
-from replog.events import events_from_records
-from replog.log import ReplicationLog, read_segment
-from replog.records import COMPACT, CommitRecord, WriterInfo, commit_path
-from replog.sink_protocol import SinkCommitter
-
-
-def filled_log(
-    url: str,
-    commits: int = 4,
-    per_commit: int = 40,
-    shards: int = 2,
-    storage_options: dict | None = None,
-) -> ReplicationLog:
-    log = ReplicationLog.create(url, shards, storage_options=storage_options)
-    for c in range(commits):
-        log.append(
-            [{"key": f"k{i % 7}", "data": {"n": c * per_commit + i}} for i in range(per_commit)]
-        )
-    return log
+from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
+from replog.errors import CommitConflictError, CorruptionError, DataLossError, RetentionError
+from replog.format import leases
+from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path
+from replog.format.segments import read_segment
+from replog.log import ReplicationLog
+from replog.ops import compaction, recovery, retention, status
+from replog.ops.verify import verify
+from replog.storage import Storage
+from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
-def segment_files(log: ReplicationLog) -> set[str]:
-    return {
-        f"shards/{lane}/{name}"
-        for lane in log.storage.list("shards")
-        for name in log.storage.list(f"shards/{lane}")
-    }
-
-
-def backdate(log: ReplicationLog, relative: str, seconds: float) -> None:
-    """Age a local file (only garbage collection looks at file times)."""
-    path = log.storage.path(relative)
-    stamp = time.time() - seconds
-    os.utime(path, (stamp, stamp))
+def sink_batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int) -> Batch:
+    return Batch(query, epoch, tuple(log.stage(log_rows(count, start))),
+                 since_version=log.refresh().version)
 
 
 # -- truncate ------------------------------------------------------------------------------
@@ -55,7 +34,7 @@ def backdate(log: ReplicationLog, relative: str, seconds: float) -> None:
 
 def test_truncate_refuses_to_drop_unconsumed_events_and_changes_nothing(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"))
-    consumers.commit_offsets(log, "etl", {0: 10, 1: 5}, epoch=1)
+    commit_offsets(log, "etl", {0: 10, 1: 5})
     version = log.refresh().version
     with pytest.raises(RetentionError) as caught:
         retention.truncate(log, {0: 20, 1: 3})
@@ -63,8 +42,7 @@ def test_truncate_refuses_to_drop_unconsumed_events_and_changes_nothing(tmp_path
     assert "consumer 'etl'" in message and "shard 0" in message and "up to sequence 10" in message
     assert "Nothing was changed" in message
     assert log.refresh().version == version and log.state().lows == [1, 1]
-    # Up to what the consumer committed is allowed.
-    plan, record = retention.truncate(log, {0: 11, 1: 6})
+    plan, record = retention.truncate(log, {0: 11, 1: 6})  # up to what it committed
     assert record is not None and record.low_watermarks == {0: 11, 1: 6}
     assert plan.total_dropped == 15
     assert ReplicationLog.open(log.url).state().lows == [11, 6]
@@ -73,12 +51,11 @@ def test_truncate_refuses_to_drop_unconsumed_events_and_changes_nothing(tmp_path
 def test_truncate_consumed_drops_only_what_every_consumer_committed(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"), commits=3)
     heads = log.head()
-    consumers.commit_offsets(log, "fast", {0: heads[0], 1: heads[1]}, epoch=1)
-    consumers.commit_offsets(log, "slow", {0: 12, 1: heads[1]}, epoch=1)
+    commit_offsets(log, "fast", {0: heads[0], 1: heads[1]})
+    commit_offsets(log, "slow", {0: 12, 1: heads[1]})
     assert retention.consumed_lows(log) == {0: 13, 1: heads[1] + 1}
     _, record = retention.truncate(log, retention.consumed_lows(log))
     assert record is not None
-    # Whole segments below the low leave the log; the straddling one stays, read from 13.
     assert all(s.last_sequence < 13 for s in record.remove if s.shard == 0)
     rows = check_log(log)
     assert min(r["sequence"] for r in rows if r["shard"] == 0) == 13
@@ -91,15 +68,15 @@ def test_truncate_with_no_consumers_keeps_everything_and_force_overrides(tmp_pat
     log = filled_log(str(tmp_path / "log"), commits=2)
     assert retention.consumed_lows(log) == {0: 1, 1: 1}
     assert retention.truncate(log, retention.consumed_lows(log))[1] is None
-    consumers.commit_offsets(log, "idle", {}, epoch=0)
+    commit_offsets(log, "idle", {})
     _, record = retention.truncate(log, {0: 5}, force=True)
     assert record is not None and log.state().lows[0] == 5
 
 
 def test_truncate_older_than_uses_event_times(tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "log"), 1)
-    log.append([{"key": "a", "data": 1, "timestamp": "2020-01-01T00:00:00Z"}] * 3)
-    log.append([{"key": "a", "data": 2, "timestamp": "2030-01-01T00:00:00Z"}] * 2)
+    log.append([{"key": "a", "data": i, "timestamp": "2020-01-01T00:00:00Z"} for i in range(3)])
+    log.append([{"key": "a", "data": i, "timestamp": "2030-01-01T00:00:00Z"} for i in range(2)])
     cutoff = int(time.time() * 1000)
     assert retention.lows_older_than(log.refresh(), cutoff) == {0: 4}
 
@@ -112,7 +89,7 @@ def test_truncate_rejects_a_low_past_the_head(tmp_path: Path) -> None:
         retention.truncate(log, {5: 1})
 
 
-# -- compact ---------------------------------------------------------------------------------
+# -- compact -------------------------------------------------------------------------------
 
 
 def test_compaction_keeps_every_event_and_sequence(tmp_path: Path) -> None:
@@ -129,10 +106,10 @@ def test_compaction_keeps_every_event_and_sequence(tmp_path: Path) -> None:
         (r["shard"], r["sequence"], r["event_id"]) for r in before
     )
     check_key_order(after)
-    # A reader that resumes mid-way through a merged segment gets exactly the rest.
-    tail = reopened.read_table(0, 17)
+    tail = reopened.read_table(0, 17)  # resuming mid-way through a merged segment
     assert tail.column("sequence").to_pylist() == list(range(17, log.head()[0] + 1))
-    assert compaction.compact(reopened).record is None  # nothing left to merge
+    assert compaction.compact(reopened).record is None
+    assert not leases.leases(log.storage)  # its lease was released
 
 
 def test_compaction_respects_target_size(tmp_path: Path) -> None:
@@ -143,10 +120,25 @@ def test_compaction_respects_target_size(tmp_path: Path) -> None:
     assert log.refresh().segment_count == 2
 
 
+@pytest.mark.parametrize("fault", ["retried_create", "lost_response"])
+def test_a_compaction_whose_commit_landed_unseen_keeps_its_merged_files(
+    tmp_path: Path, fault: str
+) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=4)
+    zero = {"unavailable": 0.0, "reset": 0.0, "lost_response": 0.0, "retried_create": 0.0}
+    injector = FaultInjector(seed=5, rates=FaultRates(**{**zero, fault: 1.0}))
+    blind = ReplicationLog.from_storage(FaultyStorage.wrap(log.storage, injector))
+    result = compaction.compact(blind)
+    assert result.record is not None
+    fresh = ReplicationLog.open(log.url)
+    assert fresh.refresh().version == 5 and fresh.state().segment_count == 2
+    assert verify(fresh).ok and len(check_log(fresh)) == 160
+
+
 def test_compaction_under_concurrent_appends_and_readers(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"), commits=10)
     reader = ReplicationLog.open(log.url)
-    planned = reader.refresh().covering(0, 1, reader.head()[0])  # a plan made before
+    planned = reader.refresh().covering(0, 1, reader.head()[0])
     appended: list[int] = []
 
     def append_more() -> None:
@@ -157,14 +149,16 @@ def test_compaction_under_concurrent_appends_and_readers(tmp_path: Path) -> None
 
     def compact_twice() -> None:
         for _ in range(2):
-            compaction.compact(ReplicationLog.open(log.url))
+            try:
+                compaction.compact(ReplicationLog.open(log.url))
+            except CommitConflictError:
+                pass  # the other compaction removed a source first: nothing was committed
 
     run_concurrently(append_more, compact_twice)
     rows = check_log(ReplicationLog.open(log.url))
     assert len(rows) == 20 * 40 and len(appended) == 10
     check_key_order(rows)
-    # Files a reader planned on before the compaction are still there to read.
-    for segment in planned:
+    for segment in planned:  # files a reader planned on before the compaction remain
         assert sum(b.num_rows for b in read_segment(reader.storage, segment, 1, 10**9)) > 0
 
 
@@ -172,26 +166,19 @@ def test_a_compaction_that_does_not_cover_its_sources_is_rejected(tmp_path: Path
     log = filled_log(str(tmp_path / "log"), commits=2, shards=1)
     state = log.refresh()
     first, second = state.segments[0]
-    bad = CommitRecord(
-        version=state.version + 1,
-        timestamp_ms=1,
-        operation=COMPACT,
-        add=(first,),
-        remove=(first, second),
-    )
+    bad = CommitRecord.after(state.version, COMPACT, add=(first,), remove=(first, second))
     log.storage.put_if_absent(commit_path(bad.version), bad.to_bytes())
     with pytest.raises(CorruptionError, match="do not cover exactly"):
         ReplicationLog.open(log.url).refresh()
 
 
-# -- recover ---------------------------------------------------------------------------------
+# -- recover -------------------------------------------------------------------------------
 
 
 def test_recover_resolves_a_pending_commit_left_by_a_crash(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"), commits=1)
     committer = SinkCommitter(log, "orders-sink")
-    committer.commit("query-1", 0, log.stage(log_rows(10)))
-    # A crash after Pending: the manifest says Pending, the log never got the commit.
+    committer.commit(sink_batch(log, "query-1", 0, 0, 10))
     staged = log.stage(log_rows(10, start=10))
     leave_pending(committer, "query-1", 1, staged)
 
@@ -201,32 +188,27 @@ def test_recover_resolves_a_pending_commit_left_by_a_crash(tmp_path: Path) -> No
 
     preview = recovery.recover(log, grace_ms=0, dry_run=True)
     assert preview.resolved["orders-sink"].committed is False
-    assert (
-        consumers.sink_store(log, "orders-sink")
-        .load_latest()
-        .sink_commit_statuses["orders-sink"]
-        .is_pending
-    )
+    store = sink_store(log, "orders-sink")
+    assert store.load_latest().sink_commit_statuses["orders-sink"].is_pending
 
     report = recovery.recover(log, grace_ms=0)
     assert report.resolved["orders-sink"].committed is False
-    manifest = consumers.sink_store(log, "orders-sink").load_latest()
+    manifest = store.load_latest()
     assert manifest.sink_commit_statuses["orders-sink"].is_failed
     assert manifest.sink_epochs["orders-sink"] == 0
     assert not any(log.storage.exists(s.path) for s in staged)
-    # The replayed epoch then commits normally, once.
     committer = SinkCommitter(ReplicationLog.open(log.url), "orders-sink")
-    committer.commit("query-1", 1, committer.log.stage(log_rows(10, start=10)))
+    committer.commit(sink_batch(committer.log, "query-1", 1, 10, 10))  # the replay, once
     assert len(check_log(committer.log)) == 40 + 20
 
 
 def test_recover_marks_committed_when_the_log_holds_the_epoch(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"), commits=1)
     committer = SinkCommitter(log, "s")
-    committer.commit("q", 0, log.stage(log_rows(5)))
+    committer.commit(sink_batch(log, "q", 0, 0, 5))
     staged = log.stage(log_rows(5, start=5))
     leave_pending(committer, "q", 1, staged)
-    log.commit_staged(staged, writer=WriterInfo("s", "q", 1))  # the log commit made it
+    log.commit_staged(staged, writer=WriterInfo("s", "q", 1))
     report = recovery.recover(log, grace_ms=0)
     assert report.resolved["s"].committed is True
     manifest = committer.store.load_latest()
@@ -245,8 +227,48 @@ def test_garbage_collection_spares_young_and_recently_removed_files(tmp_path: Pa
     assert all(log.storage.exists(relative) for relative in old_live)
     report = recovery.recover(log, grace_ms=0)
     assert sorted(report.garbage) == old_live
-    assert len(check_log(log)) == 120
-    assert not log.verify()
+    assert len(check_log(log)) == 120 and verify(log).ok
+
+
+def test_recover_spares_the_files_of_a_writer_that_outlives_the_grace(tmp_path: Path) -> None:
+    """A batch job or compaction staging for longer than --grace holds a lease: its files
+    stay until it commits, however old they are."""
+    log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
+    lease = leases.acquire(log.storage, "a long batch job")
+    lease = dataclasses.replace(lease, acquired_ms=lease.acquired_ms - 7_300_000)  # 2 h ago
+    log.storage.write(lease.relative, json.dumps(dataclasses.asdict(lease)).encode())
+    staged = log.stage(log_rows(5))
+    for segment in staged:
+        backdate(log, segment.path, 7200)  # staged after the lease, long before now
+    report = recovery.recover(log, grace_ms=1000)
+    assert report.garbage == [] and report.scan.kept_leased == 1
+    assert log.commit_staged(staged) is not None
+    leases.release(log.storage, lease)
+    assert verify(log).ok and len(check_log(log)) == 45
+
+
+class NoTimes(Storage):
+    """A backend that reports no modification times."""
+
+    def _modified_once(self, path: str) -> int | None:
+        return None
+
+
+def test_recover_on_a_backend_without_file_times_waits_a_grace_from_first_sight(
+    tmp_path: Path,
+) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
+    storage = log.storage.child("")
+    storage.__class__ = NoTimes
+    blind = ReplicationLog.from_storage(storage)
+    staged = log.stage(log_rows(5))  # a live writer's file, not yet committed
+    assert recovery.recover(blind, grace_ms=60_000).garbage == []
+    assert log.commit_staged(staged) is not None
+    assert verify(log).ok and len(check_log(log)) == 45
+    orphan = log.stage(log_rows(3))[0].path
+    assert recovery.recover(blind, grace_ms=60_000).garbage == []  # first seen now
+    time.sleep(0.01)
+    assert recovery.recover(blind, grace_ms=5).garbage == [orphan]
 
 
 # -- status ----------------------------------------------------------------------------------
@@ -258,65 +280,17 @@ def test_status_reports_lag_age_and_sinks(tmp_path: Path) -> None:
         [{"key": f"k{i}", "data": i, "timestamp": "2026-01-01T00:00:00Z"} for i in range(20)]
     )
     log.append([{"key": f"k{i}", "data": i} for i in range(20)])
-    SinkCommitter(log, "mirror").commit("q-7", 3, log.stage(log_rows(4)))
+    SinkCommitter(log, "mirror").commit(sink_batch(log, "q-7", 3, 0, 4))
     heads = log.head()
-    consumers.commit_offsets(log, "caught-up", {0: heads[0], 1: heads[1]}, epoch=2)
-    consumers.commit_offsets(log, "behind", {0: 1, 1: 0}, epoch=1)
+    commit_offsets(log, "caught-up", {0: heads[0], 1: heads[1]})
+    commit_offsets(log, "behind", {0: 1, 1: 0})
     report = status.log_status(log)
-    by_name = {c["name"]: c for c in report["consumers"]}
-    assert by_name["caught-up"]["total_lag"] == 0
-    assert by_name["caught-up"]["oldest_unconsumed_ms"] is None
-    assert by_name["behind"]["total_lag"] == sum(log.head().values()) - 1
-    # The next unconsumed events are from the first append: 2026-01-01.
-    assert by_name["behind"]["oldest_unconsumed_ms"] == 1767225600000
-    [sink] = report["sinks"]
-    assert sink["sink_id"] == "mirror" and sink["epoch"] == 3 and sink["status"] == "Committed"
-    assert sink["query_id"] == "q-7" and sink["log_epoch"] == 3
-
-
-# -- the commands --------------------------------------------------------------------------
-
-
-def run_operator_commands(
-    url: str, storage_options: dict | None = None, fs_args: tuple[str, ...] = ()
-) -> None:
-    """Every operator command against one log, through the installed ``replog`` script."""
-    log = filled_log(url, commits=4, storage_options=storage_options)
-    consumers.commit_offsets(log, "etl", {0: 8, 1: 8}, epoch=1)
-    shown = replog("status", url, *fs_args)
-    assert shown.returncode == 0 and "etl" in shown.stdout and "lag" in shown.stdout
-    report = json.loads(replog("status", url, "--json", *fs_args).stdout)
-    assert report["consumers"][0]["name"] == "etl"
-
-    refused = replog("truncate", url, "--keep-from", '{"0": 30}', *fs_args)
-    assert refused.returncode == 2 and "consumer 'etl'" in refused.stderr
-    assert log.refresh().lows == [1, 1]
-    dry = replog("truncate", url, "--keep-from", '{"0": 30}', "--dry-run", *fs_args)
-    assert dry.returncode == 1 and "BLOCKED" in dry.stdout and "--force" in dry.stdout
-    done = replog("truncate", url, *fs_args)  # what every consumer committed
-    assert done.returncode == 0, done.stderr
-    assert log.refresh().lows == [9, 9]
-    forced = replog("truncate", url, "--keep-from", '{"0": 30}', "--force", *fs_args)
-    assert forced.returncode == 0 and log.refresh().lows[0] == 30
-    bad = replog("truncate", url, "--older-than", "soon", *fs_args)
-    assert bad.returncode == 2 and "--older-than: 'soon' is not a duration" in bad.stderr
-
-    compacted = replog("compact", url, *fs_args)
-    assert compacted.returncode == 0 and "merged" in compacted.stdout, compacted.stderr
-    assert log.refresh().segment_count == 2
-    kept = replog("recover", url, *fs_args)
-    assert kept.returncode == 0 and "deleted 0 garbage" in kept.stdout
-    collected = replog("recover", url, "--grace", "0", *fs_args)
-    assert collected.returncode == 0 and "deleted 8 garbage" in collected.stdout
-    assert replog("verify", url, *fs_args).returncode == 0
-    assert len(check_log(log)) == 160 - 29 - 8  # shard 0 keeps from 30, shard 1 from 9
-
-
-def test_operator_commands(tmp_path: Path) -> None:
-    run_operator_commands(str(tmp_path / "log"))
-
-
-def log_rows(count: int, start: int = 0):
-    return events_from_records(
-        [{"key": f"s{i}", "data": {"n": i}} for i in range(start, start + count)]
-    )
+    by_name = {c.name: c for c in report.consumers}
+    assert by_name["caught-up"].total_lag == 0
+    assert by_name["caught-up"].oldest_unconsumed_ms is None
+    assert by_name["behind"].total_lag == sum(log.head().values()) - 1
+    assert by_name["behind"].oldest_unconsumed_ms == 1767225600000  # 2026-01-01
+    [sink] = report.sinks
+    assert sink.sink_id == "mirror" and sink.epoch == 3 and sink.status == "Committed"
+    assert sink.query_id == "q-7" and sink.log_epoch == 3
+    assert report.to_json()["consumers"][0]["name"] == "behind"

@@ -1,0 +1,57 @@
+"""Small logs for tests: filled, aged, and with consumers at given positions."""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+import pyarrow as pa
+
+from replog.checkpoints.consumers import OffsetCommitter
+from replog.format.events import events_from_records
+from replog.log import ReplicationLog
+
+
+def filled_log(
+    url: str,
+    commits: int = 4,
+    per_commit: int = 40,
+    shards: int = 2,
+    storage_options: dict[str, Any] | None = None,
+) -> ReplicationLog:
+    log = ReplicationLog.create(url, shards, storage_options=storage_options)
+    for c in range(commits):
+        log.append(
+            [{"key": f"k{i % 7}", "data": {"n": c * per_commit + i}} for i in range(per_commit)]
+        )
+    return log
+
+
+def log_rows(count: int, start: int = 0) -> pa.Table:
+    return events_from_records(
+        [{"key": f"s{i}", "data": {"n": i}} for i in range(start, start + count)]
+    )
+
+
+def commit_offsets(log: ReplicationLog, consumer: str, offsets: dict[int, int]) -> None:
+    """Record ``consumer`` at ``offsets`` (shards not named: 0), as a reader would."""
+    full = {shard: offsets.get(shard, 0) for shard in range(log.shards)}
+    OffsetCommitter(log, consumer, owner=f"test-{consumer}").commit(
+        full, log_version=log.refresh().version, note="test"
+    )
+
+
+def segment_files(log: ReplicationLog) -> set[str]:
+    return {
+        f"shards/{lane}/{name}"
+        for lane in log.storage.listdir("shards")
+        for name in log.storage.listdir(f"shards/{lane}")
+    }
+
+
+def backdate(log: ReplicationLog, relative: str, seconds: float) -> None:
+    """Age a local file (only garbage collection looks at file times)."""
+    path = log.storage.path(relative)
+    stamp = time.time() - seconds
+    os.utime(path, (stamp, stamp))

@@ -1,0 +1,85 @@
+"""Consumers (replog.checkpoints.consumers): names, fencing, deletion, sink links."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from support.logs import commit_offsets, filled_log, log_rows
+
+from replog.checkpoints import consumers
+from replog.checkpoints.consumers import OffsetCommitter, SinkLink
+from replog.checkpoints.sinks import Batch, SinkCommitter
+from replog.errors import FencedError, InvalidOptionError, ManifestNotFoundError
+from replog.format.commits import SourcePosition
+from replog.log import ReplicationLog
+from replog.ops import retention
+
+
+@pytest.mark.parametrize("name", ["etl\n", "", "a/b", "..", " x", "x" * 300])
+def test_bad_consumer_names_are_refused(tmp_path: Path, name: str) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=1)
+    with pytest.raises(InvalidOptionError, match="consumer"):
+        OffsetCommitter(log, name, "run")
+
+
+def test_a_second_reader_of_one_consumer_fences_the_first(tmp_path: Path) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=1)
+    first = OffsetCommitter(log, "etl", "run-1")
+    first.commit({0: 1, 1: 1}, log_version=1, note="batch 0")
+    second = OffsetCommitter(log, "etl", "run-2")
+    second.commit({0: 2, 1: 2}, log_version=1, note="batch 0")
+    with pytest.raises(FencedError, match="run-2"):
+        first.commit({0: 3, 1: 3}, log_version=1, note="batch 1")
+    position = consumers.committed_position(log, "etl")
+    assert position is not None and position.offsets == {0: 2, 1: 2}
+    assert position.owner == "run-2" and position.generation == 2
+
+
+def test_offsets_must_name_every_shard(tmp_path: Path) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=1)
+    with pytest.raises(InvalidOptionError, match="shards 0..1"):
+        OffsetCommitter(log, "etl", "run").commit({0: 1}, log_version=1, note="x")
+
+
+def test_deleting_a_dead_consumer_unblocks_retention(tmp_path: Path) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=2)
+    heads = log.head()
+    commit_offsets(log, "live", {0: heads[0], 1: heads[1]})
+    commit_offsets(log, "dead", {0: 0, 1: 0})
+    assert retention.consumed_lows(log) == {0: 1, 1: 1}
+    consumers.delete_consumer(log, "dead")
+    assert consumers.list_consumers(log) == ["live"]
+    assert retention.consumed_lows(log) == {0: heads[0] + 1, 1: heads[1] + 1}
+    with pytest.raises(ManifestNotFoundError, match="no consumer 'dead'"):
+        consumers.delete_consumer(log, "dead")
+
+
+def test_a_replaced_checkpoint_resumes_past_what_a_linked_sink_wrote(tmp_path: Path) -> None:
+    """The sink's log commit records the source positions it covers; a consumer whose
+    own offsets lag behind (Spark's commit never came) resumes from the sink's."""
+    source = filled_log(str(tmp_path / "A"), commits=2)
+    target = ReplicationLog.create(str(tmp_path / "B"), 2)
+    commit_offsets(source, "mirror", {0: 5, 1: 5})
+    consumers.write_link(
+        source.storage, "mirror", SinkLink(target.url, target.log_id, "to-b")
+    )
+    position = SourcePosition(source.log_id, "mirror", {0: 30, 1: 20})
+    batch = Batch("q", 0, tuple(target.stage(log_rows(4))), sources=(position,))
+    SinkCommitter(target, "to-b").commit(batch)
+    resumed = consumers.resume_offsets(source, "mirror", {})
+    assert resumed is not None and resumed.offsets == {0: 30, 1: 20}
+    # A sink that wrote less than the consumer committed does not move it back.
+    commit_offsets(source, "mirror", {0: 40, 1: 10})
+    resumed = consumers.resume_offsets(source, "mirror", {})
+    assert resumed is not None and resumed.offsets == {0: 40, 1: 20}
+
+
+def test_a_link_to_a_log_that_is_gone_is_ignored(tmp_path: Path) -> None:
+    source = filled_log(str(tmp_path / "A"), commits=1)
+    commit_offsets(source, "mirror", {0: 5, 1: 5})
+    consumers.write_link(
+        source.storage, "mirror", SinkLink(str(tmp_path / "gone"), "some-id", "to-b")
+    )
+    resumed = consumers.resume_offsets(source, "mirror", {})
+    assert resumed is not None and resumed.offsets == {0: 5, 1: 5}
