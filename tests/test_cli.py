@@ -1,7 +1,11 @@
+"""The ``replog`` command (replog.cli), run in process; a few smoke tests run the script."""
+
 import json
 from pathlib import Path
 
-from clirun import replog
+import pytest
+from support.cli import replog, replog_process
+from support.operators import run_operator_commands
 
 from replog.log import ReplicationLog
 
@@ -40,6 +44,16 @@ def test_create_append_info_read_verify(tmp_path: Path) -> None:
     assert replog("verify", url).returncode == 0
 
 
+def test_read_prints_payloads_exactly_and_before_images(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    replog("create", url, "--shards", "1")
+    line = '{"key":"k","data":{"price":12345678901234567890.123456789},"before":{"price":1}}\n'
+    assert replog("append", url, "-", stdin=line).returncode == 0
+    row = json.loads(replog("read", url).stdout)
+    assert row["data"] == '{"price":12345678901234567890.123456789}'  # the text, unchanged
+    assert row["before"] == '{"price":1}'
+
+
 def test_binary_data_is_base64(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     log = ReplicationLog.create(url, 1)
@@ -60,17 +74,52 @@ def test_bad_line_commits_nothing_and_names_line(tmp_path: Path) -> None:
     assert json.loads(replog("info", url, "--json").stdout)["version"] == 0
 
 
+def test_append_debezium_reports_what_it_skipped(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    replog("create", url, "--shards", "2")
+    lines = "\n".join(
+        [
+            '{"schema":{},"payload":{"op":"c","before":null,"after":{"id":1,"w":1.10},'
+            '"source":{"db":"inventory","table":"products","ts_ms":1700000000000}}}',
+            "null",
+            '{"op":"t","source":{"db":"inventory","table":"products"}}',
+        ]
+    )
+    result = replog(
+        "append", url, "-", "--format", "debezium", "--key-fields", "id", "--json", stdin=lines
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["events"] == 1 and report["skipped"] == {
+        "tombstone (null value)": 1,
+        "truncate event (op t)": 1,
+    }
+    row = json.loads(replog("read", url, "--json").stdout.splitlines()[0])
+    assert row["key"] == '{"id":1}' and row["collection"] == "inventory.products"
+    missing = replog("append", url, "-", "--format", "debezium", stdin=lines)
+    assert missing.returncode == 2 and "--key-fields" in missing.stderr
+
+
 def test_errors_name_what_is_wrong(tmp_path: Path) -> None:
     missing = replog("info", str(tmp_path / "nothing"))
     assert missing.returncode == 2 and "holds no replog log" in missing.stderr
     scheme = replog("info", "gopher://x/y")
-    assert scheme.returncode == 2 and "Protocol not known: gopher" in scheme.stderr
+    assert scheme.returncode == 2 and "gopher" in scheme.stderr
     url = str(tmp_path / "log")
     replog("create", url)
     again = replog("create", url)
     assert again.returncode == 2 and "already holds a replog log" in again.stderr
     no_data = replog("append", url, "-", stdin='{"key": "k"}\n')
     assert "line 1: 'data' is required" in no_data.stderr
+    secret = replog(
+        "info",
+        "s3://no-bucket/x",
+        "--fs-option",
+        "secret=hunter2",
+        "--fs-option",
+        "endpoint_url=http://127.0.0.1:9",
+    )
+    assert secret.returncode == 2 and "hunter2" not in secret.stderr
 
 
 def test_verify_names_the_corrupt_file(tmp_path: Path) -> None:
@@ -86,22 +135,39 @@ def test_verify_names_the_corrupt_file(tmp_path: Path) -> None:
     assert str(segment) in result.stdout and "checksum mismatch" in result.stdout
 
 
-def test_consumer_offsets_and_manifest_commands(tmp_path: Path) -> None:
+def consumer_json(url: str, name: str) -> dict:
+    shown = replog("consumer", "show", url, "--consumer", name, "--json")
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
+
+
+def test_consumer_commands(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     replog("create", url, "--shards", "2")
     replog("append", url, "-", stdin=LINES)
-    shown = json.loads(replog("consumer", "show", url, "--consumer", "etl", "--json").stdout)
-    assert shown["committed"] is False and shown["total_lag"] == 25
-    result = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"0": 3}')
-    assert result.returncode == 0, result.stderr
-    shown = json.loads(replog("consumer", "show", url, "--consumer", "etl", "--json").stdout)
+    unknown = replog("consumer", "show", url, "--consumer", "etl")
+    assert unknown.returncode == 2 and "no consumer 'etl'" in unknown.stderr
+    no_target = replog("consumer", "set", url, "--consumer", "etl", "--execute")
+    assert no_target.returncode == 2 and "--to-earliest" in no_target.stderr
+
+    dry = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"0": 3}')
+    assert dry.returncode == 0 and "dry run" in dry.stdout.lower()
+    assert replog("consumer", "list", url).stdout.split() == []
+    done = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"0": 3}', "--execute")
+    assert done.returncode == 0, done.stderr
+    shown = consumer_json(url, "etl")
     assert shown["offsets"]["0"] == 3 and shown["total_lag"] == 22
-    assert (
-        replog("consumer", "set", url, "--consumer", "etl", "--offsets", "latest").returncode == 0
+    replog("consumer", "set", url, "--consumer", "etl", "--to-latest", "--execute")
+    assert consumer_json(url, "etl")["total_lag"] == 0
+    replog("consumer", "set", url, "--consumer", "etl", "--to-earliest", "--execute")
+    assert consumer_json(url, "etl")["total_lag"] == 25
+    seconds = replog(
+        "consumer", "set", url, "--consumer", "etl", "--to-timestamp", "1700000000", "--execute"
     )
-    shown = json.loads(replog("consumer", "show", url, "--consumer", "etl", "--json").stdout)
-    assert shown["total_lag"] == 0
-    beyond = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"1": 999}')
+    assert seconds.returncode == 2 and "seconds" in seconds.stderr
+    beyond = replog(
+        "consumer", "set", url, "--consumer", "etl", "--offsets", '{"1": 999}', "--execute"
+    )
     assert beyond.returncode == 2 and "beyond its head" in beyond.stderr
     bad_shard = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"7": 1}')
     assert "shard 7 does not exist" in bad_shard.stderr
@@ -110,6 +176,25 @@ def test_consumer_offsets_and_manifest_commands(tmp_path: Path) -> None:
     store = f"{url}/_replog/consumers/etl"
     listing = replog("manifest", "list", store)
     assert listing.returncode == 0 and "* " in listing.stdout
-    shown_manifest = json.loads(replog("manifest", "show", store).stdout)
-    assert shown_manifest["checkpoint_id"] == 2
+    assert json.loads(replog("manifest", "show", store).stdout)["checkpoint_id"] == 3
     assert replog("manifest", "validate", store).returncode == 0
+
+    assert replog("consumer", "delete", url, "--consumer", "etl", "--execute").returncode == 0
+    assert replog("consumer", "list", url).stdout.split() == []
+
+
+def test_operator_commands(tmp_path: Path) -> None:
+    run_operator_commands(str(tmp_path / "log"))
+
+
+@pytest.mark.slow
+def test_the_installed_script_runs_and_reports_errors(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    assert replog_process("create", url, "--shards", "2").returncode == 0
+    appended = replog_process("append", url, "-", stdin=LINES)
+    assert appended.returncode == 0 and "appended 25 events" in appended.stdout
+    version = replog_process("--version")
+    assert version.returncode == 0 and version.stdout.strip()
+    broken = replog_process("append", url, "-", stdin="{oops\n")
+    assert broken.returncode == 2 and "line 1" in broken.stderr
+    assert "Traceback" not in broken.stderr

@@ -5,9 +5,9 @@ from pathlib import Path
 import pytest
 from support.logcheck import run_concurrently
 
-from replog.errors import ManifestConflictError, ManifestNotFoundError, UnsupportedFormatError
 from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint, SinkCommitStatus
 from replog.checkpoints.store import LATEST_POINTER, QUARANTINE_DIR, ManifestStore, manifest_name
+from replog.errors import ManifestConflictError, ManifestNotFoundError, UnsupportedFormatError
 from replog.format.sealed import seal
 
 

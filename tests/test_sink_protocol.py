@@ -29,8 +29,13 @@ def rows(start: int, count: int):
 
 def batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int, **kw) -> Batch:
     """One attempt of ``epoch``: its tasks' staged files, the log version it began at."""
-    return Batch(query, epoch, tuple(log.stage(rows(start, count))),
-                 since_version=log.refresh().version, **kw)
+    return Batch(
+        query,
+        epoch,
+        tuple(log.stage(rows(start, count))),
+        since_version=log.refresh().version,
+        **kw,
+    )
 
 
 def event_ids(log: ReplicationLog) -> list[str]:

@@ -9,8 +9,8 @@ import pytest
 from logcheck import check_log, run_concurrently
 from pyspark.sql import functions as F
 from replication import assert_exact_replica, fill_source
-
 from replog.consumers import sink_store
+
 from replog.log import ReplicationLog
 
 pytestmark = pytest.mark.spark

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 from replication import fill_source
+from replog.records import TRUNCATE, CommitRecord
 
 from replog import consumers
 from replog.log import ReplicationLog, now_ms
-from replog.records import TRUNCATE, CommitRecord
 
 pytestmark = pytest.mark.spark
 

@@ -31,7 +31,12 @@ fsspec.register_implementation("checkthenwrite", CheckThenWriteFS, clobber=True)
 
 
 def faulty(storage: Storage, **rates: float) -> FaultyStorage:
-    injector = FaultInjector(seed=1, rates=FaultRates(**{"unavailable": 0, "reset": 0, "lost_response": 0, "retried_create": 0, **rates}))
+    injector = FaultInjector(
+        seed=1,
+        rates=FaultRates(
+            **{"unavailable": 0, "reset": 0, "lost_response": 0, "retried_create": 0, **rates}
+        ),
+    )
     return FaultyStorage.wrap(storage, injector)
 
 
@@ -95,7 +100,9 @@ def test_backends_without_an_atomic_create_are_refused_by_name(tmp_path: Path) -
     fs.rm("/copy", recursive=True)
 
 
-def test_local_creates_and_replaces_fsync_the_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_local_creates_and_replaces_fsync_the_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     synced: list[str] = []
     real = os.fsync
 
@@ -137,5 +144,7 @@ def test_nested_secrets_are_redacted() -> None:
         ("endpoint_url", "http://x:9000", "http://x:9000"),
     ],
 )
-def test_option_values_are_coerced_only_when_unambiguous(name: str, value: str, expected: object) -> None:
+def test_option_values_are_coerced_only_when_unambiguous(
+    name: str, value: str, expected: object
+) -> None:
     assert coerce_option_value(name, value) == expected
