@@ -26,7 +26,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from workload import bench_session, workload
 
-from replog.events import EVENT_SCHEMA
+from replog.format.events import EVENT_SCHEMA
 from replog.log import ReplicationLog
 from replog.spark.options import SourceOptions
 from replog.spark.source import ReplogStreamReader

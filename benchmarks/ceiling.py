@@ -12,7 +12,7 @@ from typing import Any
 import pyarrow as pa
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 
-from replog.events import SPARK_SCHEMA_DDL
+from replog.format.events import SPARK_SCHEMA_DDL
 
 CEILING_BATCH_ROWS = 100_000
 

@@ -166,10 +166,9 @@ def main() -> None:
         f"({args.events / seconds:,.0f} events/s end to end)"
     )
 
-    # Whole logs (the default for batch reads; spelled out because a streaming query
-    # would instead resume after the offsets consumer "default" just committed).
-    before = spark.read.format("replog").option("startingOffsets", "earliest").load(source_url)
-    after = spark.read.format("replog").option("startingOffsets", "earliest").load(target_url)
+    # Whole logs: a batch read starts at the earliest event and commits nothing.
+    before = spark.read.format("replog").load(source_url)
+    after = spark.read.format("replog").load(target_url)
     counts_in = {
         (r["collection"], r["operation"]): r["count"]
         for r in before.groupBy("collection", "operation").count().collect()

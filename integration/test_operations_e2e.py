@@ -10,13 +10,14 @@ import time
 from pathlib import Path
 
 import pytest
-from clirun import replog
-from logcheck import check_key_order, check_log
-from replication import assert_exact_replica, fill_source, run_app
+from support.cli import replog
+from support.logcheck import check_key_order, check_log
+from support.replication import assert_exact_replica, fill_source, run_app
 
-from replog import compaction, consumers, recovery, retention
+from replog.checkpoints.sinks import SinkCommitter, list_sinks
 from replog.log import ReplicationLog
-from replog.sink_protocol import SinkCommitter
+from replog.ops import compaction, garbage, recovery, retention
+from replog.ops.verify import verify
 
 pytestmark = pytest.mark.slow
 
@@ -40,11 +41,11 @@ def test_recover_after_a_crash(step: str, place, tmp_path: Path) -> None:
     crashed = run_app("replicate.py", *args, fault=f"{step}@1")
     assert crashed.returncode == -9, crashed.stderr[-3000:]
     target = ReplicationLog.open(url("B"), storage_options=options)
-    [sink_id] = consumers.list_sinks(target)
-    garbage = recovery.recover(target, grace_ms=0, dry_run=True).garbage
+    [sink_id] = list_sinks(target)
+    doomed = recovery.recover(target, grace_ms=0, dry_run=True).garbage
     status = SinkCommitter(target, sink_id).store.load_latest().sink_commit_statuses[sink_id]
     assert status.is_pending == (step == "after_pending")
-    assert garbage  # files of the killed attempt: named nowhere, or by the Pending epoch
+    assert doomed  # files of the killed attempt: named nowhere, or by the Pending epoch
 
     shown = json.loads(replog("status", target.url, "--json", *fs_cli).stdout)
     [sink] = shown["sinks"]
@@ -54,12 +55,12 @@ def test_recover_after_a_crash(step: str, place, tmp_path: Path) -> None:
     assert recovered.returncode == 0, recovered.stderr
     if step == "after_pending":
         assert f"sink {sink_id}: resolved Pending epoch 1 -> rolled back" in recovered.stdout
-    assert f"deleted {len(garbage)} garbage" in recovered.stdout
+    assert f"deleted {len(doomed)} garbage" in recovered.stdout
     target = ReplicationLog.open(url("B"), storage_options=options)
     committer = SinkCommitter(target, sink_id)
     assert not committer.store.load_latest().sink_commit_statuses[sink_id].is_pending
-    assert target.orphaned_segments(grace_ms=0) == []
-    assert sum(target.head().values()) == 150 and target.verify() == []
+    assert garbage.scan(target, 0).garbage == []
+    assert sum(target.head().values()) == 150 and verify(target).ok
 
     finished = run_app("replicate.py", *args)
     assert finished.returncode == 0, finished.stderr[-3000:]
@@ -107,7 +108,6 @@ def test_compaction_and_retention_while_a_query_reads(spark, place, tmp_path: Pa
         worker.join(timeout=300)
         assert done.is_set()
         query.processAllAvailable()
-        query.processAllAvailable()  # the consumer commits the last batch when the next plans
     finally:
         query.stop()
     assert query.exception() is None
@@ -122,10 +122,10 @@ def test_compaction_and_retention_while_a_query_reads(spark, place, tmp_path: Pa
     expected |= {f"r{r}-{i:03d}" for r in range(4) for i in range(30)}
     assert {row["event_id"] for row in rows} == expected and len(rows) == len(expected)
     check_key_order(rows)
-    assert source.verify() == [] and target.verify() == []
+    assert verify(source).ok and verify(target).ok
     status = json.loads(replog("status", source.url, "--json", *fs_cli).stdout)
     [mirror] = status["consumers"]
-    assert mirror["name"] == "mirror"
+    assert mirror["name"] == "mirror" and mirror["total_lag"] == 0
 
 
 def fill_more(log: ReplicationLog, round_: int) -> None:

@@ -6,14 +6,16 @@ import sys
 from pathlib import Path
 
 import pytest
-from clirun import replog
-from logcheck import check_key_order, check_log
-from test_operations import run_operator_commands
+from support.cli import replog
+from support.logcheck import check_key_order, check_log
+from support.operators import run_operator_commands
 
+from replog.checkpoints.manifest import CheckpointManifest
+from replog.checkpoints.store import ManifestStore
 from replog.errors import ManifestConflictError
 from replog.log import ReplicationLog
-from replog.manifest import CheckpointManifest
-from replog.manifest_store import ManifestStore
+from replog.ops import garbage
+from replog.ops.verify import verify
 
 WORKER = Path(__file__).parents[1] / "tests" / "procs" / "append_worker.py"
 
@@ -47,7 +49,7 @@ def test_verify_finds_flipped_byte_on_s3(s3) -> None:
     data = bytearray(log.storage.read(segment.path))
     data[50] ^= 0xFF
     log.storage.write(segment.path, bytes(data))
-    problems = log.verify()
+    problems = verify(log).problems
     assert [p.path for p in problems] == [log.storage.path(segment.path)]
 
 
@@ -73,8 +75,8 @@ def test_manifest_store_on_s3_races_and_falls_back(s3) -> None:
     store.save(manifest)
     with pytest.raises(ManifestConflictError):
         ManifestStore(s3.url("chk"), storage_options=s3.storage_options).save(manifest)
-    store.save(manifest.next())
-    store.save(manifest.next().next())
+    store.save(manifest.successor(2))
+    store.save(manifest.successor(3))
     assert store.list_ids() == [2, 3]
     store.storage.write("manifests/00000000000000000003.json", b"{trunc")
     assert store.load_latest().checkpoint_id == 2  # type: ignore[union-attr]
@@ -85,7 +87,7 @@ def test_a_listing_never_hides_files_written_after_it(s3) -> None:
 
     log = ReplicationLog.create(s3.url("log"), 1, storage_options=s3.storage_options)
     log.append([{"key": "a", "data": 1}])
-    assert log.orphaned_segments(grace_ms=0) == []  # lists shards/00000
+    assert garbage.scan(log, 0).garbage == []  # lists shards/00000
     # Another process (here: a plain S3 client) writes into the listed directory.
     boto3.client("s3", endpoint_url=s3.endpoint_url).put_object(
         Bucket=s3.bucket, Key="log/shards/00000/late.arrow", Body=b"late"
@@ -96,3 +98,20 @@ def test_a_listing_never_hides_files_written_after_it(s3) -> None:
 
 def test_operator_commands_on_s3(s3) -> None:
     run_operator_commands(s3.url("ops"), s3.storage_options, tuple(s3.fs_cli_args))
+
+
+@pytest.mark.parametrize("fault", ["retried_create", "lost_response"])
+def test_uncertain_puts_on_s3_are_resolved_by_reading_back(s3, fault: str) -> None:
+    """A PUT whose answer is lost (or whose retry gets 412) against a real endpoint: the
+    append happens once."""
+    from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
+
+    url = s3.url("doubt")
+    ReplicationLog.create(url, 2, storage_options=s3.storage_options)
+    zero = {"unavailable": 0.0, "reset": 0.0, "lost_response": 0.0, "retried_create": 0.0}
+    injector = FaultInjector(seed=11, rates=FaultRates(**{**zero, fault: 1.0}))
+    storage = ReplicationLog.open(url, storage_options=s3.storage_options).storage
+    blind = ReplicationLog.from_storage(FaultyStorage.wrap(storage, injector))
+    blind.append([{"key": f"k{i}", "data": i} for i in range(10)])
+    log = ReplicationLog.open(url, storage_options=s3.storage_options)
+    assert log.refresh().version == 1 and len(check_log(log)) == 10 and verify(log).ok

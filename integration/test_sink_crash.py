@@ -7,10 +7,12 @@ import json
 from pathlib import Path
 
 import pytest
-from replication import assert_exact_replica, batches, fill_source, run_app
+from support.replication import assert_exact_replica, batches, fill_source, run_app
 
+from replog.checkpoints.sinks import SinkCommitter
 from replog.log import ReplicationLog
-from replog.sink_protocol import SinkCommitter
+from replog.ops import garbage
+from replog.ops.verify import verify
 
 pytestmark = pytest.mark.slow
 
@@ -58,8 +60,8 @@ def test_driver_killed_at_each_step(step: str, storage_kind: str, maybe_s3, tmp_
 
     target = ReplicationLog.open(target_url, storage_options=options)
     assert_exact_replica(source, target)
-    assert target.verify() == []
-    committer = SinkCommitter(target, next(iter(target.info()["sinks"])))
+    assert verify(target).ok
+    committer = SinkCommitter(target, next(iter(target.info().sinks)))
     manifest = committer.store.load_latest()
     assert manifest is not None and manifest.validate() == []
     assert manifest.sink_commit_statuses[committer.sink_id].is_committed
@@ -67,7 +69,7 @@ def test_driver_killed_at_each_step(step: str, storage_kind: str, maybe_s3, tmp_
     # nowhere ("staged"), or left by the rollback ("after_pending": a zombie driver may
     # still commit them). Killed after it, the log holds them and the replay's own
     # files are discarded: no garbage.
-    orphans = target.orphaned_segments(grace_ms=0)
+    orphans = garbage.scan(target, 0).garbage
     assert bool(orphans) == (step in ("staged", "after_pending")), orphans
 
 
@@ -98,7 +100,31 @@ def test_abort_after_commit_never_undoes_the_epoch(tmp_path: Path) -> None:
     assert failed.returncode != 0
     target = ReplicationLog.open(target_url)
     assert sum(target.head().values()) == 300  # epoch 1 is in the log despite the failure
-    assert target.verify() == []  # abort did not delete the committed segments
+    assert verify(target).ok  # abort did not delete the committed segments
     finished = run_app("replicate.py", source_url, target_url, checkpoint)
     assert finished.returncode == 0, finished.stderr[-3000:]
+    assert_exact_replica(source, ReplicationLog.open(target_url))
+
+
+@pytest.mark.parametrize("step", ["after_log_commit", "after_committed"])
+def test_a_replaced_checkpoint_after_a_kill_neither_doubles_nor_skips(
+    step: str, tmp_path: Path
+) -> None:
+    """The driver dies after the sink's log commit, before Spark's commit log; then the
+    checkpoint is thrown away. A new checkpoint with the same consumer and sinkId resumes
+    after what the sink wrote (recorded in its log commit), not where the consumer's own
+    offsets lag."""
+    source_url, target_url = str(tmp_path / "A"), str(tmp_path / "B")
+    source = ReplicationLog.create(source_url, 3)
+    fill_source(source)
+    names = ["--consumer", "mirror", "--sink-id", "to-b", "--max-events", "150"]
+    crashed = run_app(
+        "replicate.py", source_url, target_url, str(tmp_path / "chk1"), *names,
+        fault=f"{step}@1",
+    )
+    assert crashed.returncode == -9, crashed.stderr[-3000:]
+    assert sum(ReplicationLog.open(target_url).head().values()) == 300
+    finished = run_app("replicate.py", source_url, target_url, str(tmp_path / "chk2"), *names)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert sum(batches(finished)) == 300  # only what the sink had not written
     assert_exact_replica(source, ReplicationLog.open(target_url))

@@ -16,8 +16,8 @@ import sysconfig
 from pathlib import Path
 
 import pytest
-from logcheck import check_log
-from replication import key_histories
+from support.logcheck import check_log
+from support.replication import key_histories
 
 from replog.log import ReplicationLog
 

@@ -6,12 +6,14 @@ import re
 from pathlib import Path
 
 import pytest
-from logcheck import check_log, run_concurrently
 from pyspark.sql import functions as F
-from replication import assert_exact_replica, fill_source
-from replog.consumers import sink_store
+from support.logcheck import check_log, run_concurrently
+from support.replication import assert_exact_replica, fill_source
 
+from replog.checkpoints import consumers
+from replog.format import leases
 from replog.log import ReplicationLog
+from replog.ops import garbage
 
 pytestmark = pytest.mark.spark
 
@@ -30,8 +32,42 @@ def test_batch_write_appends_with_defaults(spark, tmp_path: Path) -> None:
     assert log.shards == 3 and len(rows) == 40
     assert {r["collection"] for r in rows} == {"orders"}
     assert sorted({r["operation"] for r in rows}) == ["insert", "update"]
-    manifest = sink_store(log, "batch").load_latest()
-    assert manifest is not None and manifest.sink_commit_statuses["batch"].is_committed
+    assert not leases.leases(log.storage)  # the job's staging lease was released
+
+
+def test_batch_writes_with_a_transaction_are_idempotent(spark, tmp_path: Path) -> None:
+    target = str(tmp_path / "B")
+    frame = spark.createDataFrame([(f"k{i}", str(i)) for i in range(30)], "key string, data string")
+
+    def write(version: int) -> None:
+        frame.write.format("replog-sink").mode("append").option("txnAppId", "nightly").option(
+            "txnVersion", str(version)
+        ).save(target)
+
+    write(1)
+    write(1)  # a re-run of the same job (e.g. after a reported failure): skipped
+    assert len(check_log(ReplicationLog.open(target))) == 30
+    write(2)
+    assert len(check_log(ReplicationLog.open(target))) == 60
+    with pytest.raises(Exception, match="txnAppId"):
+        frame.write.format("replog-sink").mode("append").option("sinkId", "x").save(target)
+
+
+def test_concurrent_batch_writes_both_land(spark, tmp_path: Path) -> None:
+    target = str(tmp_path / "B")
+    ReplicationLog.create(target, 2)
+
+    def write(name: str) -> None:
+        spark.createDataFrame(
+            [(f"{name}-{i}", f"{name}-k{i % 3}", str(i)) for i in range(40)],
+            "event_id string, key string, data string",
+        ).repartition(2).write.format("replog-sink").mode("append").save(target)
+
+    run_concurrently(lambda: write("a"), lambda: write("b"))
+    rows = check_log(ReplicationLog.open(target))
+    assert sorted(r["event_id"] for r in rows) == sorted(
+        f"{n}-{i}" for n in ("a", "b") for i in range(40)
+    )
 
 
 @pytest.mark.parametrize(
@@ -59,12 +95,11 @@ def test_invalid_operation_value_aborts_and_leaves_nothing(spark, tmp_path: Path
         [("a", "x", "insert"), ("b", "y", "upsert")], "key string, data string, operation string"
     ).repartition(2)
     with pytest.raises(Exception, match=r"column 'operation' has invalid value\(s\) \['upsert'\]"):
-        frame.write.format("replog-sink").mode("append").option("sinkId", "bad").save(target)
+        frame.write.format("replog-sink").mode("append").save(target)
     log = ReplicationLog.open(target)
     assert log.refresh().version == 0
-    assert log.orphaned_segments(grace_ms=0) == []  # staged files of the good task: deleted
-    manifest = sink_store(log, "bad").load_latest()
-    assert manifest is not None and manifest.sink_commit_statuses["bad"].is_failed
+    assert garbage.scan(log, 0).garbage == []  # staged files of the good task: deleted
+    assert not leases.leases(log.storage)
 
 
 def test_streaming_replication_is_exact_and_continuous(spark, tmp_path: Path) -> None:
@@ -124,8 +159,8 @@ def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
         f"{name}-{i}" for name in ("A1", "A2") for i in range(300)
     )
     info = log.info()
-    assert set(info["sinks"]) == {"from-0", "from-1"}
-    assert info["version"] >= 12  # at least 6 epochs each, interleaved commits
+    assert set(info.sinks) == {"from-0", "from-1"}
+    assert info.version >= 12  # at least 6 epochs each, interleaved commits
 
 
 def test_transformed_stream_masks_a_field(spark, tmp_path: Path) -> None:
@@ -159,3 +194,95 @@ def test_transformed_stream_masks_a_field(spark, tmp_path: Path) -> None:
     query.awaitTermination()
     rows = check_log(ReplicationLog.open(str(tmp_path / "B")))
     assert len(rows) == 20 and all(b"***" in r["data"] and b"@" not in r["data"] for r in rows)
+
+
+def test_before_images_and_metadata_are_replicated(spark, tmp_path: Path) -> None:
+    source = ReplicationLog.create(str(tmp_path / "A"), 2)
+    source.append(
+        [
+            {
+                "event_id": f"u{i}",
+                "key": f"k{i}",
+                "operation": "update",
+                "data": {"n": i, "price": "12345678901234567890.123456789"},
+                "before": {"n": i - 1},
+                "metadata": {"lsn": i},
+            }
+            for i in range(10)
+        ]
+    )
+    query = (
+        spark.readStream.format("replog")
+        .load(source.url)
+        .writeStream.format("replog-sink")
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .trigger(availableNow=True)
+        .start(str(tmp_path / "B"))
+    )
+    query.awaitTermination()
+    assert_exact_replica(source, ReplicationLog.open(str(tmp_path / "B")))
+
+
+def replicate(spark, source: str, target: str, checkpoint: Path, **options: str) -> None:
+    query = (
+        spark.readStream.format("replog")
+        .options(**{k: v for k, v in options.items() if k in ("consumer", "maxEventsPerTrigger")})
+        .load(source)
+        .writeStream.format("replog-sink")
+        .options(**{k: v for k, v in options.items() if k == "sinkId"})
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start(target)
+    )
+    query.awaitTermination()
+
+
+def test_a_replaced_checkpoint_neither_doubles_nor_skips(spark, tmp_path: Path) -> None:
+    """The consumer's committed offsets lag behind what the sink wrote (Spark's commit of
+    the last micro-batch never came: the driver died between the sink's commit and
+    Spark's commit log). A new checkpoint with the same consumer and sinkId resumes after
+    what the sink wrote, read from the sink's own log commit."""
+    source = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(source, commits=4, per_commit=50)
+    target = str(tmp_path / "B")
+    names = {"consumer": "mirror", "sinkId": "to-b", "maxEventsPerTrigger": "60"}
+    replicate(spark, source.url, target, tmp_path / "chk1", **names)
+    assert_exact_replica(source, ReplicationLog.open(target))
+    # Roll the consumer back as a crash before Spark's commit log would leave it.
+    behind = {shard: max(head - 30, 0) for shard, head in source.head().items()}
+    consumers.OffsetCommitter(source, "mirror", "crash").commit(
+        behind, log_version=source.refresh().version, note="test"
+    )
+    source.append([{"event_id": f"late-{i}", "key": f"k{i}", "data": i} for i in range(25)])
+    replicate(spark, source.url, target, tmp_path / "chk2", **names)
+    assert_exact_replica(source, ReplicationLog.open(target))
+
+
+def test_a_second_live_query_on_one_sink_id_fences_the_first(spark, tmp_path: Path) -> None:
+    source = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(source, commits=1, per_commit=20)
+    target = str(tmp_path / "B")
+
+    def start(checkpoint: str):
+        return (
+            spark.readStream.format("replog")
+            .load(source.url)
+            .writeStream.format("replog-sink")
+            .option("sinkId", "shared")
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .start(target)
+        )
+
+    first = start("chk1")
+    try:
+        first.processAllAvailable()
+        second = start("chk2")
+        try:
+            second.processAllAvailable()
+            source.append([{"key": "k", "data": "late"}])
+            with pytest.raises(Exception, match="fenced"):
+                first.processAllAvailable()
+        finally:
+            second.stop()
+    finally:
+        first.stop()

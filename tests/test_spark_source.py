@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
 import pytest
-from replication import fill_source
-from replog.records import TRUNCATE, CommitRecord
+from support.replication import fill_source
 
-from replog import consumers
-from replog.log import ReplicationLog, now_ms
+from replog.checkpoints import consumers
+from replog.format.commits import TRUNCATE, CommitRecord
+from replog.log import ReplicationLog
+from replog.ops import status
 
 pytestmark = pytest.mark.spark
 
@@ -56,6 +58,7 @@ def test_schema_and_batch_read_without_register(spark, tmp_path: Path) -> None:
         "collection",
         "key",
         "data",
+        "before",
         "metadata",
     ]
     rows = frame.collect()
@@ -136,7 +139,7 @@ def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) 
         query.processAllAvailable()  # planning this batch commits the previous one
     finally:
         query.stop()
-    committed = consumers.committed_offsets(log, "etl")
+    committed = consumers.committed_position(log, "etl")
     assert committed is not None and sum(committed.offsets.values()) >= 80
     query = start_memory_query(spark, log.url, "etl_second", tmp_path / "chk2", consumer="etl")
     try:
@@ -145,10 +148,12 @@ def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) 
         query.stop()
     rows = spark.table("etl_second").collect()
     expected = sum(log.head().values()) - sum(committed.offsets.values())
+    committed = consumers.committed_position(log, "etl")
+    assert committed is not None
     assert len(rows) == expected
     assert all(r["sequence"] > committed.offsets[r["shard"]] for r in rows)
-    # A batch read as the same consumer still starts at the earliest event by default;
-    # the manifest is only used when asked for.
+    # A batch read as the same consumer starts at the earliest event by default (the
+    # manifest only when asked for) and commits nothing.
     assert spark.read.format("replog").option("consumer", "etl").load(log.url).count() == 90
     resumed = (
         spark.read.format("replog")
@@ -157,12 +162,13 @@ def test_fresh_checkpoint_resumes_from_consumer_manifest(spark, tmp_path: Path) 
         .load(log.url)
     )
     assert resumed.count() == 90 - sum(committed.offsets.values())
+    assert consumers.committed_position(log, "etl") == committed  # batch reads commit nothing
 
 
 def test_max_bytes_per_trigger_bounds_batches(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=4, per_commit=50)
-    per_event = log.info()["bytes"] / 200
+    per_event = log.info().bytes / 200
     query = (
         spark.readStream.format("replog")
         .option("maxBytesPerTrigger", str(int(per_event * 60)))
@@ -181,13 +187,9 @@ def test_data_loss_is_reported_or_skipped(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 1)
     fill_source(log, commits=3, per_commit=10)
     first = log.state().segments[0][0]
-    log.commit_with_retries(
-        lambda state: CommitRecord(
-            version=state.version + 1,
-            timestamp_ms=now_ms(),
-            operation=TRUNCATE,
-            remove=(first,),
-            low_watermarks={0: 11},
+    log.commit(
+        lambda state: CommitRecord.after(
+            state.version, TRUNCATE, remove=(first,), low_watermarks={0: 11}
         )
     )
     with pytest.raises(
@@ -243,3 +245,97 @@ def test_stream_from_s3_endpoint(spark, s3, tmp_path: Path) -> None:
     assert ids(rows) == source_ids(log)
     progress_text = json.dumps(query.recentProgress, default=str)
     assert "testing" not in progress_text  # the secret is not in progress reports
+
+
+def replicate_to_parquet(spark, url: str, out: Path, checkpoint: Path, **options: str) -> int:
+    """Run an AvailableNow query from ``url`` into Parquet; return the rows it read."""
+    query = (
+        spark.readStream.format("replog")
+        .options(**options)
+        .load(url)
+        .writeStream.format("parquet")
+        .option("path", str(out))
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    return sum(p["numInputRows"] for p in query.recentProgress)
+
+
+def test_queries_without_a_consumer_each_get_their_own(spark, tmp_path: Path) -> None:
+    """Two jobs that name no consumer must not share one: each reads everything, and
+    after an AvailableNow run that read everything, neither shows lag."""
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=3, per_commit=40)
+    for job in ("first", "second"):
+        read = replicate_to_parquet(
+            spark, log.url, tmp_path / job, tmp_path / f"chk-{job}", maxEventsPerTrigger="50"
+        )
+        assert read == 120
+    report = status.log_status(log)
+    assert len(report.consumers) == 2
+    assert all(c.name.startswith("query-") for c in report.consumers)
+    assert [c.total_lag for c in report.consumers] == [0, 0]  # no phantom batch of lag
+    # A restart from the same checkpoint keeps its consumer and reads only what is new.
+    log.append([{"event_id": f"late-{i}", "key": f"k{i}", "data": i} for i in range(10)])
+    assert replicate_to_parquet(spark, log.url, tmp_path / "first", tmp_path / "chk-first") == 10
+    assert spark.read.parquet(str(tmp_path / "first")).count() == 130
+    report = status.log_status(log)
+    assert len(report.consumers) == 2 and sorted(c.total_lag for c in report.consumers) == [0, 10]
+
+
+def test_starting_timestamp_streams_and_batch_reads(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    t0 = 1_750_000_000_000
+    log.append([{"key": f"k{i}", "data": i, "timestamp": t0 + i} for i in range(10)])
+    log.append([{"key": f"k{i}", "data": i, "timestamp": t0 + 100 + i} for i in range(10)])
+    start = str(t0 + 100)
+    batch = spark.read.format("replog").option("startingTimestamp", start).load(log.url)
+    assert batch.count() == 10
+    query = start_memory_query(
+        spark, log.url, "since_t", tmp_path / "chk", available_now=True, startingTimestamp=start
+    )
+    query.awaitTermination()
+    assert spark.table("since_t").count() == 10
+    with pytest.raises(Exception, match="seconds"):
+        spark.read.format("replog").option("startingTimestamp", "1750000000").load(log.url).count()
+
+
+def test_unknown_options_are_refused_with_a_hint(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 1)
+    for option, hint in [
+        ("maxOffsetsPerTrigger", "maxEventsPerTrigger"),
+        ("startingOffset", "did you mean startingOffsets"),
+    ]:
+        with pytest.raises(Exception, match=hint):
+            spark.read.format("replog").option(option, "5").load(log.url).count()
+
+
+def test_relative_paths_resolve_against_the_driver_working_directory(
+    spark, tmp_path: Path
+) -> None:
+    """As Spark's file sources do: the driver's (JVM's) working directory, once."""
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=1, per_commit=20)
+    driver_cwd = spark.sparkContext._jvm.System.getProperty("user.dir")
+    relative = os.path.relpath(tmp_path / "A", driver_cwd)
+    assert not os.path.isabs(relative)
+    assert spark.read.format("replog").load(relative).count() == 20
+
+
+def test_min_events_per_trigger_waits_for_enough_events(spark, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "A"), 1)
+    fill_source(log, commits=1, per_commit=5)
+    query = start_memory_query(
+        spark, log.url, "batched", tmp_path / "chk", minEventsPerTrigger="20",
+        maxTriggerDelay="1h",
+    )
+    try:
+        query.processAllAvailable()
+        assert spark.table("batched").count() == 0  # 5 waiting, fewer than 20
+        fill_source(log, commits=1, per_commit=20)
+        query.processAllAvailable()
+        assert spark.table("batched").count() == 25
+    finally:
+        query.stop()

@@ -19,6 +19,7 @@ parser.add_argument("--max-events", default="150")
 parser.add_argument("--fs-json", default="{}")
 parser.add_argument("--master", default="local[2,3]")
 parser.add_argument("--sink-id", default=None)
+parser.add_argument("--consumer", default=None)
 args = parser.parse_args()
 # The fault hook kills this whole process group (driver, JVM, Python workers).
 os.environ["REPLOG_FAULT_PGID"] = str(os.getpgrp())
@@ -37,6 +38,7 @@ events = (
     spark.readStream.format("replog")
     .options(**fs_options)
     .option("maxEventsPerTrigger", args.max_events)
+    .options(**({"consumer": args.consumer} if args.consumer else {}))
     .load(args.source)
 )
 writer = (

@@ -25,6 +25,7 @@ def run_app(
     action: str = "kill",
     extra_env: dict[str, str] | None = None,
     timeout: int = 600,
+    cwd: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **(extra_env or {})}
     env.pop("REPLOG_FAULT", None)
@@ -39,6 +40,7 @@ def run_app(
         env=env,
         start_new_session=True,
         check=False,
+        cwd=cwd,
     )
 
 
@@ -76,11 +78,8 @@ def assert_exact_replica(source: ReplicationLog, target: ReplicationLog) -> None
     by_id = {r["event_id"]: r for r in source_rows}
     for row in target_rows:
         original = by_id[row["event_id"]]
-        assert (row["data"], row["operation"], row["collection"]) == (
-            original["data"],
-            original["operation"],
-            original["collection"],
-        )
+        fields = ("data", "before", "metadata", "operation", "collection", "timestamp")
+        assert [row[f] for f in fields] == [original[f] for f in fields], row["event_id"]
 
 
 def batches(result: subprocess.CompletedProcess[str]) -> list[int]:

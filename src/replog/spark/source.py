@@ -71,8 +71,13 @@ class ReplogPartition(InputPartition):
         )
 
 
-def read_partition(partition: ReplogPartition) -> Iterator[pa.RecordBatch]:
-    """Executor side: stream the task's events as Arrow batches, checksum-verified."""
+def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side: stream the task's events as Arrow batches, checksum-verified.
+
+    An empty plan reaches here as Spark's placeholder ``InputPartition(None)``
+    (``plan_data_source_read.py``): it reads nothing."""
+    if not isinstance(partition, ReplogPartition):
+        return
     task = partition.task
     for segment in task.segments:
         yield from read_segment(partition.storage, segment, task.first, task.last)
@@ -255,7 +260,6 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     # -- reading (executors) ------------------------------------------------------------
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ReplogPartition)
         return read_partition(partition)
 
 
@@ -272,7 +276,6 @@ class ReplogBatchReader(DataSourceReader):
         return _plan(log, self.options, start, end)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        assert isinstance(partition, ReplogPartition)
         return read_partition(partition)
 
 
