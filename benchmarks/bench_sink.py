@@ -31,9 +31,9 @@ from null_sink import NullSink
 from pyspark.sql import SparkSession
 from workload import bench_session, workload
 
+from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.format.events import events_from_table
 from replog.log import ReplicationLog
-from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.storage import Storage
 
 SHARDS = 8
@@ -150,7 +150,9 @@ def s3_requests_per_commit(
             query = str(uuid.uuid4())
             for epoch in range(count):
                 committer = SinkCommitter(spark_sink._target_log(sink), sink.sink_id)
-                committer.commit(Batch(query, epoch, tuple(log.stage(events_from_table(workload(16))))))
+                committer.commit(
+                    Batch(query, epoch, tuple(log.stage(events_from_table(workload(16)))))
+                )
             spark_sink._COMMITTING_LOGS.clear()  # a restarted query: nothing cached
             for epoch, kind in ((count, "cold"), (count + 1, "warm")):
                 staged = log.stage(events_from_table(workload(1_000)))  # executors' work

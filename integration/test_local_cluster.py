@@ -34,7 +34,12 @@ def test_relative_paths_on_local_cluster(tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "sub" / "A"), 2)
     fill_source(source, commits=2, per_commit=50)
     result = run_app(
-        "replicate.py", "sub/A", "sub/B", "chk", "--master", "local-cluster[2,1,1024]",
+        "replicate.py",
+        "sub/A",
+        "sub/B",
+        "chk",
+        "--master",
+        "local-cluster[2,1,1024]",
         cwd=tmp_path,
     )
     assert result.returncode == 0, result.stderr[-4000:]

@@ -73,8 +73,12 @@ def test_manifest_store_on_s3_races_and_falls_back(s3) -> None:
     store = ManifestStore(s3.url("chk"), storage_options=s3.storage_options, keep=2)
     manifest = CheckpointManifest(checkpoint_id=1, epoch=1, timestamp_ms=1)
     store.save(manifest)
+    rival = manifest.successor(1)  # another writer's manifest for the same id
+    rival.epoch = 2
     with pytest.raises(ManifestConflictError):
-        ManifestStore(s3.url("chk"), storage_options=s3.storage_options).save(manifest)
+        ManifestStore(s3.url("chk"), storage_options=s3.storage_options).save(rival)
+    # The same bytes again are this writer's own earlier attempt (a retried PUT): no error.
+    ManifestStore(s3.url("chk"), storage_options=s3.storage_options).save(manifest)
     store.save(manifest.successor(2))
     store.save(manifest.successor(3))
     assert store.list_ids() == [2, 3]

@@ -119,7 +119,11 @@ def test_a_replaced_checkpoint_after_a_kill_neither_doubles_nor_skips(
     fill_source(source)
     names = ["--consumer", "mirror", "--sink-id", "to-b", "--max-events", "150"]
     crashed = run_app(
-        "replicate.py", source_url, target_url, str(tmp_path / "chk1"), *names,
+        "replicate.py",
+        source_url,
+        target_url,
+        str(tmp_path / "chk1"),
+        *names,
         fault=f"{step}@1",
     )
     assert crashed.returncode == -9, crashed.stderr[-3000:]

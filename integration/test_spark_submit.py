@@ -115,9 +115,13 @@ def submit(python: Path, *args: str) -> dict:
         timeout=900,
         check=False,
     )
-    assert result.returncode == 0, "\n".join(
-        line for line in result.stderr.splitlines() if " INFO " not in line
-    )[-6000:]
+    noise = (" INFO ", " WARN Master", "ERROR Worker", "\tat ", "IllegalStateException")
+    assert result.returncode == 0, (
+        result.stdout[-3000:]
+        + "\n".join(
+            line for line in result.stderr.splitlines() if not any(n in line for n in noise)
+        )[-6000:]
+    )
     [line] = [out for out in result.stdout.splitlines() if out.startswith("RESULT ")]
     return json.loads(line.removeprefix("RESULT "))
 

@@ -312,9 +312,7 @@ def test_unknown_options_are_refused_with_a_hint(spark, tmp_path: Path) -> None:
             spark.read.format("replog").option(option, "5").load(log.url).count()
 
 
-def test_relative_paths_resolve_against_the_driver_working_directory(
-    spark, tmp_path: Path
-) -> None:
+def test_relative_paths_resolve_against_the_driver_working_directory(spark, tmp_path: Path) -> None:
     """As Spark's file sources do: the driver's (JVM's) working directory, once."""
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(log, commits=1, per_commit=20)
@@ -328,7 +326,11 @@ def test_min_events_per_trigger_waits_for_enough_events(spark, tmp_path: Path) -
     log = ReplicationLog.create(str(tmp_path / "A"), 1)
     fill_source(log, commits=1, per_commit=5)
     query = start_memory_query(
-        spark, log.url, "batched", tmp_path / "chk", minEventsPerTrigger="20",
+        spark,
+        log.url,
+        "batched",
+        tmp_path / "chk",
+        minEventsPerTrigger="20",
         maxTriggerDelay="1h",
     )
     try:

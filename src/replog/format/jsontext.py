@@ -54,7 +54,6 @@ def _refuse_constant(name: str) -> Any:
 
 
 _scanstring = json.decoder.scanstring  # type: ignore[attr-defined]
-_DECODER = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
 _WHITESPACE = re.compile(r"[ \t\n\r]*")
 
 
@@ -70,6 +69,9 @@ def object_members(text: str, start: int = 0) -> tuple[dict[str, Member], int]:
     Raises ``ValueError`` with the column at fault for anything that is not a valid
     JSON object, including a member name given twice.
     """
+    # Built per call, not at import: register() pickles this module by value, and a
+    # decoder holds a C scanner that cannot be pickled.
+    decoder = json.JSONDecoder(parse_float=Decimal, parse_constant=_refuse_constant)
     index = _skip(text, start)
     if text[index : index + 1] != "{":
         raise ValueError(f"expected a JSON object at column {index + 1}")
@@ -86,7 +88,7 @@ def object_members(text: str, start: int = 0) -> tuple[dict[str, Member], int]:
             raise ValueError(f"expected ':' after {name!r} at column {index + 1}")
         index = _skip(text, index + 1)
         try:
-            value, end = _DECODER.raw_decode(text, index)
+            value, end = decoder.raw_decode(text, index)
         except json.JSONDecodeError as exc:
             raise ValueError(f"member {name!r}: {exc.msg} at column {exc.pos + 1}") from exc
         if name in members:

@@ -14,7 +14,6 @@ FORMAT.md live in one place (:mod:`replog.storage.backends` has the per-backend 
 
 from __future__ import annotations
 
-import copy
 import logging
 import os
 import random
