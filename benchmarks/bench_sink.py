@@ -135,9 +135,8 @@ def s3_requests_per_commit(
         # obtained without a request. Counted: everything the driver's commit() does.
         counter = RequestCounter(Storage(sink.path, sink.storage_options).fs)
         start = time.perf_counter()
-        SinkCommitter(spark_sink._target_log(sink), sink.sink_id).commit(
-            Batch(query, epoch, tuple(staged))
-        )
+        writer = spark_sink.ReplogStreamWriter(sink, 0)
+        writer._committer().commit(Batch(query, epoch, tuple(staged)))
         milliseconds = (time.perf_counter() - start) * 1000
         counter.stop()
         return dict(sorted(counter.calls.items())), milliseconds
@@ -154,6 +153,7 @@ def s3_requests_per_commit(
                     Batch(query, epoch, tuple(log.stage(events_from_table(workload(16)))))
                 )
             spark_sink._COMMITTING_LOGS.clear()  # a restarted query: nothing cached
+            spark_sink._COMMITTERS.clear()
             for epoch, kind in ((count, "cold"), (count + 1, "warm")):
                 staged = log.stage(events_from_table(workload(1_000)))  # executors' work
                 calls, milliseconds = commit(sink, query, epoch, staged)
@@ -163,12 +163,27 @@ def s3_requests_per_commit(
     return results
 
 
+def print_requests(commits: str) -> None:
+    print("| one micro-batch commit on S3 (moto, driver side) | requests | by operation | latency |")
+    print("|---|---|---|---|")
+    counts = tuple(int(c) for c in commits.split(",") if c)
+    for count, kind, calls, milliseconds in s3_requests_per_commit(counts):
+        print(
+            f"| {kind}, after {count:,} previous commits | {sum(calls.values())} | {calls} "
+            f"| {milliseconds:.0f} ms |"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--runs", type=int, default=3)
-    parser.add_argument("--commits", default="10,1000")
+    parser.add_argument("--commits", default="10,19,99,137,1000")
+    parser.add_argument("--requests-only", action="store_true", help="only part 2 (S3 requests)")
     args = parser.parse_args()
+    if args.requests_only:
+        print_requests(args.commits)
+        return
     root = Path(tempfile.mkdtemp(prefix="replog-bench-sink-"))
     try:
         input_dir = build_input(root, args.events)
@@ -201,17 +216,7 @@ def main() -> None:
         ratio = max(rates["replog-sink"]) / max(rates["parquet file sink"])
         print(f"| ratio replog-sink / parquet | {ratio:.2f} | |")
         print()
-        print(
-            "| one micro-batch commit on S3 (moto, driver side) | requests | by operation "
-            "| latency |"
-        )
-        print("|---|---|---|---|")
-        counts = tuple(int(c) for c in args.commits.split(",") if c)
-        for count, kind, calls, milliseconds in s3_requests_per_commit(counts):
-            print(
-                f"| {kind}, after {count:,} previous commits | {sum(calls.values())} | {calls} "
-                f"| {milliseconds:.0f} ms |"
-            )
+        print_requests(args.commits)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

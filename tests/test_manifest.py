@@ -136,7 +136,7 @@ def test_corrupt_latest_falls_back_with_warning(
     second = sample(1).successor(2)
     store.save(second)
     store.storage.write(manifest_name(2), damage(store.storage.read(manifest_name(2))))
-    loaded = store.load_latest()
+    loaded = ManifestStore(store.storage, keep=3).load_latest()  # a reader elsewhere
     assert loaded is not None and loaded.checkpoint_id == 1
     assert manifest_name(2) in caplog.text
 
@@ -145,7 +145,7 @@ def test_all_corrupt_is_an_error(store: ManifestStore) -> None:
     store.save(sample(1))
     store.storage.write(manifest_name(1), b"{")
     with pytest.raises(ManifestNotFoundError, match=r"00000000000000000001\.json"):
-        store.load_latest()
+        ManifestStore(store.storage, keep=3).load_latest()
 
 
 def test_newer_manifest_version_is_refused(store: ManifestStore) -> None:
@@ -246,3 +246,23 @@ def test_every_manifest_in_the_window_corrupt_looks_further_back(store: Manifest
         store.storage.write(manifest_name(checkpoint_id), b"")
     narrow = ManifestStore(store.storage, keep=1)
     assert narrow.load_latest().checkpoint_id == 1  # type: ignore[union-attr]
+
+
+def test_a_warm_store_reads_only_a_probe_per_load(memory_url: str) -> None:
+    """After its own save, a store knows the newest manifest: loading it again costs one
+    existence probe, and a manifest saved by another writer is still found."""
+    store = ManifestStore(memory_url, keep=3)
+    store.save(sample(1))
+    requests: list[str] = []
+    for name in ("_read_once", "_exists_once", "_list_once"):
+        original = getattr(store.storage, name)
+        setattr(
+            store.storage,
+            name,
+            lambda path, _o=original, _n=name: (requests.append(_n), _o(path))[1],
+        )
+    assert store.load_latest().checkpoint_id == 1  # type: ignore[union-attr]
+    assert requests == ["_exists_once"]
+    other = ManifestStore(memory_url, keep=3)
+    other.save(other.next_manifest(other.load_latest()))
+    assert store.load_latest().checkpoint_id == 2  # type: ignore[union-attr]

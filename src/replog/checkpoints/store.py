@@ -18,6 +18,7 @@ modified), ``latest`` (a forward-only pointer to the newest id) and ``quarantine
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -67,6 +68,9 @@ class ManifestStore:
         self._pointer = ForwardPointer(self.storage, LATEST_POINTER, "checkpoint_id")
         self._newest_seen = 0
         self._corrupt: dict[int, bytes] = {}
+        self._last: CheckpointManifest | None = None
+        """The newest manifest this store saved or loaded: a warm reader only probes past
+        it (manifests are immutable once written)."""
 
     @property
     def url(self) -> str:
@@ -119,6 +123,15 @@ class ManifestStore:
         A corrupt or missing newest manifest falls back to older ones with a warning;
         :class:`ManifestNotFoundError` if manifests exist but none is valid.
         """
+        if self._last is not None:
+            known = self._last.checkpoint_id
+            if not self.storage.exists(manifest_name(known + 1)):
+                return copy.deepcopy(self._last)
+        manifest = self._load_latest()
+        self._last = copy.deepcopy(manifest)
+        return manifest
+
+    def _load_latest(self) -> CheckpointManifest | None:
         newest = self.latest_id()
         if newest == 0:
             return None
@@ -178,6 +191,7 @@ class ManifestStore:
                 f"written by another writer"
             ) from exc
         self._newest_seen = max(self._newest_seen, manifest.checkpoint_id)
+        self._last = copy.deepcopy(manifest)
         self._pointer.advance(manifest.checkpoint_id)
         stale = manifest.checkpoint_id - self.keep
         if stale >= 1:

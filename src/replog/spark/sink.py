@@ -126,6 +126,9 @@ PID for all micro-batches, measured), on a fresh writer each time, and builds ea
 micro-batch's writer in another long-lived one. Keeping the log here means each reads
 only the log commits made since its last micro-batch.
 """
+_COMMITTERS: dict[tuple[int, str], SinkCommitter] = {}
+"""Each sink's committer, per target log object: it keeps the sink's newest manifest, so
+a micro-batch's commit only probes past it instead of re-reading it."""
 _LINKED: set[tuple[str, str, str]] = set()
 """(source log id, consumer, target log id) links this process has written."""
 
@@ -237,7 +240,11 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
 
     def _committer(self) -> SinkCommitter:
         assert self.options.sink_id is not None
-        return SinkCommitter(_target_log(self.options), self.options.sink_id)
+        log = _target_log(self.options)
+        key = (id(log), self.options.sink_id)
+        if key not in _COMMITTERS:
+            _COMMITTERS[key] = SinkCommitter(log, self.options.sink_id)
+        return _COMMITTERS[key]
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         batch = self._batch(messages, batchId)

@@ -25,6 +25,8 @@ class ForwardPointer:
         self.storage = storage
         self.relative = relative
         self.field = field
+        self._known: int | None = None
+        """The newest value this process read or wrote: a warm writer need not re-read."""
 
     def read(self) -> int | None:
         """The number it holds; None if the file is missing or unreadable (with a warning)."""
@@ -42,13 +44,20 @@ class ForwardPointer:
                 len(data),
             )
             return None
+        self._known = max(self._known or 0, value)
         return value
 
     def advance(self, value: int) -> None:
-        """Point at ``value`` unless the pointer already names ``value`` or later."""
-        current = self.read()
+        """Point at ``value`` unless the pointer is known to name ``value`` or later.
+
+        The pointer is read only the first time; afterwards this process's last value
+        stands for it. Another writer may have moved it further meanwhile, and is then
+        moved back: harmless, since readers probe forward from wherever it points.
+        """
+        current = self._known if self._known is not None else self.read()
         if current is None or current < value:
             self.storage.write(self.relative, json.dumps({self.field: value}).encode())
+            self._known = value
 
 
 def probe_forward(start: int, step: int, exists: Callable[[int], bool]) -> int:
