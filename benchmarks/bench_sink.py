@@ -164,7 +164,9 @@ def s3_requests_per_commit(
 
 
 def print_requests(commits: str) -> None:
-    print("| one micro-batch commit on S3 (moto, driver side) | requests | by operation | latency |")
+    print(
+        "| one micro-batch commit on S3 (moto, driver side) | requests | by operation | latency |"
+    )
     print("|---|---|---|---|")
     counts = tuple(int(c) for c in commits.split(",") if c)
     for count, kind, calls, milliseconds in s3_requests_per_commit(counts):
