@@ -48,7 +48,7 @@ from replog.format.commits import (
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.segments import SegmentInfo, StagedSegment
-from replog.format.state import LogState
+from replog.format.state import LogState, retained_events
 from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -92,7 +92,7 @@ class LogInfo:
 
     @property
     def events(self) -> int:
-        return sum(max(self.heads[s] - self.lows[s] + 1, 0) for s in self.heads)
+        return retained_events(self.heads, self.lows)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -11,7 +11,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -39,6 +39,11 @@ SEGMENT_TABLE_SCHEMA = pa.schema(
 
 MAX_QUERIES_PER_SINK = 64
 """How many query ids' last epochs a sink mark remembers (the most recent ones)."""
+
+
+def retained_events(heads: Mapping[int, int], lows: Mapping[int, int]) -> int:
+    """Events a log holds: per shard, from the low watermark to the head."""
+    return sum(max(heads[shard] - lows[shard] + 1, 0) for shard in heads)
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from replog.checkpoints import consumers, sinks
 from replog.errors import ManifestNotFoundError
 from replog.format.commits import now_ms
 from replog.format.segments import read_segment
-from replog.format.state import LogState
+from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 
 
@@ -83,7 +83,7 @@ class LogStatus:
 
     @property
     def events(self) -> int:
-        return sum(max(self.heads[s] - self.lows[s] + 1, 0) for s in self.heads)
+        return retained_events(self.heads, self.lows)
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -20,7 +20,7 @@ from replog.errors import CorruptionError, ReplogError
 from replog.format import history
 from replog.format.commits import COMMITS_DIR, commit_path
 from replog.format.segments import SegmentInfo, read_stored
-from replog.format.state import LogState
+from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 
 logger = logging.getLogger(__name__)
@@ -152,6 +152,6 @@ def verify(log: ReplicationLog) -> VerifyReport:
         snapshots=snapshots,
         segments=segments,
         manifests=manifests,
-        events=sum(max(h - low + 1, 0) for h, low in zip(state.heads, state.lows, strict=True)),
+        events=retained_events(dict(enumerate(state.heads)), dict(enumerate(state.lows))),
         problems=tuple(problems),
     )
