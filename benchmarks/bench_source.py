@@ -105,7 +105,7 @@ def planning_ms(root: Path, commits: int, samples: int = 20) -> tuple[float, flo
         new_end = reader.latestOffset(end, ReadAllAvailable())
         tasks = reader.partitions(end, new_end)
         steady.append((time.perf_counter() - begin) * 1000)
-        assert sum(t.task.events for t in tasks) == 1, tasks
+        assert sum(t.events for p in tasks for t in p.tasks) == 1, tasks
         end = new_end
     return cold, statistics.median(steady)
 

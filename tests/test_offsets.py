@@ -104,3 +104,13 @@ def test_capped_batches_admit_every_backlogged_shard() -> None:
     assert sum(capped.values()) == 100
     assert cap_events(start, {0: 10, 1: 10, 2: 10}, 2) == {0: 1, 1: 1, 2: 1}  # >= 1 each
     assert cap_events(start, target, 10**9) == target
+
+
+def test_small_tasks_share_a_partition_large_ones_stand_alone() -> None:
+    from replog.planning import PACK_BELOW_EVENTS, ReadTask, pack
+
+    small = [ReadTask(shard, 1, 100, ()) for shard in range(8)]
+    assert pack(small, 500_000) == [tuple(small)]
+    big = ReadTask(9, 1, PACK_BELOW_EVENTS, ())
+    assert pack([small[0], big, small[1]], 500_000) == [(big,), (small[0], small[1])]
+    assert pack(small, 150) == [(task,) for task in small]  # maxEventsPerPartition holds

@@ -57,18 +57,16 @@ LEGACY_CONSUMER = "default"
 
 
 class ReplogPartition(InputPartition):
-    """One Spark task: a shard range and its segments. Carries the storage address only."""
+    """One Spark task: shard ranges and their segments. Carries the storage address only."""
 
-    def __init__(self, storage: Storage, task: ReadTask) -> None:
-        super().__init__(task.shard)
+    def __init__(self, storage: Storage, index: int, tasks: tuple[ReadTask, ...]) -> None:
+        super().__init__(index)
         self.storage = storage
-        self.task = task
+        self.tasks = tasks
 
     def __repr__(self) -> str:  # never show storage options (secrets)
-        return (
-            f"ReplogPartition(shard={self.task.shard}, "
-            f"sequences={self.task.first}..{self.task.last})"
-        )
+        ranges = ", ".join(f"{t.shard}:{t.first}..{t.last}" for t in self.tasks)
+        return f"ReplogPartition({ranges})"
 
 
 def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -78,9 +76,9 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     (``plan_data_source_read.py``): it reads nothing."""
     if not isinstance(partition, ReplogPartition):
         return
-    task = partition.task
-    for segment in task.segments:
-        yield from read_segment(partition.storage, segment, task.first, task.last)
+    for task in partition.tasks:
+        for segment in task.segments:
+            yield from read_segment(partition.storage, segment, task.first, task.last)
 
 
 def _start_offsets(log: ReplicationLog, options: SourceOptions, consumer: str | None) -> Offsets:
@@ -105,7 +103,8 @@ def _plan(
     state = log.refresh()
     start = planning.check_data_loss(state, start, fail_on_data_loss=options.fail_on_data_loss)
     tasks = planning.plan_tasks(state, start, end, options.max_events_per_partition)
-    return [ReplogPartition(log.storage, task) for task in tasks]
+    groups = planning.pack(tasks, options.max_events_per_partition)
+    return [ReplogPartition(log.storage, index, group) for index, group in enumerate(groups)]
 
 
 class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
