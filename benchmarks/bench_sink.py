@@ -52,14 +52,20 @@ def build_input(root: Path, events: int) -> str:
 
 
 def run_sink(
-    spark: SparkSession, input_dir: str, target: Path, checkpoint: Path, fmt: str
+    spark: SparkSession,
+    input_dir: str,
+    target: Path,
+    checkpoint: Path,
+    fmt: str,
+    *,
+    files_per_trigger: int = FILES_PER_TRIGGER,
 ) -> float:
     shutil.rmtree(target, ignore_errors=True)
     shutil.rmtree(checkpoint, ignore_errors=True)
     schema = spark.read.parquet(input_dir).schema
     frame = (
         spark.readStream.schema(schema)
-        .option("maxFilesPerTrigger", FILES_PER_TRIGGER)
+        .option("maxFilesPerTrigger", files_per_trigger)
         .parquet(input_dir)
     )
     writer = frame.writeStream.format(fmt).option("checkpointLocation", str(checkpoint))
@@ -180,6 +186,9 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--events", type=int, default=2_000_000)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--batch-events", type=int, default=250_000, help="events per micro-batch (input files)"
+    )
     parser.add_argument("--commits", default="10,19,99,137,1000")
     parser.add_argument("--requests-only", action="store_true", help="only part 2 (S3 requests)")
     args = parser.parse_args()
@@ -189,6 +198,7 @@ def main() -> None:
     root = Path(tempfile.mkdtemp(prefix="replog-bench-sink-"))
     try:
         input_dir = build_input(root, args.events)
+        files_per_trigger = max(1, args.batch_events * INPUT_FILES // args.events)
         spark = bench_session()
         spark.dataSource.register(NullSink)
         sinks = {
@@ -200,14 +210,21 @@ def main() -> None:
         for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
             for name, fmt in sinks.items():
                 target = root / f"out-{fmt}"
-                seconds = run_sink(spark, input_dir, target, root / "checkpoint", fmt)
+                seconds = run_sink(
+                    spark,
+                    input_dir,
+                    target,
+                    root / "checkpoint",
+                    fmt,
+                    files_per_trigger=files_per_trigger,
+                )
                 rows = written(spark, target, fmt, args.events)
                 if rows != args.events:
                     raise SystemExit(f"{name} wrote {rows} rows, expected {args.events}")
                 if run:
                     rates[name].append(args.events / seconds)
         spark.stop()
-        batches = INPUT_FILES // FILES_PER_TRIGGER
+        batches = INPUT_FILES // files_per_trigger
         print(
             f"| sink ({args.events:,} events in {batches} micro-batches, AvailableNow, "
             f"best of {args.runs}) | events/s | all runs |"
