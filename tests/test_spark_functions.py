@@ -61,14 +61,14 @@ def test_to_debezium_round_trips_through_from_debezium(spark, tmp_path: Path) ->
     log = ReplicationLog.create(str(tmp_path / "A"), 2)
     log.append(
         [
-            {"key": '{"id":1}', "operation": "insert", "data": {"id": 1, "w": 1.50}},
+            {"key": '{"id":1}', "operation": "insert", "data": '{"id":1,"w":1.50}'},
             {
                 "key": '{"id":1}',
                 "operation": "update",
-                "data": {"id": 1, "w": 2.25},
-                "before": {"id": 1, "w": 1.50},
+                "data": '{"id":1,"w":2.25}',
+                "before": '{"id":1,"w":1.50}',
             },
-            {"key": '{"id":1}', "operation": "delete", "data": {"id": 1, "w": 2.25}},
+            {"key": '{"id":1}', "operation": "delete", "data": '{"id":1,"w":2.25}'},
         ]
     )
     envelopes = to_debezium(spark.read.format("replog").load(log.url), log=log.url)
@@ -87,3 +87,19 @@ def test_to_debezium_round_trips_through_from_debezium(spark, tmp_path: Path) ->
     assert back["update"]["data"] == '{"id":1,"w":2.25}'
     assert back["delete"]["data"] == '{"id":1,"w":2.25}'
     assert {r["key"] for r in back.values()} == {'{"id":1}'}
+
+
+def test_parse_payload_types_data_with_exact_decimals(spark, tmp_path: Path) -> None:
+    from replog.spark.functions import parse_payload
+
+    log = ReplicationLog.create(str(tmp_path / "A"), 1)
+    log.append([{"key": "k", "data": '{"id": 7, "price": 12345678901234567890.123456789}'}])
+    typed = (
+        spark.read.format("replog")
+        .load(log.url)
+        .select(parse_payload("data", "id long, price decimal(38, 9)").alias("row"))
+        .select("row.*")
+        .collect()
+    )
+    assert typed[0]["id"] == 7
+    assert str(typed[0]["price"]) == "12345678901234567890.123456789"

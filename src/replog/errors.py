@@ -88,8 +88,10 @@ class DataLossError(ReplogError):
     def __init__(self, shard: int, requested_from: int, available_from: int) -> None:
         super().__init__(
             f"shard {shard}: events from sequence {requested_from} were requested but the log "
-            f"only holds sequences from {available_from} on (removed by retention); restart "
-            f"from 'earliest', or accept the gap (Spark option failOnDataLoss=false)"
+            f"only holds sequences from {available_from} on (removed by retention); read from "
+            f"the earliest retained event instead ('replog read --from earliest', Spark "
+            f"startingOffsets=earliest), or let a Spark query skip the gap "
+            f"(failOnDataLoss=false)"
         )
         self.shard = shard
         self.requested_from = requested_from

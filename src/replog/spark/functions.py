@@ -6,68 +6,56 @@
     events = from_debezium(spark.readStream.format("kafka")...load(), key_fields=["id"])
     events.writeStream.format("replog-sink").option("checkpointLocation", chk).start(url)
 
+``parse_payload`` types a payload column (``data``, ``before``) with a schema, parsed
+in the JVM (``from_json``), not in Python.
+
 ``to_debezium`` turns the replog source's rows into Debezium-style envelopes (``key``,
 ``value`` strings) for consumers that speak Debezium. Both run the core mapping of
-:mod:`replog.debezium` in Arrow batches (``mapInArrow``): payloads keep their exact text.
+:mod:`replog.debezium` in Python UDFs: payloads keep their exact text.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
-import pyarrow as pa
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
+from pyspark.sql.types import StructType
 
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
 
-SINK_INPUT_DDL = (
-    "event_id string, timestamp timestamp, operation string, collection string, "
-    "key string, data string, before string, metadata string"
+EVENT_DDL = (
+    "event_id string, ts_ms long, operation string, collection string, key string, "
+    "data string, before string, metadata string"
 )
-ENVELOPE_DDL = "key string, value string"
-_SINK_INPUT = pa.schema(
-    [
-        ("event_id", pa.string()),
-        ("timestamp", pa.timestamp("us", tz="UTC")),
-        ("operation", pa.string()),
-        ("collection", pa.string()),
-        ("key", pa.string()),
-        ("data", pa.string()),
-        ("before", pa.string()),
-        ("metadata", pa.string()),
-    ]
-)
+"""What the Debezium mapping returns per value (null for a value that carries no row)."""
 
 
-def _text(value: str | bytes | None) -> str | None:
-    return value.decode("utf-8") if isinstance(value, bytes) else value
+def _text(value: str | bytes | bytearray | None) -> str | None:
+    return bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray) else value
 
 
-def _events(
-    batches: Iterator[pa.RecordBatch], key_fields: tuple[str, ...]
-) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        rows: dict[str, list[object]] = {name: [] for name in _SINK_INPUT.names}
-        for value in batch.column(0).to_pylist():
-            text = _text(value)
-            if text is None or text.strip() == "null":
-                continue  # a tombstone
-            try:
-                event = debezium.event_from_members(jsontext.parse_object(text), key_fields)
-            except (ValueError, InvalidEventError) as exc:
-                raise InvalidEventError(f"from_debezium: {exc}; value: {text[:200]!r}") from exc
-            if isinstance(event, str):
-                continue  # a truncate or message event: no row
-            stamp = event["timestamp"]
-            rows["event_id"].append(event["event_id"])
-            rows["timestamp"].append(None if stamp is None else int(stamp) * 1000)
-            for name in ("operation", "collection", "key", "data", "before", "metadata"):
-                value_out = event[name]
-                rows[name].append(None if value_out is None else str(value_out))
-        yield pa.RecordBatch.from_pydict(rows, schema=_SINK_INPUT)
+def _event(value: str | bytes | None, key_fields: tuple[str, ...]) -> tuple[object, ...] | None:
+    """One Debezium value mapped by the core (runs in the executors' Python workers)."""
+    text = _text(value)
+    if text is None or text.strip() == "null":
+        return None  # a tombstone
+    try:
+        event = debezium.event_from_members(jsontext.parse_object(text), key_fields)
+    except (ValueError, InvalidEventError) as exc:
+        raise InvalidEventError(f"from_debezium: {exc}; value: {text[:200]!r}") from exc
+    if isinstance(event, str):
+        return None  # a truncate or message event: no row
+    return (
+        event["event_id"],
+        event["timestamp"],
+        *(
+            None if event[name] is None else str(event[name])
+            for name in ("operation", "collection", "key", "data", "before", "metadata")
+        ),
+    )
 
 
 def from_debezium(
@@ -79,54 +67,79 @@ def from_debezium(
     Tombstones and truncate/message events give no row. The mapping is the one of
     ``replog append --format debezium`` (docs/CDC.md); ``key_fields`` name the row's key
     columns. A value that is not a Debezium change event fails the query, naming it.
+    (A plain Python UDF: ``mapInArrow`` would need pandas on every executor.)
     """
     fields = tuple(key_fields)
     if not fields:
         raise InvalidOptionError("from_debezium: key_fields must name the row's key column(s)")
     column = F.col(value) if isinstance(value, str) else value
-    values = frame.select(column.cast("string").alias("value"))
-    return values.mapInArrow(lambda batches: _events(batches, fields), SINK_INPUT_DDL)
+    mapped = F.udf(lambda text: _event(text, fields), EVENT_DDL, useArrow=False)(
+        column.cast("string")
+    )
+    return (
+        frame.select(mapped.alias("event"))
+        .where(F.col("event").isNotNull())
+        .select(
+            "event.event_id",
+            F.timestamp_millis(F.col("event.ts_ms")).alias("timestamp"),
+            "event.operation",
+            "event.collection",
+            "event.key",
+            "event.data",
+            "event.before",
+            "event.metadata",
+        )
+    )
 
 
-def _envelopes(batches: Iterator[pa.RecordBatch], log: str | None) -> Iterator[pa.RecordBatch]:
-    for batch in batches:
-        keys, values = [], []
-        for row in batch.to_pylist():
-            source = {
-                "connector": "replog",
-                "log": log,
-                "collection": row["collection"],
-                "shard": row["shard"],
-                "sequence": row["sequence"],
-                "event_id": row["event_id"],
-                "ts_ms": row["ts_ms"],
-            }
-            values.append(
-                debezium.envelope(
-                    operation=row["operation"],
-                    data=_text(row["data"]),
-                    before=_text(row["before"]),
-                    ts_ms=row["ts_ms"],
-                    source=source,
-                )
-            )
-            keys.append(row["key"])
-        yield pa.RecordBatch.from_pydict({"key": keys, "value": values})
+def _envelope(row: Row, log: str | None) -> str:
+    source = {
+        "connector": "replog",
+        "log": log,
+        "collection": row["collection"],
+        "shard": row["shard"],
+        "sequence": row["sequence"],
+        "event_id": row["event_id"],
+        "ts_ms": row["ts_ms"],
+    }
+    return debezium.envelope(
+        operation=row["operation"],
+        data=_text(row["data"]),
+        before=_text(row["before"]),
+        ts_ms=row["ts_ms"],
+        source=source,
+    )
 
 
 def to_debezium(frame: DataFrame, *, log: str | None = None) -> DataFrame:
     """The replog source's rows as Debezium-style change events: ``key`` (the event's
     key) and ``value`` (``{"before", "after", "op", "ts_ms", "source"}``, payloads
     spliced in exactly; ``source`` names ``log``, the shard and the sequence)."""
-    columns = frame.select(
+    fields = F.struct(
         "shard",
         "sequence",
         "event_id",
         F.unix_millis(F.col("timestamp")).alias("ts_ms"),
         "operation",
         "collection",
-        "key",
         "data",
         "before",
     )
-    return columns.mapInArrow(lambda batches: _envelopes(batches, log), ENVELOPE_DDL)
+    envelope = F.udf(lambda row: _envelope(row, log), "string", useArrow=False)(fields)
+    return frame.select(F.col("key"), envelope.alias("value"))
+
+
+def parse_payload(
+    column: str | Column, schema: StructType | str, options: dict[str, str] | None = None
+) -> Column:
+    """A payload column (``data`` or ``before``: binary or string JSON) as a typed struct,
+    parsed by Spark's ``from_json`` in the JVM::
+
+        events.select("key", parse_payload("data", "id long, total decimal(38,9)").alias("row"))
+
+    Numbers keep their precision when the schema asks for it (``decimal(38, 9)``); a
+    payload that does not parse gives null fields (Spark's PERMISSIVE mode) unless
+    ``options={"mode": "FAILFAST"}``.
+    """
+    source = F.col(column) if isinstance(column, str) else column
+    return F.from_json(source.cast("string"), schema, options or {})
