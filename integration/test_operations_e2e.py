@@ -32,7 +32,9 @@ def place(request: pytest.FixtureRequest, tmp_path: Path):
     return s3.url, s3.storage_options, s3.fs_cli_args, ["--fs-json", json.dumps(flat)]
 
 
-@pytest.mark.parametrize("step", ["staged", "after_pending"])
+@pytest.mark.parametrize(
+    ("place", "step"), [("local", "staged"), ("s3", "after_pending")], indirect=["place"]
+)
 def test_recover_after_a_crash(step: str, place, tmp_path: Path) -> None:
     url, options, fs_cli, fs_app = place
     source = ReplicationLog.create(url("A"), 3, storage_options=options)
