@@ -43,6 +43,8 @@ bench: $(STAMP) ## run the benchmarks (minutes; figures go to docs/BENCHMARKS.md
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_source.py
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_sink.py
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_latency.py
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_fixed.py
+	$(PY) benchmarks/fault_runs.py
 
 clean: ## remove build outputs and demo data
 	rm -rf dist build demo-data bench-data .pytest_cache .mypy_cache .ruff_cache
