@@ -9,7 +9,7 @@ from support.logcheck import check_log
 from support.replication import leave_pending
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
-from replog.errors import CommitOutcomeUnknownError, FencedError
+from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError
 from replog.format.commits import WriterInfo
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
@@ -191,3 +191,26 @@ def test_an_abort_while_the_log_commit_is_still_in_flight_keeps_the_files(
     assert all(log.storage.exists(p) for p in attempt.paths)
     assert log.commit_staged(attempt.staged, writer=WriterInfo("s", "q", 1)) is not None
     assert verify(ReplicationLog.open(log.url)).ok and event_ids(log) == expected(20)
+
+
+@pytest.mark.parametrize("trial", range(10))
+def test_concurrent_attempts_of_one_epoch_commit_it_once(memory_url: str, trial: int) -> None:
+    """Three attempts of one epoch race (a zombie driver, a restarted one, a retry); the
+    ones that fail are aborted as Spark would. The epoch lands once; nothing is deleted
+    that the log names."""
+    from support.logcheck import run_concurrently
+
+    ReplicationLog.create(memory_url, 2)
+
+    def attempt() -> None:
+        own = ReplicationLog.open(memory_url)
+        committer = SinkCommitter(own, "s")
+        staged = batch(own, "q", 0, 0, 10, run_id="r1")
+        try:
+            committer.commit(staged)
+        except ReplogError:
+            committer.abort(staged, "lost a race")
+
+    run_concurrently(attempt, attempt, attempt)
+    final = ReplicationLog.open(memory_url)
+    assert event_ids(final) == expected(10) and verify(final).ok
