@@ -156,8 +156,7 @@ def test_racing_threads_lose_nothing(log_url: str) -> None:
 
 def faulty_log(url: str, **rates: float) -> ReplicationLog:
     """The log at ``url`` through storage that fails with exactly the given rates."""
-    zero = {"unavailable": 0.0, "reset": 0.0, "lost_response": 0.0, "retried_create": 0.0}
-    injector = FaultInjector(seed=7, rates=FaultRates(**{**zero, **rates}))
+    injector = FaultInjector(seed=7, rates=FaultRates.only(**rates))
     return ReplicationLog.from_storage(
         FaultyStorage.wrap(ReplicationLog.open(url).storage, injector)
     )

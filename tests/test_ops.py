@@ -127,8 +127,7 @@ def test_a_compaction_whose_commit_landed_unseen_keeps_its_merged_files(
     tmp_path: Path, fault: str
 ) -> None:
     log = filled_log(str(tmp_path / "log"), commits=4)
-    zero = {"unavailable": 0.0, "reset": 0.0, "lost_response": 0.0, "retried_create": 0.0}
-    injector = FaultInjector(seed=5, rates=FaultRates(**{**zero, fault: 1.0}))
+    injector = FaultInjector(seed=5, rates=FaultRates.only(**{fault: 1.0}))
     blind = ReplicationLog.from_storage(FaultyStorage.wrap(log.storage, injector))
     result = compaction.compact(blind)
     assert result.record is not None

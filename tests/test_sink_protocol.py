@@ -124,7 +124,7 @@ def test_a_newer_run_fences_the_older_one_and_replays_stay_replays(log: Replicat
 
 
 def test_a_sink_commit_whose_put_landed_unseen_is_committed_once(log: ReplicationLog) -> None:
-    rates = FaultRates(unavailable=0, reset=0, lost_response=0, retried_create=1.0)
+    rates = FaultRates.only(retried_create=1.0)
     faulty = FaultyStorage.wrap(log.storage, FaultInjector(seed=3, rates=rates))
     committer = SinkCommitter(ReplicationLog.from_storage(faulty), "s")
     assert committer.commit(batch(log, "q", 0, 0, 10)) is Outcome.COMMITTED

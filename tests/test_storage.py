@@ -31,13 +31,7 @@ fsspec.register_implementation("checkthenwrite", CheckThenWriteFS, clobber=True)
 
 
 def faulty(storage: Storage, **rates: float) -> FaultyStorage:
-    injector = FaultInjector(
-        seed=1,
-        rates=FaultRates(
-            **{"unavailable": 0, "reset": 0, "lost_response": 0, "retried_create": 0, **rates}
-        ),
-    )
-    return FaultyStorage.wrap(storage, injector)
+    return FaultyStorage.wrap(storage, FaultInjector(seed=1, rates=FaultRates.only(**rates)))
 
 
 @pytest.fixture(params=["memory", "local"])

@@ -11,6 +11,7 @@ a version already committed for the app id is skipped (Delta's contract).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterator, Sequence
@@ -255,14 +256,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
         for position, url in found:
             self._link(committer.log, position, url)
         committer.commit(
-            Batch(
-                batch.query_id,
-                batch.epoch,
-                batch.staged,
-                batch.run_id,
-                tuple(position for position, _ in found),
-                batch.since_version,
-            )
+            dataclasses.replace(batch, sources=tuple(position for position, _ in found))
         )
 
     def _link(self, target: ReplicationLog, position: SourcePosition, url: str) -> None:

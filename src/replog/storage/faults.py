@@ -39,6 +39,11 @@ class FaultRates:
     retried_create: float = 0.03
     crash: float = 0.0
 
+    @classmethod
+    def only(cls, **rates: float) -> FaultRates:
+        """The faults named, at the rates given, and no other (for targeted tests)."""
+        return cls(**{name: 0.0 for name in cls.__dataclass_fields__} | rates)
+
 
 @dataclass
 class FaultInjector:
