@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import logging
 import shutil
 import tempfile
 import time
@@ -96,8 +97,10 @@ class RequestCounter:
         self._events = fs.s3.meta.events
         self._events.register("before-call.s3", self._count)
 
-    def _count(self, model: Any, **_: Any) -> None:
+    def _count(self, model: Any, params: Any = None, **_: Any) -> None:
         self.calls[model.name] += 1
+        key = params.get("url_path", "") if isinstance(params, dict) else ""
+        logging.getLogger("bench.requests").debug("%s %s", model.name, key)
 
     def stop(self) -> None:
         self._events.unregister("before-call.s3", self._count)

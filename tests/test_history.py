@@ -1,11 +1,18 @@
 """Snapshots and the history behind them (replog.format.history): cheap, and damage-proof."""
 
+import logging
+import random
+
 import pytest
 from support.logcheck import check_log
 
 from replog.format import history
 from replog.format.commits import commit_path
+from replog.format.lanes import Lanes, apply_segments
+from replog.format.sealed import seal, unseal
 from replog.log import ReplicationLog
+from replog.ops.compaction import compact
+from replog.ops.retention import truncate
 from replog.ops.verify import verify
 from replog.storage import Storage
 
@@ -20,6 +27,8 @@ class CountingStorage(Storage):
 
     def _read_once(self, path: str) -> bytes:
         self._count("read")
+        if "/commits/" in path:
+            self._count("commit read")
         return super()._read_once(path)
 
     def _exists_once(self, path: str) -> bool:
@@ -52,10 +61,110 @@ def test_a_cold_open_reads_a_bounded_number_of_files(memory_url: str, commits: i
     storage = counting(memory_url)
     state = ReplicationLog.from_storage(storage).refresh()
     assert state.version == commits
-    requests = sum(storage.counts.values())
+    requests = sum(n for kind, n in storage.counts.items() if kind != "commit read")
     # descriptor + hint + header + < 10 commits + their probes: never the whole history
     assert requests <= 25, storage.counts
     assert storage.counts.get("list", 0) == 0
+
+
+@pytest.mark.parametrize("commits", [99, 199])
+def test_a_cold_writer_at_a_table_version_reads_no_commits_before_its_header(
+    memory_url: str, commits: int
+) -> None:
+    """The writer of a segment table takes the segments from the table below it plus
+    the newest header's changes file, not from the commits in between."""
+    grow(memory_url, commits, snapshot_interval=100)
+    storage = counting(memory_url)
+    cold = ReplicationLog.from_storage(storage)
+    version = commits + 1
+    cold.append([{"key": "last", "data": {"i": version}}])
+    assert storage.exists(history.table_path(version))
+    # the 9 commits after the newest header, read ahead in parallel (1+2+4+8 reads, the
+    # last ones past the head): never the 90 commits before that header
+    assert storage.counts["commit read"] <= 15, storage.counts
+    # + descriptor, hint (twice: reading, moving it), header, table below, changes file
+    assert storage.counts["read"] <= 21, storage.counts
+    assert len(check_log(ReplicationLog.open(memory_url))) == version
+
+
+def _lanes_from_commits(log: ReplicationLog, version: int) -> Lanes:
+    lanes: Lanes = [[] for _ in range(log.shards)]
+    for record in history.read_commits(log.storage, 1, version):
+        apply_segments(lanes, record)
+    return lanes
+
+
+def test_checkpoints_hold_the_segments_the_commits_add_up_to(memory_url: str) -> None:
+    """Appends, compactions and truncations, by a warm writer and by cold ones: every
+    checkpoint's segments (table, or table plus changes) equal the commits' sum."""
+    rng = random.Random(7)
+    log = ReplicationLog.create(memory_url, 3, snapshot_interval=20)
+    writer = log
+    while writer.refresh().version < 95:
+        action = rng.random()
+        if action < 0.1:
+            writer = ReplicationLog.open(memory_url)  # a restarted, cold writer
+        elif action < 0.2:
+            compact(writer)
+        elif action < 0.28:
+            heads = writer.refresh().heads
+            truncate(writer, {s: max(heads[s] - 3, 1) for s in range(3)}, force=True)
+        else:
+            writer.append([{"key": f"k{rng.randint(0, 9)}", "data": {"n": n}} for n in range(9)])
+    last = writer.refresh().version
+    snapshots = history.LogSnapshots(log.storage, log.descriptor)
+    for version in range(10, last + 1, 10):
+        assert snapshots.segments(version) == _lanes_from_commits(log, version), version
+    fresh = ReplicationLog.open(memory_url)
+    assert fresh.refresh().segments == _lanes_from_commits(log, last)
+    assert verify(fresh).ok
+
+
+def test_a_damaged_or_missing_changes_file_falls_back_to_the_commits(
+    memory_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    log = grow(memory_url, 35)
+    log.storage.write(history.changes_path(30), b"not arrow")
+    expected = _lanes_from_commits(log, 35)
+    with caplog.at_level(logging.WARNING):
+        fresh = ReplicationLog.open(memory_url)
+        assert fresh.refresh().segments == expected
+    assert history.changes_path(30) in caplog.text
+    assert [p.path for p in verify(fresh).problems] == [log.storage.path(history.changes_path(30))]
+    # A writer at a table version falls back the same way and still writes a good table.
+    for i in range(5):
+        fresh.append([{"key": "more", "data": {"i": i}}])
+    assert history.LogSnapshots(log.storage, log.descriptor).segments(40) == _lanes_from_commits(
+        log, 40
+    )
+
+
+def test_headers_without_changes_files_are_read_from_the_commits(memory_url: str) -> None:
+    """Logs written before changes files existed: their headers name none."""
+    log = grow(memory_url, 38)
+    for version in (10, 30):
+        relative = history.header_path(version)
+        body = unseal(log.storage.read(relative), relative, max_version=2)
+        del body["changes"]
+        log.storage.write(relative, seal(body))
+        log.storage.delete(history.changes_path(version))
+    fresh = ReplicationLog.open(memory_url)
+    assert fresh.refresh().segments == _lanes_from_commits(log, 38)
+    assert verify(fresh).ok
+    fresh.append([{"key": "more", "data": {"i": 1}}, {"key": "most", "data": {"i": 2}}])
+    fresh.append([{"key": "more", "data": {"i": 3}}])  # version 40: a table
+    assert len(check_log(ReplicationLog.open(memory_url))) == 41
+
+
+def test_a_long_running_writer_keeps_a_bounded_history(memory_url: str) -> None:
+    """A writer that never reads segments must not keep every commit it applied."""
+    log = grow(memory_url, 3, snapshot_interval=20)
+    writer = ReplicationLog.open(memory_url)
+    for i in range(120):
+        writer.append([{"key": "k", "data": {"i": i}}])
+    state = writer.state()
+    assert len(state._since_base) <= 2 * log.descriptor.snapshot_interval
+    assert state.segments == _lanes_from_commits(log, state.version)
 
 
 def test_a_damaged_segment_table_falls_back_to_an_older_one(memory_url: str) -> None:
@@ -88,23 +197,25 @@ def test_a_lost_hint_is_found_again_by_probing(memory_url: str) -> None:
     log.storage.delete(history.SNAPSHOT_HINT_PATH)
     storage = counting(memory_url)
     assert ReplicationLog.from_storage(storage).refresh().version == 33
-    assert storage.counts["read"] <= 10  # a header and the commits after 30, not all 33
+    # descriptor, hint, header 30 and one window of 10 commits after it: not all 33
+    assert storage.counts["read"] <= 13
 
 
 def test_verify_checks_every_checksummed_file(memory_url: str) -> None:
     from replog.checkpoints.consumers import OffsetCommitter, consumer_store
     from replog.checkpoints.store import manifest_name
 
-    log = grow(memory_url, 25)
-    OffsetCommitter(log, "reader", "test-run").commit({0: 1, 1: 1}, log_version=25, note="test")
+    log = grow(memory_url, 35)
+    OffsetCommitter(log, "reader", "test-run").commit({0: 1, 1: 1}, log_version=35, note="test")
     report = verify(log)
-    assert report.ok and report.commits == 25 and report.snapshots == 2
-    assert report.manifests == 1 and report.events == 25
+    assert report.ok and report.commits == 35 and report.snapshots == 3
+    assert report.manifests == 1 and report.events == 35
     store = consumer_store(log, "reader")
     damaged = [
         (log.storage, commit_path(7)),
         (log.storage, history.header_path(10)),
         (log.storage, history.table_path(20)),
+        (log.storage, history.changes_path(30)),
         (store.storage, manifest_name(1)),
     ]
     for storage, relative in damaged:

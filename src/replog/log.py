@@ -314,13 +314,14 @@ class ReplicationLog:
         *,
         writer: WriterInfo | None = None,
         attempt: CommitAttempt | None = None,
+        refreshed: bool = False,
     ) -> CommitRecord | None:
         """Make staged segments visible in one commit, retrying lost races.
 
         With a ``writer``, the commit is exactly-once per (sink id, query id, epoch): if
         the log already holds it, returns None and commits nothing; if a newer run owns
         the sink, raises :class:`~replog.errors.FencedError`. Checks first that every
-        staged file still exists.
+        staged file still exists. ``refreshed``: as for :meth:`commit`.
         """
         self.check_staged(staged)
 
@@ -337,7 +338,7 @@ class ReplicationLog:
                 heads[segment.shard] += segment.events
             return CommitRecord.after(state.version, APPEND, add=tuple(added), writer=claimed)
 
-        return self.commit(build, attempt=attempt)
+        return self.commit(build, attempt=attempt, refreshed=refreshed)
 
     def check_staged(self, staged: Sequence[StagedSegment | SegmentInfo]) -> None:
         """Raise :class:`MissingFileError` if a staged file is gone (collected by a
@@ -360,15 +361,20 @@ class ReplicationLog:
         build: Callable[[LogState], CommitRecord | None],
         *,
         attempt: CommitAttempt | None = None,
+        refreshed: bool = False,
     ) -> CommitRecord | None:
         """Commit ``build(state)`` (a record for ``state.version + 1``), retrying lost races.
 
         ``build`` sees the refreshed state on every attempt and may return None to commit
         nothing. Used for every kind of commit (appends, compaction, truncation).
+        ``refreshed`` says the caller has just refreshed the state: the first attempt
+        builds on it without reading again. That is safe because the put is
+        create-if-absent: a commit that landed since takes the version, and the retry
+        builds on a refreshed state.
         """
         attempt = attempt if attempt is not None else CommitAttempt()
         for tries in range(MAX_COMMIT_ATTEMPTS):
-            state = self.refresh()
+            state = self.state() if refreshed and tries == 0 else self.refresh()
             record = build(state)
             if record is None:
                 return None

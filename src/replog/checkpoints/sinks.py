@@ -219,7 +219,9 @@ class SinkCommitter:
 
         attempt = CommitAttempt()
         try:
-            record = self.log.commit_staged(batch.staged, writer=writer, attempt=attempt)
+            record = self.log.commit_staged(
+                batch.staged, writer=writer, attempt=attempt, refreshed=True
+            )
         except BaseException as exc:
             if attempt.safe_to_discard:  # certain: nothing of this attempt is in the log
                 self.log.discard_staged(batch.staged)

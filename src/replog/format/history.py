@@ -29,9 +29,16 @@ from replog.format.commits import (
     LogDescriptor,
     commit_path,
 )
+from replog.format.lanes import (
+    Lanes,
+    SegmentChanges,
+    apply_segments,
+    segments_from_table,
+    segments_table,
+)
 from replog.format.sealed import seal, unseal
-from replog.format.segments import SegmentInfo, sha256_hex
-from replog.format.state import LogState, SinkMark, apply_segments, segments_from_table
+from replog.format.segments import sha256_hex
+from replog.format.state import LogState, SinkMark
 from replog.storage import Storage
 from replog.storage.pointer import ForwardPointer, probe_forward
 
@@ -48,6 +55,10 @@ def header_path(version: int) -> str:
 
 def table_path(version: int) -> str:
     return f"{SNAPSHOTS_DIR}/{version:020d}.segments.arrow"
+
+
+def changes_path(version: int) -> str:
+    return f"{SNAPSHOTS_DIR}/{version:020d}.changes.arrow"
 
 
 def hint(storage: Storage) -> ForwardPointer:
@@ -85,11 +96,13 @@ def read_commits(storage: Storage, first: int, last: int) -> list[CommitRecord]:
     return [record for record in records if record is not None]
 
 
-def catch_up(storage: Storage, state: LogState, *, limit: int | None = None) -> bool:
+def catch_up(
+    storage: Storage, state: LogState, *, limit: int | None = None, window: int = 1
+) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
-    and more may follow. Reads ahead in parallel when more than one commit is new."""
+    and more may follow. Reads ``window`` commits at once, then twice as many while all
+    exist (in parallel, up to :data:`READ_THREADS`)."""
     applied = 0
-    window = 1
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
         first = state.version + 1
@@ -105,7 +118,7 @@ def catch_up(storage: Storage, state: LogState, *, limit: int | None = None) -> 
                 return True
             state.apply(record)
             applied += 1
-        window = min(window * 2, READ_THREADS)
+        window = max(min(window * 2, READ_THREADS), window)
     return False
 
 
@@ -116,18 +129,36 @@ def _is_due(version: int, interval: int) -> bool:
     return version > 0 and version % interval == 0
 
 
+def _ipc_bytes(table: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return bytes(sink.getvalue())
+
+
+def _put_once(storage: Storage, relative: str, data: bytes) -> bytes:
+    """Write ``data`` put-if-absent; the bytes that are there afterwards (another writer's
+    file for the same version, if it was first)."""
+    try:
+        storage.put_if_absent(relative, data)
+    except FileExistsError:
+        return storage.read(relative)
+    return data
+
+
 def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogState) -> None:
-    """Write the header (and, when due, the segment table) for ``state``, then the hint.
+    """Write the checkpoint for ``state`` when its version is due: the segment table or
+    the changes since it, then the header, then the hint.
 
     Best effort for the caller: a missing checkpoint only makes the next open read more
-    commits. Both files are written put-if-absent; one already written by another writer
-    is fine.
+    commits. Every file is written put-if-absent; one already there is fine.
     """
-    if not _is_due(state.version, descriptor.checkpoint_interval):
+    version = state.version
+    if not _is_due(version, descriptor.checkpoint_interval):
         return
     header: dict[str, Any] = {
         "format_version": FORMAT_VERSION,
-        "version": state.version,
+        "version": version,
         "timestamp_ms": state.timestamp_ms,
         "shards": descriptor.shards,
         "heads": state.heads_json(),
@@ -136,108 +167,195 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
         "bytes": state.total_bytes,
         "segment_count": state.segment_count,
     }
-    if _is_due(state.version, descriptor.snapshot_interval):
-        sink = pa.BufferOutputStream()
-        table = state.segments_table()
-        with ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        data = bytes(sink.getvalue())
-        try:
-            storage.put_if_absent(table_path(state.version), data)
-        except FileExistsError:
-            data = storage.read(table_path(state.version))  # another writer's, for this version
+    snapshots = state.snapshots
+    if _is_due(version, descriptor.snapshot_interval):
+        data = _put_once(storage, table_path(version), _ipc_bytes(segments_table(state.segments)))
         header["table_sha256"] = sha256_hex(data)
+        if snapshots is not None:
+            snapshots.remember_table(version, header["table_sha256"])
+    elif snapshots is not None:
+        changes = state.changes()
+        data = _put_once(storage, changes_path(version), _ipc_bytes(changes.to_table()))
+        header["changes"] = {
+            "table_version": changes.table_version,
+            "table_sha256": snapshots.table_sha256(changes.table_version),
+            "sha256": sha256_hex(data),
+        }
     with contextlib.suppress(FileExistsError):  # another writer's header for this version
-        storage.put_if_absent(header_path(state.version), seal(header))
-    hint(storage).advance(state.version)
-    logger.debug("wrote checkpoint of %s at version %d", storage.url, state.version)
-
-
-def _header_state(storage: Storage, descriptor: LogDescriptor, version: int) -> LogState:
-    relative = header_path(version)
-    path = storage.path(relative)
-    body = unseal(storage.read(relative), path, max_version=FORMAT_VERSION)
-    try:
-        if int(body["version"]) != version or int(body["shards"]) != descriptor.shards:
-            raise ValueError("version or shard count differs from its name and the log")
-        shards = range(descriptor.shards)
-        state = LogState(
-            shards=descriptor.shards,
-            version=version,
-            heads=[int(body["heads"][str(s)]) for s in shards],
-            lows=[int(body["lows"][str(s)]) for s in shards],
-            sinks={name: SinkMark.from_json(mark) for name, mark in body["sinks"].items()},
-            total_bytes=int(body["bytes"]),
-            segment_count=int(body["segment_count"]),
-            timestamp_ms=int(body["timestamp_ms"]),
-            segment_loader=lambda: segments_at(storage, descriptor, version),
-        )
-    except (KeyError, TypeError, ValueError) as exc:
-        raise CorruptionError(path, f"malformed snapshot header: {exc}") from exc
-    return state
-
-
-def _table(storage: Storage, descriptor: LogDescriptor, version: int) -> list[list[SegmentInfo]]:
-    """The segment table of the full snapshot at ``version``, checked against its header."""
-    relative = header_path(version)
-    body = unseal(storage.read(relative), storage.path(relative), max_version=FORMAT_VERSION)
-    # Format 1 named the table's checksum segments_sha256.
-    expected = body.get("table_sha256", body.get("segments_sha256"))
-    table_relative = table_path(version)
-    try:
-        data = storage.read(table_relative)
-    except FileNotFoundError as exc:
-        raise MissingFileError(storage.path(table_relative), "segment table is missing") from exc
-    if sha256_hex(data) != expected:
-        raise CorruptionError(
-            storage.path(table_relative), f"checksum mismatch: expected sha256 {expected}"
-        )
-    try:
-        table = ipc.open_file(pa.BufferReader(data)).read_all()
-        return segments_from_table(table, descriptor.shards)
-    except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
-        raise CorruptionError(
-            storage.path(table_relative), f"unreadable segment table: {exc}"
-        ) from exc
+        storage.put_if_absent(header_path(version), seal(header))
+    (snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)).advance(version)
+    logger.debug("wrote checkpoint of %s at version %d", storage.url, version)
 
 
 _UNUSABLE = (CorruptionError, FileNotFoundError, StorageError)
 
 
-def segments_at(
-    storage: Storage, descriptor: LogDescriptor, version: int
-) -> list[list[SegmentInfo]]:
-    """Live segments at ``version``: the newest usable segment table at or before it plus
-    the commits after that table (from version 1 if no table is usable)."""
-    interval = descriptor.snapshot_interval
-    base = version - version % interval
-    lanes: list[list[SegmentInfo]] = [[] for _ in range(descriptor.shards)]
-    while base > 0:
+class LogSnapshots:
+    """A log's snapshot files, read with fallbacks (the :class:`Snapshots` a state loads
+    from). Remembers the headers it has read: a header is immutable."""
+
+    def __init__(self, storage: Storage, descriptor: LogDescriptor) -> None:
+        self.storage = storage
+        self.descriptor = descriptor
+        self._headers: dict[int, dict[str, Any]] = {}
+        self._table_sha256: dict[int, str | None] = {0: None}
+        self.hint = hint(storage)
+
+    @property
+    def table_interval(self) -> int:
+        return self.descriptor.snapshot_interval
+
+    def header(self, version: int) -> dict[str, Any]:
+        if version not in self._headers:
+            relative = header_path(version)
+            data = self.storage.read(relative)
+            body = unseal(data, self.storage.path(relative), max_version=FORMAT_VERSION)
+            self._headers[version] = body
+            changes = body.get("changes")
+            if isinstance(changes, dict) and "table_sha256" in changes:
+                self._table_sha256.setdefault(changes["table_version"], changes["table_sha256"])
+        return self._headers[version]
+
+    def remember_table(self, version: int, sha256: str) -> None:
+        self._table_sha256[version] = sha256
+
+    def table_sha256(self, version: int) -> str | None:
+        """The checksum of the segment table at ``version`` (None for the empty log's), as
+        its header or a later header's changes entry records it."""
+        if version not in self._table_sha256:
+            body = self.header(version)
+            # Format 1 named it segments_sha256.
+            self._table_sha256[version] = body.get("table_sha256", body.get("segments_sha256"))
+        return self._table_sha256[version]
+
+    def state(self, version: int) -> LogState:
+        """The state at header ``version`` (segments and changes loaded on demand)."""
+        path = self.storage.path(header_path(version))
+        body = self.header(version)
+        shards = self.descriptor.shards
         try:
-            lanes = _table(storage, descriptor, base)
-            break
-        except _UNUSABLE as exc:
-            logger.warning(
-                "segment table of snapshot %d of %s is unusable (%s); falling back to an older one",
-                base,
-                storage.url,
-                exc,
+            if int(body["version"]) != version or int(body["shards"]) != shards:
+                raise ValueError("version or shard count differs from its name and the log")
+            return LogState(
+                shards=shards,
+                version=version,
+                heads=[int(body["heads"][str(s)]) for s in range(shards)],
+                lows=[int(body["lows"][str(s)]) for s in range(shards)],
+                sinks={name: SinkMark.from_json(mark) for name, mark in body["sinks"].items()},
+                total_bytes=int(body["bytes"]),
+                segment_count=int(body["segment_count"]),
+                timestamp_ms=int(body["timestamp_ms"]),
+                snapshots=self,
             )
-            base -= interval
-    for record in read_commits(storage, base + 1, version):
-        apply_segments(lanes, record)
-    return lanes
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptionError(path, f"malformed snapshot header: {exc}") from exc
+
+    def table(self, version: int) -> Lanes:
+        """The segment table at ``version`` (a multiple of the table interval; 0 is the
+        empty log), checked against its header."""
+        if version == 0:
+            return [[] for _ in range(self.descriptor.shards)]
+        data = self._checked(table_path(version), self.table_sha256(version), "segment table")
+        try:
+            table = ipc.open_file(pa.BufferReader(data)).read_all()
+            return segments_from_table(table, self.descriptor.shards)
+        except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CorruptionError(
+                self.storage.path(table_path(version)), f"unreadable segment table: {exc}"
+            ) from exc
+
+    def changes_file(self, version: int) -> SegmentChanges | None:
+        """The changes file of header ``version``, checked against the header; None if the
+        header has none (written before changes files existed)."""
+        entry = self.header(version).get("changes")
+        if entry is None:
+            return None
+        relative = changes_path(version)
+        data = self._checked(relative, entry.get("sha256"), "changes file")
+        table_version = version - version % self.table_interval
+        try:
+            if int(entry["table_version"]) != table_version:
+                raise ValueError(f"is based on version {entry['table_version']}")
+            table = ipc.open_file(pa.BufferReader(data)).read_all()
+            return SegmentChanges.from_table(table, table_version)
+        except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CorruptionError(
+                self.storage.path(relative), f"unreadable changes file: {exc}"
+            ) from exc
+
+    def _checked(self, relative: str, expected: object, what: str) -> bytes:
+        try:
+            data = self.storage.read(relative)
+        except FileNotFoundError as exc:
+            raise MissingFileError(self.storage.path(relative), f"{what} is missing") from exc
+        if sha256_hex(data) != expected:
+            raise CorruptionError(
+                self.storage.path(relative), f"checksum mismatch: expected sha256 {expected}"
+            )
+        return data
+
+    def segments(self, version: int) -> Lanes:
+        """Live segments at checkpoint ``version``: its table, or the table below it plus
+        the header's changes; falling back to older tables and the commits after them."""
+        table_version = version - version % self.table_interval
+        if version > table_version:
+            try:
+                changes = self.changes_file(version)
+                if changes is not None:
+                    return changes.applied_to(
+                        self.table(table_version), self.storage.path(changes_path(version))
+                    )
+            except _UNUSABLE as exc:
+                self._fallback(f"snapshot {version}'s segments", exc)
+        return self._segments_from_commits(version)
+
+    def changes(self, version: int) -> SegmentChanges:
+        """Changes at header ``version`` since the table below it: its changes file, or
+        the commits in between."""
+        table_version = version - version % self.table_interval
+        try:
+            changes = self.changes_file(version)
+            if changes is not None:
+                return changes
+        except _UNUSABLE as exc:
+            self._fallback(f"the changes file of snapshot {version}", exc)
+        changes = SegmentChanges(table_version)
+        for record in read_commits(self.storage, table_version + 1, version):
+            changes.apply(record)
+        return changes
+
+    def _segments_from_commits(self, version: int) -> Lanes:
+        """The newest usable table at or before ``version`` plus the commits after it."""
+        base = version - version % self.table_interval
+        while True:
+            try:
+                lanes = self.table(base)
+                break
+            except _UNUSABLE as exc:
+                self._fallback(f"the segment table of snapshot {base}", exc)
+                base -= self.table_interval
+        for record in read_commits(self.storage, base + 1, version):
+            apply_segments(lanes, record)
+        return lanes
+
+    def _fallback(self, what: str, exc: Exception) -> None:
+        logger.warning(
+            "%s of %s is unusable (%s); reading older snapshots and commits instead",
+            what,
+            self.storage.url,
+            exc,
+        )
 
 
-def _newest_header(storage: Storage, descriptor: LogDescriptor) -> int:
+def _newest_header(snapshots: LogSnapshots) -> int:
     """The newest header version known: the hint, probed forward. Without a usable hint,
     gallop forward (a missing checkpoint in between only costs commits to read)."""
-    interval = descriptor.checkpoint_interval
+    interval = snapshots.descriptor.checkpoint_interval
 
     def exists(version: int) -> bool:
-        return storage.exists(header_path(version))
+        return snapshots.storage.exists(header_path(version))
 
-    start = hint(storage).read()
+    start = snapshots.hint.read()
     if start is None:
         start, step = 0, interval
         while exists(start + step):
@@ -249,11 +367,12 @@ def _newest_header(storage: Storage, descriptor: LogDescriptor) -> int:
 
 def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     """The log's current state, from the newest usable header and the commits after it."""
-    version = _newest_header(storage, descriptor)
+    snapshots = LogSnapshots(storage, descriptor)
+    version = _newest_header(snapshots)
     state: LogState | None = None
     while version > 0 and state is None:
         try:
-            state = _header_state(storage, descriptor, version)
+            state = snapshots.state(version)
         except _UNUSABLE as exc:
             logger.warning(
                 "snapshot header %d of %s is unusable (%s); trying an older one",
@@ -263,14 +382,19 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
             )
             version -= descriptor.checkpoint_interval
     if state is None:
-        state = LogState(shards=descriptor.shards)
-    catch_up(storage, state)
+        state = LogState(shards=descriptor.shards, snapshots=snapshots)
+    # Fewer than checkpoint_interval commits follow a header, unless its successor's
+    # checkpoint failed: read that many at once.
+    catch_up(storage, state, window=descriptor.checkpoint_interval)
     return state
 
 
 def check_snapshot(storage: Storage, descriptor: LogDescriptor, version: int) -> None:
-    """Read snapshot ``version``'s header (and its segment table, if it has one), raising
+    """Read snapshot ``version``'s header and its segment table or changes file, raising
     :class:`CorruptionError` or ``FileNotFoundError`` for what is wrong (for ``verify``)."""
-    _header_state(storage, descriptor, version)
+    snapshots = LogSnapshots(storage, descriptor)
+    snapshots.state(version)
     if _is_due(version, descriptor.snapshot_interval):
-        _table(storage, descriptor, version)
+        snapshots.table(version)
+    else:
+        snapshots.changes_file(version)

@@ -2,8 +2,10 @@
 
 A state is built from a snapshot plus the commits after it. Heads, low watermarks and sink
 marks are kept eagerly (they are what finding the head and committing need); the live
-segment list is loaded only when a reader or compactor asks for it, so finding the head
-costs the same after 10 or 10,000 commits.
+segment list is loaded only when a reader, a compactor or the writer of a segment table
+asks for it, so finding the head costs the same after 10 or 10,000 commits. A state also
+keeps the commits since the newest segment table it has passed (at most two snapshot
+intervals of them), from which the next checkpoint's changes file is written.
 """
 
 from __future__ import annotations
@@ -11,31 +13,16 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import pyarrow as pa
+from typing import Any, Protocol
 
 from replog.errors import CorruptionError, FencedError
 from replog.format.commits import APPEND, COMPACT, TRUNCATE, CommitRecord, WriterInfo, commit_path
+from replog.format.lanes import Lanes, SegmentChanges, apply_segments
 from replog.format.segments import SegmentInfo
 
 logger = logging.getLogger(__name__)
-
-SEGMENT_TABLE_SCHEMA = pa.schema(
-    [
-        pa.field("path", pa.string(), nullable=False),
-        pa.field("shard", pa.int32(), nullable=False),
-        pa.field("first_sequence", pa.int64(), nullable=False),
-        pa.field("last_sequence", pa.int64(), nullable=False),
-        pa.field("bytes", pa.int64(), nullable=False),
-        pa.field("sha256", pa.string(), nullable=False),
-        pa.field("min_timestamp_ms", pa.int64(), nullable=False),
-        pa.field("max_timestamp_ms", pa.int64(), nullable=False),
-    ]
-)
-"""Columns of a snapshot's segment table; rows ordered by shard, then first sequence."""
 
 MAX_QUERIES_PER_SINK = 64
 """How many query ids' last epochs a sink mark remembers (the most recent ones)."""
@@ -127,7 +114,30 @@ class SinkMark:
 
 _NO_MARK = SinkMark(query_id="", epoch=-1, version=0)
 
-SegmentLoader = Callable[[], list[list[SegmentInfo]]]
+
+class Snapshots(Protocol):
+    """Where a state loads the segment bookkeeping it does not hold in memory."""
+
+    @property
+    def table_interval(self) -> int:
+        """Versions between segment tables (the log's ``snapshot_interval``)."""
+        ...
+
+    def segments(self, version: int) -> Lanes:
+        """Live segments at checkpoint ``version``."""
+        ...
+
+    def changes(self, version: int) -> SegmentChanges:
+        """Changes at checkpoint ``version`` since the table at or below it."""
+        ...
+
+    def table_sha256(self, version: int) -> str | None:
+        """Checksum of the segment table at ``version`` (None at 0, the empty log)."""
+        ...
+
+    def remember_table(self, version: int, sha256: str) -> None:
+        """Note the checksum of a table just written."""
+        ...
 
 
 class LogState:
@@ -144,8 +154,11 @@ class LogState:
         total_bytes: int = 0,
         segment_count: int = 0,
         timestamp_ms: int = 0,
-        segment_loader: SegmentLoader | None = None,
+        snapshots: Snapshots | None = None,
     ) -> None:
+        """``snapshots`` loads what a state at ``version`` > 0 needs beyond its header;
+        without it the state starts empty at version 0 and keeps no commits for
+        checkpoints (as ``verify`` builds it)."""
         self.shards = shards
         self.version = version
         self.heads = heads or [0] * shards
@@ -154,11 +167,14 @@ class LogState:
         self.total_bytes = total_bytes
         self.segment_count = segment_count
         self.timestamp_ms = timestamp_ms
-        self._segments: list[list[SegmentInfo]] | None = (
-            None if segment_loader else [[] for _ in range(shards)]
-        )
-        self._segment_loader = segment_loader
-        self._unapplied: list[CommitRecord] = []
+        if snapshots is None and version > 0:
+            raise ValueError("a state past version 0 needs its snapshots")
+        self._snapshots = snapshots
+        self._base = version
+        """The checkpoint version the segments (if not loaded) and changes are based on."""
+        self._since_base: list[CommitRecord] = []
+        self._base_changes: SegmentChanges | None = None
+        self._segments: Lanes | None = [[] for _ in range(shards)] if version == 0 else None
 
     # -- advancing --------------------------------------------------------------------
 
@@ -209,10 +225,22 @@ class LogState:
             self.sinks[commit.writer.sink_id] = mark.after(commit.writer, commit.version)
         self.version = commit.version
         self.timestamp_ms = commit.timestamp_ms
-        if self._segments is None:
-            self._unapplied.append(commit)
-        else:
+        if self._segments is not None:
             apply_segments(self._segments, commit)
+        if self._snapshots is not None or self._segments is None:
+            self._since_base.append(commit)
+            self._rebase()
+
+    def _rebase(self) -> None:
+        """Once past a segment table's version (its writer has had its turn to write it),
+        base the state on that table and forget the commits up to it."""
+        if self._snapshots is None:
+            return
+        interval = self._snapshots.table_interval
+        table = self.version - self.version % interval
+        if self._base < table < self.version:
+            self._since_base = [c for c in self._since_base if c.version > table]
+            self._base, self._base_changes = table, None
 
     # -- the sink rules ------------------------------------------------------------------
 
@@ -245,20 +273,45 @@ class LogState:
     # -- segments ---------------------------------------------------------------------
 
     @property
-    def segments(self) -> list[list[SegmentInfo]]:
+    def segments(self) -> Lanes:
         """Live segments per shard, ordered by sequence (loaded on first use)."""
         if self._segments is None:
-            assert self._segment_loader is not None
-            segments = [list(lane) for lane in self._segment_loader()]
-            for commit in self._unapplied:
+            assert self._snapshots is not None
+            segments = [list(lane) for lane in self._snapshots.segments(self._base)]
+            for commit in self._since_base:
                 apply_segments(segments, commit)
-            self._segments, self._unapplied, self._segment_loader = segments, [], None
+            self._segments = segments
         return self._segments
+
+    @property
+    def snapshots(self) -> Snapshots | None:
+        return self._snapshots
+
+    def changes(self) -> SegmentChanges:
+        """Segments added and removed since the newest segment-table version at or below
+        this state's version (what a checkpoint between two tables records)."""
+        if self._snapshots is None:
+            raise ValueError("a state without snapshots keeps no changes")
+        interval = self._snapshots.table_interval
+        table = self.version - self.version % interval
+        if self._base == table:
+            changes = SegmentChanges(table)
+        elif self._base > table:
+            if self._base_changes is None:
+                self._base_changes = self._snapshots.changes(self._base)
+            changes = self._base_changes.copy()
+        else:
+            # Only at a table version whose commit this state applied last: the table
+            # itself, not changes, is what a checkpoint writes there.
+            raise ValueError(f"changes at table version {self.version} are the table itself")
+        for commit in self._since_base:
+            changes.apply(commit)
+        return changes
 
     def covering(self, shard: int, first: int, last: int) -> list[SegmentInfo]:
         """Live segments of ``shard`` that hold any sequence in ``[first, last]``."""
         lane = self.segments[shard]
-        index = max(bisect.bisect_right(lane, first, key=_first_sequence) - 1, 0)
+        index = max(bisect.bisect_right(lane, first, key=lambda s: s.first_sequence) - 1, 0)
         result = []
         for segment in lane[index:]:
             if segment.first_sequence > last:
@@ -269,10 +322,6 @@ class LogState:
 
     def live_paths(self) -> set[str]:
         return {segment.path for lane in self.segments for segment in lane}
-
-    def segments_table(self) -> pa.Table:
-        rows = [segment.to_json() for lane in self.segments for segment in lane]
-        return pa.Table.from_pylist(rows, schema=SEGMENT_TABLE_SCHEMA)
 
     def heads_json(self) -> dict[str, int]:
         return {str(shard): head for shard, head in enumerate(self.heads)}
@@ -299,35 +348,3 @@ def _check_compaction(commit: CommitRecord, path: str) -> None:
         raise CorruptionError(
             path, "compaction adds segments that do not cover exactly the sequences it removes"
         )
-
-
-def _first_sequence(segment: SegmentInfo) -> int:
-    return segment.first_sequence
-
-
-def segments_from_table(table: pa.Table, shards: int) -> list[list[SegmentInfo]]:
-    lanes: list[list[SegmentInfo]] = [[] for _ in range(shards)]
-    for row in table.to_pylist():
-        lanes[row["shard"]].append(SegmentInfo.from_json(row))
-    for lane in lanes:
-        lane.sort(key=_first_sequence)
-    return lanes
-
-
-def apply_segments(lanes: list[list[SegmentInfo]], commit: CommitRecord) -> None:
-    """Apply a commit's adds and removes; a remove must name a live segment (same path and
-    sequence range), else the record is corrupt."""
-    for segment in commit.remove:
-        lane = lanes[segment.shard]
-        kept = [s for s in lane if s.path != segment.path]
-        if len(kept) == len(lane):
-            raise CorruptionError(
-                commit_path(commit.version), f"removes {segment.path}, which is not a live segment"
-            )
-        lanes[segment.shard] = kept
-    for segment in commit.add:
-        lane = lanes[segment.shard]
-        if not lane or lane[-1].first_sequence < segment.first_sequence:
-            lane.append(segment)
-        else:
-            bisect.insort(lane, segment, key=_first_sequence)
