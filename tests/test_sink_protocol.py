@@ -214,3 +214,33 @@ def test_concurrent_attempts_of_one_epoch_commit_it_once(memory_url: str, trial:
     run_concurrently(attempt, attempt, attempt)
     final = ReplicationLog.open(memory_url)
     assert event_ids(final) == expected(10) and verify(final).ok
+
+
+@pytest.mark.parametrize("other", ["append", "same epoch"])
+def test_a_commit_landing_between_the_sinks_check_and_its_put_is_caught(
+    log: ReplicationLog, monkeypatch: pytest.MonkeyPatch, other: str
+) -> None:
+    """The sink builds its first attempt on the state it refreshed when the commit began;
+    another writer's commit landing in between must make it rebuild on a fresh state, not
+    fail or commit twice."""
+    mine = batch(log, "q", 0, 0, 10)
+    rival = ReplicationLog.open(log.url)
+    check = log.check_staged
+
+    def meanwhile(staged):  # runs after the sink's checks, right before its log commit
+        monkeypatch.setattr(log, "check_staged", check)
+        if other == "append":
+            rival.append(rows(100, 3))
+        else:  # another attempt of the same epoch wins the race
+            SinkCommitter(rival, "s").commit(batch(rival, "q", 0, 0, 10))
+        check(staged)
+
+    monkeypatch.setattr(log, "check_staged", meanwhile)
+    outcome = SinkCommitter(log, "s").commit(mine)
+    if other == "append":
+        assert outcome is Outcome.COMMITTED
+        assert event_ids(log) == sorted([*expected(10), "e100", "e101", "e102"])
+    else:
+        assert outcome is Outcome.REPLAYED
+        assert not any(log.storage.exists(p) for p in mine.paths)
+        assert event_ids(log) == expected(10)
