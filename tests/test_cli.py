@@ -74,6 +74,27 @@ def test_bad_line_commits_nothing_and_names_line(tmp_path: Path) -> None:
     assert json.loads(replog("info", url, "--json").stdout)["version"] == 0
 
 
+def test_append_with_a_transaction_is_skipped_when_run_again(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    replog("create", url, "--shards", "2")
+    txn = ("--txn-app-id", "nightly-load", "--txn-version", "7")
+    first = replog("append", url, "-", *txn, stdin=LINES)
+    assert first.returncode == 0, first.stderr
+    again = replog("append", url, "-", *txn, "--json", stdin=LINES)
+    assert again.returncode == 0, again.stderr
+    report = json.loads(again.stdout)
+    assert report["already_applied"] and report["events"] == 0
+    assert report["transaction"] == {"app_id": "nightly-load", "version": 7}
+    text = replog("append", url, "-", *txn, stdin=LINES).stdout
+    assert "nothing appended: transaction nightly-load version 7 is already in" in text
+    assert sum(ReplicationLog.open(url).head().values()) == 25
+    half = replog("append", url, "-", "--txn-app-id", "nightly-load", stdin=LINES)
+    assert half.returncode == 2 and "--txn-app-id and --txn-version go together" in half.stderr
+    bad = replog("append", url, "-", "--txn-app-id", "no/slash", "--txn-version", "1", stdin=LINES)
+    assert bad.returncode == 2 and "--txn-app-id" in bad.stderr
+    assert sum(ReplicationLog.open(url).head().values()) == 25  # refused before reading
+
+
 def test_append_debezium_reports_what_it_skipped(tmp_path: Path) -> None:
     url = str(tmp_path / "log")
     replog("create", url, "--shards", "2")

@@ -11,6 +11,7 @@ import pytest
 from support.logcheck import check_key_order, check_log, run_concurrently
 
 from replog.errors import (
+    CommitOutcomeUnknownError,
     CorruptionError,
     InvalidEventError,
     InvalidOptionError,
@@ -20,10 +21,11 @@ from replog.errors import (
     UnsupportedFormatError,
 )
 from replog.format import history
-from replog.format.commits import DESCRIPTOR_PATH, FORMAT_VERSION, commit_path
+from replog.format.commits import DESCRIPTOR_PATH, FORMAT_VERSION, Transaction, commit_path
 from replog.format.routing import shard_of
 from replog.log import ReplicationLog
 from replog.ops.verify import verify
+from replog.storage import RetryPolicy, Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
@@ -238,3 +240,43 @@ def test_racing_processes_on_local_disk(tmp_path: Path) -> None:
     assert len(rows) == 4 * 15 * 20
     assert log.refresh().version == 60
     check_key_order(rows)
+
+
+class UnansweredCommit(Storage):
+    """Commit 2 lands, but neither its answer nor a read-back of it ever arrives."""
+
+    landed = False
+
+    def _create_once(self, path: str, data: bytes, sync: bool) -> None:
+        super()._create_once(path, data, sync)
+        if path.endswith(commit_path(2)):
+            self.landed = True
+            raise TimeoutError(f"no answer for {path}")
+
+    def _read_once(self, path: str) -> bytes:
+        if self.landed and path.endswith(commit_path(2)):
+            raise ConnectionResetError(f"no answer for {path}")
+        return super()._read_once(path)
+
+
+def test_an_append_with_a_transaction_can_be_run_again_after_an_unknown_outcome(
+    tmp_path: Path,
+) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 2)
+    log.append([{"key": "a", "data": {"n": 0}}], transaction=Transaction("loader", 0))
+    events = [{"event_id": f"e{i}", "key": f"k{i}", "data": {"n": i}} for i in range(5)]
+    storage = log.storage.child("")
+    storage.__class__ = UnansweredCommit
+    storage.retry = RetryPolicy(attempts=2, first_delay_s=0.0)
+    with pytest.raises(CommitOutcomeUnknownError):
+        ReplicationLog.from_storage(storage).append(events, transaction=Transaction("loader", 1))
+    # The operator runs it again: the log holds version 1 of "loader", nothing doubles.
+    assert log.append(events, transaction=Transaction("loader", 1)) is None
+    assert log.append(events, transaction=Transaction("loader", 0)) is None  # older: held too
+    assert sorted(r["event_id"] for r in check_log(log) if r["event_id"].startswith("e")) == [
+        f"e{i}" for i in range(5)
+    ]
+    record = log.append([{"key": "b", "data": {}}], transaction=Transaction("loader", 2))
+    assert record is not None and record.version == 3
+    assert log.append([{"key": "c", "data": {}}], transaction=Transaction("other", 1))
+    assert verify(ReplicationLog.open(log.url)).ok

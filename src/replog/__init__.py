@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
 from replog.errors import ReplogError
-from replog.format.commits import CommitRecord
+from replog.format.commits import CommitRecord, Transaction
 from replog.format.events import EVENT_SCHEMA, OPERATIONS
 from replog.log import ReplicationLog
 
@@ -30,6 +30,7 @@ __all__ = [
     "OPERATIONS",
     "ReplicationLog",
     "ReplogError",
+    "Transaction",
     "append",
     "create_log",
     "open_log",

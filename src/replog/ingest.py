@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
-from replog.format.commits import CommitRecord
+from replog.format.commits import CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
 from replog.log import ReplicationLog
 
@@ -52,6 +52,9 @@ class AppendReport:
     lines: int
     record: CommitRecord | None
     skipped: Counter[str]
+    transaction: Transaction | None = None
+    already_applied: bool = False
+    """The transaction was in the log before: nothing was appended (a safe re-run)."""
 
     @property
     def events(self) -> int:
@@ -65,6 +68,12 @@ class AppendReport:
             "version": self.record.version if self.record else None,
             "segments": len(self.record.add) if self.record else 0,
             "skipped": dict(sorted(self.skipped.items())),
+            "transaction": (
+                {"app_id": self.transaction.app_id, "version": self.transaction.version}
+                if self.transaction
+                else None
+            ),
+            "already_applied": self.already_applied,
         }
 
 
@@ -176,11 +185,22 @@ def append_lines(
     format: str = "replog",
     key_fields: tuple[str, ...] = (),
     progress: Callable[[int], None] | None = None,
+    transaction: Transaction | None = None,
 ) -> AppendReport:
     """Validate every line, then append all events as one atomic commit (``replog append``).
 
-    A bad line raises :class:`InvalidEventError` naming it, and nothing is written.
+    A bad line raises :class:`InvalidEventError` naming it, and nothing is written. With a
+    ``transaction`` already in the log, nothing is appended (``already_applied``).
     """
     ingested = read_lines(lines, format=format, key_fields=key_fields, progress=progress)
-    record = log.append(ingested.table) if ingested.table.num_rows else None
-    return AppendReport(log.url, ingested.lines, record, ingested.skipped)
+    record = None
+    if ingested.table.num_rows:
+        record = log.append(ingested.table, transaction=transaction)
+    return AppendReport(
+        log.url,
+        ingested.lines,
+        record,
+        ingested.skipped,
+        transaction=transaction,
+        already_applied=record is None and ingested.table.num_rows > 0,
+    )

@@ -42,6 +42,7 @@ from replog.format.commits import (
     MAX_SHARDS,
     CommitRecord,
     LogDescriptor,
+    Transaction,
     WriterInfo,
     commit_path,
     now_ms,
@@ -250,13 +251,18 @@ class ReplicationLog:
         events: pa.Table | pa.RecordBatch | Iterable[Mapping[str, Any]],
         *,
         segment_max_events: int = segments.MAX_SEGMENT_EVENTS,
+        transaction: Transaction | None = None,
     ) -> CommitRecord | None:
-        """Append change events as one atomic commit; None when there was nothing to append.
+        """Append change events as one atomic commit; None when there was nothing to append
+        (or ``transaction`` is already in the log).
 
         Args:
             events: dicts with the event fields (``data`` required) or an Arrow table
                 with those columns. JSON payloads are stored exactly (numbers, key order).
             segment_max_events: most events per segment file.
+            transaction: makes the append idempotent: a version of an app id that the log
+                already holds is skipped, so an append whose outcome was unknown can be
+                run again.
 
         Raises:
             InvalidEventError: an event is malformed (nothing was written).
@@ -272,13 +278,20 @@ class ReplicationLog:
             table = events_from_records(events)
         if table.num_rows == 0:
             return None
+        writer = transaction.writer() if transaction is not None else None
+        if writer is not None and self.refresh().holds(writer):
+            logger.info("%s: transaction %s is already in the log; skipped", self.url, transaction)
+            return None
         staged = self.stage(table, max_events=segment_max_events)
         attempt = CommitAttempt()
         try:
-            return self.commit_staged(staged, attempt=attempt)
+            record = self.commit_staged(staged, writer=writer, attempt=attempt)
         except BaseException:
             self.discard_after(attempt, staged)
             raise
+        if record is None:  # the transaction landed meanwhile (another run of it)
+            self.discard_staged(staged)
+        return record
 
     def stage(
         self, table: pa.Table, *, max_events: int = segments.MAX_SEGMENT_EVENTS

@@ -19,7 +19,7 @@ from replog.checkpoints.manifest import CheckpointManifest
 from replog.checkpoints.store import ManifestStore
 from replog.cli.output import Output
 from replog.errors import InvalidOptionError, ManifestNotFoundError, ReplogError
-from replog.format.commits import now_ms
+from replog.format.commits import Transaction, now_ms
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status, verify
 from replog.storage import coerce_option_value
@@ -81,7 +81,20 @@ def _progress(total: int | None) -> tuple[Callable[[int], None] | None, Callable
     return bar.update, bar.close
 
 
+def _transaction(args: argparse.Namespace) -> Transaction | None:
+    """The append's transaction from --txn-app-id/--txn-version, checked before any input
+    is read."""
+    if args.txn_app_id is None and args.txn_version is None:
+        return None
+    if args.txn_app_id is None or args.txn_version is None:
+        raise InvalidOptionError("--txn-app-id and --txn-version go together")
+    if args.txn_version < 0:
+        raise InvalidOptionError(f"--txn-version must be >= 0, got {args.txn_version}")
+    return Transaction(consumers.check_name(args.txn_app_id, "--txn-app-id"), args.txn_version)
+
+
 def cmd_append(args: argparse.Namespace, out: Output) -> int:
+    transaction = _transaction(args)
     log = open_log(args)
     key_fields = (
         tuple(f.strip() for f in args.key_fields.split(",") if f.strip()) if args.key_fields else ()
@@ -90,7 +103,12 @@ def cmd_append(args: argparse.Namespace, out: Output) -> int:
         update, close = _progress(total)
         try:
             report = ingest.append_lines(
-                log, stream, format=args.format, key_fields=key_fields, progress=update
+                log,
+                stream,
+                format=args.format,
+                key_fields=key_fields,
+                progress=update,
+                transaction=transaction,
             )
         finally:
             close()

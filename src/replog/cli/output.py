@@ -72,7 +72,13 @@ class Output:
 
     def appended(self, report: AppendReport) -> None:
         skipped = ", ".join(f"{count} {kind}" for kind, count in sorted(report.skipped.items()))
-        if report.record is None:
+        if report.already_applied:
+            assert report.transaction is not None
+            self.line(
+                f"nothing appended: transaction {report.transaction.app_id} version "
+                f"{report.transaction.version} is already in {report.url}"
+            )
+        elif report.record is None:
             self.line("nothing to append (no events in the input)")
         else:
             self.line(

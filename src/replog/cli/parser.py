@@ -53,6 +53,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="replog change events (default), or Debezium change-event values",
     )
     p.add_argument("--key-fields", help="debezium: the row fields that make the key, e.g. id")
+    p.add_argument(
+        "--txn-app-id",
+        help="with --txn-version: make the append idempotent (a version of this app id "
+        "already in the log is skipped, so a run whose outcome was unknown can be repeated)",
+    )
+    p.add_argument("--txn-version", type=int, help="with --txn-app-id: this append's version")
 
     p = command("info", commands.cmd_info, help="summarise a log")
     p.add_argument("url")

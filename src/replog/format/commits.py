@@ -130,6 +130,25 @@ class SourcePosition:
         )
 
 
+TXN_QUERY = "txn"
+"""The query id of idempotent appends: their epochs are the transaction versions."""
+
+
+@dataclass(frozen=True)
+class Transaction:
+    """Delta's idempotent-write contract: ``version`` of ``app_id`` is appended once.
+
+    Recorded like a sink's epoch (sink id ``app_id``, query id :data:`TXN_QUERY`), so a
+    re-run of an append whose outcome was unknown is recognised and skipped.
+    """
+
+    app_id: str
+    version: int
+
+    def writer(self) -> WriterInfo:
+        return WriterInfo(self.app_id, TXN_QUERY, self.version)
+
+
 @dataclass(frozen=True)
 class WriterInfo:
     """Who made a commit: a sink id with the Spark query id and epoch (micro-batch id).

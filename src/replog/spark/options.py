@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from replog.checkpoints.consumers import check_name
 from replog.errors import InvalidOptionError
-from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS
+from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS, Transaction
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms
 
@@ -272,14 +272,6 @@ class SourceOptions:
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
             storage_options=storage_options(options),
         )
-
-
-@dataclass(frozen=True)
-class Transaction:
-    """Delta's idempotent-write contract: ``version`` of ``app_id`` is written once."""
-
-    app_id: str
-    version: int
 
 
 @dataclass(frozen=True)

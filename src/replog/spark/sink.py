@@ -55,8 +55,6 @@ STAGE_EVERY_BYTES = 128 * 1024 * 1024
 """A task stages a segment set every this many rows or bytes, bounding its memory (and
 keeping every Arrow binary column far below its 2 GiB limit)."""
 
-TXN_QUERY = "txn"
-"""The query id of idempotent batch writes: their epochs are the txnVersions."""
 
 _TYPES: dict[str, tuple[type[DataType], ...]] = {
     "data": (BinaryType, StringType),
@@ -299,9 +297,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
 
     def _writer(self) -> WriterInfo | None:
         transaction = self.options.transaction
-        if transaction is None:
-            return None
-        return WriterInfo(transaction.app_id, TXN_QUERY, transaction.version)
+        return transaction.writer() if transaction is not None else None
 
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         log = _target_log(self.options)
