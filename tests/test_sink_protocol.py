@@ -244,3 +244,21 @@ def test_a_commit_landing_between_the_sinks_check_and_its_put_is_caught(
         assert outcome is Outcome.REPLAYED
         assert not any(log.storage.exists(p) for p in mine.paths)
         assert event_ids(log) == expected(10)
+
+
+def test_a_zombie_run_the_sink_mark_has_forgotten_is_still_fenced(memory_url: str) -> None:
+    """The sink mark lists only the newest runs; a run that committed long ago and is
+    still alive must not take the sink over when it comes back after all of them."""
+    from replog.format.state import MAX_QUERIES_PER_SINK
+
+    log = ReplicationLog.create(memory_url, 2)
+    zombie = SinkCommitter(log, "s")
+    assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.COMMITTED
+    for run in range(1, MAX_QUERIES_PER_SINK + 2):  # newer runs push r0 out of the mark
+        restarted = SinkCommitter(ReplicationLog.open(log.url), "s")
+        outcome = restarted.commit(batch(log, f"q{run}", 0, run, 1, run_id=f"r{run}"))
+        assert outcome is Outcome.COMMITTED
+    assert log.refresh().sinks["s"].generation_of("r0") is None
+    with pytest.raises(FencedError):
+        zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
+    assert "e1000" not in event_ids(log)

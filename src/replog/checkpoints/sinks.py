@@ -90,6 +90,9 @@ class SinkCommitter:
         self.log = log
         self.sink_id = check_name(sink_id, "sinkId")
         self.store: ManifestStore = sink_store(log, sink_id)
+        self._generations: dict[str, int] = {}
+        """The generation each run committed with from this process: a run the log's
+        sink mark has forgotten still knows it, and is fenced by it."""
 
     # -- state --------------------------------------------------------------------------
 
@@ -178,7 +181,12 @@ class SinkCommitter:
         """Commit ``batch`` exactly once."""
         crash_point("staged", batch.epoch)
         writer = WriterInfo(
-            self.sink_id, batch.query_id, batch.epoch, run_id=batch.run_id, sources=batch.sources
+            self.sink_id,
+            batch.query_id,
+            batch.epoch,
+            run_id=batch.run_id,
+            generation=self._generations.get(batch.run_id, 0) if batch.run_id else 0,
+            sources=batch.sources,
         )
         state = self.log.refresh()  # once: every check below reads this state
         _, manifest = self.resolve_pending(self._load())
@@ -236,6 +244,8 @@ class SinkCommitter:
             raise
         if record is None:  # another attempt of this epoch reached the log first
             self.log.discard_staged(batch.staged)
+        elif record.writer is not None and record.writer.run_id is not None:
+            self._generations[record.writer.run_id] = record.writer.generation
         crash_point("after_log_commit", batch.epoch)
 
         done = self._status(pending, batch.query_id, batch.epoch, SinkCommitStatus.committed())

@@ -253,6 +253,8 @@ class LogState:
     def claim(self, writer: WriterInfo) -> WriterInfo:
         """``writer`` with the generation its run commits with; raises :class:`FencedError`
         if a newer run owns the sink. A run new to the sink takes it over (generation + 1).
+        A run the mark no longer lists (it keeps the newest runs) is still fenced if it
+        says which generation it committed with before (``writer.generation``).
         Writers without a run id (batch writes) are not fenced."""
         mark = self.sinks.get(writer.sink_id)
         if writer.run_id is None:
@@ -260,8 +262,10 @@ class LogState:
         if mark is None:
             return dataclasses.replace(writer, generation=1)
         known = mark.generation_of(writer.run_id)
-        if known is None:
+        if known is None and writer.generation == 0:
             return dataclasses.replace(writer, generation=mark.generation + 1)
+        if known is None:
+            known = writer.generation
         if known < mark.generation:
             raise FencedError(
                 f"sink {writer.sink_id!r}: run {writer.run_id} of query {writer.query_id} is "
