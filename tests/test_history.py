@@ -224,3 +224,32 @@ def test_verify_checks_every_checksummed_file(memory_url: str) -> None:
         storage.write(relative, bytes(data))
     found = {p.path for p in verify(log).problems}
     assert found == {storage.path(relative) for storage, relative in damaged}
+
+
+def test_a_changes_file_that_lost_a_segment_fails_reads_loudly(memory_url: str) -> None:
+    """A changes file that is well-formed and checksummed but misses a segment (a writer
+    bug, a bad restore) must not make readers skip its events quietly."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    from pyarrow import ipc
+
+    from replog.errors import CorruptionError
+    from replog.format.segments import sha256_hex
+
+    log = grow(memory_url, 35)
+    relative = history.changes_path(30)
+    table = ipc.open_file(pa.BufferReader(log.storage.read(relative))).read_all()
+    assert not table.column("removed")[0].as_py()  # rows: added segments first
+    table = table.filter(pc.field("path") != table.column("path")[0].as_py())
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    data = bytes(sink.getvalue())
+    log.storage.write(relative, data)
+    header = unseal(log.storage.read(history.header_path(30)), "header", max_version=2)
+    header["changes"]["sha256"] = sha256_hex(data)
+    log.storage.write(history.header_path(30), seal(header))
+    with pytest.raises(CorruptionError, match="no live segment holds sequence"):
+        check_log(ReplicationLog.open(memory_url))
+    problems = verify(ReplicationLog.open(memory_url)).problems
+    assert len(problems) == 1 and "differ from the commits" in problems[0].message

@@ -313,7 +313,12 @@ class LogState:
         return changes
 
     def covering(self, shard: int, first: int, last: int) -> list[SegmentInfo]:
-        """Live segments of ``shard`` that hold any sequence in ``[first, last]``."""
+        """Live segments of ``shard`` that hold any sequence in ``[first, last]``.
+
+        Raises :class:`CorruptionError` if they leave a retained sequence of that range
+        uncovered: live segments tile a shard from its low watermark to its head, so a
+        gap means a damaged segment table or changes file, never a quiet skip.
+        """
         lane = self.segments[shard]
         index = max(bisect.bisect_right(lane, first, key=lambda s: s.first_sequence) - 1, 0)
         result = []
@@ -322,6 +327,18 @@ class LogState:
                 break
             if segment.last_sequence >= first:
                 result.append(segment)
+        wanted, end = max(first, self.lows[shard]), min(last, self.heads[shard])
+        for segment in result:
+            if segment.first_sequence > wanted:
+                break
+            wanted = max(wanted, segment.last_sequence + 1)
+        if wanted <= end:
+            raise CorruptionError(
+                f"shards/{shard:05d}",
+                f"no live segment holds sequence {wanted} (retained: {self.lows[shard]}.."
+                f"{self.heads[shard]}) at log version {self.version}: a snapshot's segment "
+                f"table or changes file is damaged; run 'replog verify'",
+            )
         return result
 
     def live_paths(self) -> set[str]:

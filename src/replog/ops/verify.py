@@ -112,6 +112,33 @@ def _snapshots(log: ReplicationLog, problems: list[Problem]) -> int:
     return checked
 
 
+def _checkpointed_segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> None:
+    """Compare the live segments a reader gets (newest checkpoint plus the commits after
+    it) with those the commits add up to: well-formed, checksummed snapshot files can
+    still be wrong."""
+    try:
+        reader = history.load_state(log.storage, log.descriptor)
+        if reader.version != state.version:
+            return  # a broken commit stopped the replay: reported already
+        found = {s.path: s for lane in reader.segments for s in lane}
+    except (ReplogError, OSError):
+        return  # unreadable snapshot files: reported by _snapshots
+    expected = {s.path: s for lane in state.segments for s in lane}
+    if found == expected:
+        return
+    missing = sorted(set(expected) - set(found))
+    extra = sorted(set(found) - set(expected))
+    problems.append(
+        Problem(
+            log.storage.path(history.SNAPSHOTS_DIR),
+            f"the newest checkpoint gives live segments that differ from the commits' "
+            f"(missing: {missing[:3]}{'...' if len(missing) > 3 else ''}, extra: "
+            f"{extra[:3]}{'...' if len(extra) > 3 else ''}, or different entries); readers "
+            f"fail on the gap: restore the snapshot files or delete the damaged ones",
+        )
+    )
+
+
 def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> int:
     live: list[SegmentInfo] = [segment for lane in state.segments for segment in lane]
 
@@ -142,6 +169,7 @@ def verify(log: ReplicationLog) -> VerifyReport:
     problems: list[Problem] = []
     commits, state = _commits(log, problems)
     snapshots = _snapshots(log, problems)
+    _checkpointed_segments(log, state, problems)
     segments = _segments(log, state, problems)
     manifests = sum(
         _manifests(consumer_store(log, name), problems) for name in list_consumers(log)
