@@ -253,3 +253,24 @@ def test_a_changes_file_that_lost_a_segment_fails_reads_loudly(memory_url: str) 
         check_log(ReplicationLog.open(memory_url))
     problems = verify(ReplicationLog.open(memory_url)).problems
     assert len(problems) == 1 and "differ from the commits" in problems[0].message
+
+
+def test_a_checkpoint_whose_table_below_was_never_written_still_gets_its_header(
+    memory_url: str,
+) -> None:
+    """The writer of version 20 crashed before its checkpoint: later headers in that
+    interval cannot name a table, but must still be written (they make finding the
+    head cheap), and readers take the segments from the commits."""
+    log = grow(memory_url, 25)
+    for relative in (history.table_path(20), history.header_path(20)):
+        log.storage.delete(relative)
+    writer = ReplicationLog.open(memory_url)
+    for i in range(10):
+        writer.append([{"key": "late", "data": {"i": i}}])
+    assert log.storage.exists(history.header_path(30))
+    assert "changes" not in unseal(
+        log.storage.read(history.header_path(30)), "header", max_version=2
+    )
+    fresh = ReplicationLog.open(memory_url)
+    assert fresh.refresh().segments == _lanes_from_commits(log, 35)
+    assert len(check_log(fresh)) == 35

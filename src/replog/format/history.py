@@ -38,7 +38,7 @@ from replog.format.lanes import (
 )
 from replog.format.sealed import seal, unseal
 from replog.format.segments import sha256_hex
-from replog.format.state import LogState, SinkMark
+from replog.format.state import LogState, SinkMark, Snapshots
 from replog.storage import Storage
 from replog.storage.pointer import ForwardPointer, probe_forward
 
@@ -146,6 +146,21 @@ def _put_once(storage: Storage, relative: str, data: bytes) -> bytes:
     return data
 
 
+_UNUSABLE = (CorruptionError, FileNotFoundError, StorageError)
+
+
+def _write_changes(storage: Storage, snapshots: Snapshots, state: LogState) -> dict[str, Any]:
+    """Write the changes file of ``state``'s version; the header's entry naming it."""
+    changes = state.changes()
+    table_sha256 = snapshots.table_sha256(changes.table_version)
+    data = _put_once(storage, changes_path(state.version), _ipc_bytes(changes.to_table()))
+    return {
+        "table_version": changes.table_version,
+        "table_sha256": table_sha256,
+        "sha256": sha256_hex(data),
+    }
+
+
 def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogState) -> None:
     """Write the checkpoint for ``state`` when its version is due: the segment table or
     the changes since it, then the header, then the hint.
@@ -174,20 +189,20 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
         if snapshots is not None:
             snapshots.remember_table(version, header["table_sha256"])
     elif snapshots is not None:
-        changes = state.changes()
-        data = _put_once(storage, changes_path(version), _ipc_bytes(changes.to_table()))
-        header["changes"] = {
-            "table_version": changes.table_version,
-            "table_sha256": snapshots.table_sha256(changes.table_version),
-            "sha256": sha256_hex(data),
-        }
+        try:
+            header["changes"] = _write_changes(storage, snapshots, state)
+        except _UNUSABLE as exc:  # e.g. the table below was never written (a crash)
+            logger.warning(
+                "checkpoint %d of %s has no changes file (%s): readers will take its "
+                "segments from the commits",
+                version,
+                storage.url,
+                exc,
+            )
     with contextlib.suppress(FileExistsError):  # another writer's header for this version
         storage.put_if_absent(header_path(version), seal(header))
     (snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)).advance(version)
     logger.debug("wrote checkpoint of %s at version %d", storage.url, version)
-
-
-_UNUSABLE = (CorruptionError, FileNotFoundError, StorageError)
 
 
 class LogSnapshots:
