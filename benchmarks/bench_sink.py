@@ -139,13 +139,15 @@ def s3_requests_per_commit(
     ).create_bucket(Bucket="bench")
     results = []
 
-    def commit(sink: SinkOptions, query: str, epoch: int, staged: list) -> tuple[dict, float]:
+    def commit(
+        sink: SinkOptions, query: str, epoch: int, since_version: int, staged: list
+    ) -> tuple[dict, float]:
         # fsspec shares one s3fs instance per set of options: this is the sink's client,
         # obtained without a request. Counted: everything the driver's commit() does.
         counter = RequestCounter(Storage(sink.path, sink.storage_options).fs)
         start = time.perf_counter()
-        writer = spark_sink.ReplogStreamWriter(sink, 0)
-        writer._committer().commit(Batch(query, epoch, tuple(staged)))
+        writer = spark_sink.ReplogStreamWriter(sink, since_version)
+        writer._committer().commit(Batch(query, epoch, tuple(staged), since_version=since_version))
         milliseconds = (time.perf_counter() - start) * 1000
         counter.stop()
         return dict(sorted(counter.calls.items())), milliseconds
@@ -158,14 +160,16 @@ def s3_requests_per_commit(
             query = str(uuid.uuid4())
             for epoch in range(count):
                 committer = SinkCommitter(spark_sink._target_log(sink), sink.sink_id)
-                committer.commit(
-                    Batch(query, epoch, tuple(log.stage(events_from_table(workload(16)))))
-                )
+                since_version = log.refresh().version
+                staged = tuple(log.stage(events_from_table(workload(16))))
+                committer.commit(Batch(query, epoch, staged, since_version=since_version))
             spark_sink._COMMITTING_LOGS.clear()  # a restarted query: nothing cached
             spark_sink._COMMITTERS.clear()
             for epoch, kind in ((count, "cold"), (count + 1, "warm")):
-                staged = log.stage(events_from_table(workload(1_000)))  # executors' work
-                calls, milliseconds = commit(sink, query, epoch, staged)
+                # streamWriter() on the driver, then the executors' work
+                since_version = log.refresh().version
+                staged = log.stage(events_from_table(workload(1_000)))
+                calls, milliseconds = commit(sink, query, epoch, since_version, staged)
                 results.append((count, kind, calls, milliseconds))
     finally:
         server.stop()

@@ -1,9 +1,11 @@
 """Snapshots and the history behind them (replog.format.history): cheap, and damage-proof."""
 
+import json
 import logging
 import random
 
 import pytest
+from support.counting import CountingStorage, counting
 from support.logcheck import check_log
 
 from replog.format import history
@@ -14,38 +16,10 @@ from replog.log import ReplicationLog
 from replog.ops.compaction import compact
 from replog.ops.retention import truncate
 from replog.ops.verify import verify
-from replog.storage import Storage
 
 
-class CountingStorage(Storage):
-    """Counts requests by kind (reads, probes, lists)."""
-
-    counts: dict[str, int]
-
-    def _count(self, kind: str) -> None:
-        self.counts[kind] = self.counts.get(kind, 0) + 1
-
-    def _read_once(self, path: str) -> bytes:
-        self._count("read")
-        if "/commits/" in path:
-            self._count("commit read")
-        return super()._read_once(path)
-
-    def _exists_once(self, path: str) -> bool:
-        self._count("probe")
-        return super()._exists_once(path)
-
-    def _list_once(self, path: str) -> list[str]:
-        self._count("list")
-        return super()._list_once(path)
-
-
-def counting(url: str) -> CountingStorage:
-    storage = ReplicationLog.open(url).storage
-    storage.__class__ = CountingStorage
-    assert isinstance(storage, CountingStorage)
-    storage.counts = {}
-    return storage
+def counting_log(url: str) -> CountingStorage:
+    return counting(ReplicationLog.open(url).storage)
 
 
 def grow(url: str, commits: int, snapshot_interval: int = 20) -> ReplicationLog:
@@ -58,7 +32,7 @@ def grow(url: str, commits: int, snapshot_interval: int = 20) -> ReplicationLog:
 @pytest.mark.parametrize("commits", [9, 10, 19, 99, 137])
 def test_a_cold_open_reads_a_bounded_number_of_files(memory_url: str, commits: int) -> None:
     grow(memory_url, commits, snapshot_interval=100)
-    storage = counting(memory_url)
+    storage = counting_log(memory_url)
     state = ReplicationLog.from_storage(storage).refresh()
     assert state.version == commits
     requests = sum(n for kind, n in storage.counts.items() if kind != "commit read")
@@ -74,7 +48,7 @@ def test_a_cold_writer_at_a_table_version_reads_no_commits_before_its_header(
     """The writer of a segment table takes the segments from the table below it plus
     the newest header's changes file, not from the commits in between."""
     grow(memory_url, commits, snapshot_interval=100)
-    storage = counting(memory_url)
+    storage = counting_log(memory_url)
     cold = ReplicationLog.from_storage(storage)
     version = commits + 1
     cold.append([{"key": "last", "data": {"i": version}}])
@@ -195,10 +169,43 @@ def test_missing_tables_and_headers_fall_back_to_the_commits(memory_url: str) ->
 def test_a_lost_hint_is_found_again_by_probing(memory_url: str) -> None:
     log = grow(memory_url, 33)
     log.storage.delete(history.SNAPSHOT_HINT_PATH)
-    storage = counting(memory_url)
+    storage = counting_log(memory_url)
     assert ReplicationLog.from_storage(storage).refresh().version == 33
     # descriptor, hint, header 30 and one window of 10 commits after it: not all 33
     assert storage.counts["read"] <= 13
+
+
+def test_the_hint_carries_the_header_it_names(memory_url: str) -> None:
+    """A cold open takes the newest header from the hint's sealed copy (one request
+    fewer); a copy whose seal does not hold is ignored and the header file read."""
+    grow(memory_url, 35)
+    storage = counting_log(memory_url)
+    assert ReplicationLog.from_storage(storage).refresh().version == 35
+    assert storage.matching("read", "/snapshots/") == 0
+    assert storage.counts["read"] == 12, storage.counts  # descriptor, hint, 10 commits
+    hint = json.loads(storage.read(history.SNAPSHOT_HINT_PATH))
+    assert hint["version"] == 30 and hint["copy"]["version"] == 30
+    hint["copy"]["heads"]["0"] += 1  # its seal no longer holds
+    storage.write(history.SNAPSHOT_HINT_PATH, json.dumps(hint).encode())
+    storage.requests.clear()
+    state = ReplicationLog.from_storage(storage).refresh()
+    assert dict(enumerate(state.heads)) == ReplicationLog.open(memory_url).head()
+    assert storage.matching("read", "/snapshots/") == 1
+
+
+def test_a_hint_moved_back_by_a_slow_writer_costs_one_window(memory_url: str) -> None:
+    """The hint is not probed past up front; a full window of commits after it reveals
+    that it lags, and the newest header is found then, not the commits in between."""
+    grow(memory_url, 45)
+    ReplicationLog.open(memory_url).storage.write(history.SNAPSHOT_HINT_PATH, b'{"version": 10}')
+    storage = counting_log(memory_url)
+    state = ReplicationLog.from_storage(storage).refresh()
+    assert (
+        state.version == 45
+        and dict(enumerate(state.heads)) == ReplicationLog.open(memory_url).head()
+    )
+    # commits 11..20 (the window that reveals the lag), then 41..50 after header 40
+    assert storage.counts["commit read"] == 20, storage.counts
 
 
 def test_verify_checks_every_checksummed_file(memory_url: str) -> None:
@@ -249,6 +256,7 @@ def test_a_changes_file_that_lost_a_segment_fails_reads_loudly(memory_url: str) 
     header = unseal(log.storage.read(history.header_path(30)), "header", max_version=2)
     header["changes"]["sha256"] = sha256_hex(data)
     log.storage.write(history.header_path(30), seal(header))
+    log.storage.write(history.SNAPSHOT_HINT_PATH, b'{"version": 30}')  # no stale copy
     with pytest.raises(CorruptionError, match="no live segment holds sequence"):
         check_log(ReplicationLog.open(memory_url))
     problems = verify(ReplicationLog.open(memory_url)).problems
@@ -264,6 +272,7 @@ def test_a_checkpoint_whose_table_below_was_never_written_still_gets_its_header(
     log = grow(memory_url, 25)
     for relative in (history.table_path(20), history.header_path(20)):
         log.storage.delete(relative)
+    log.storage.write(history.SNAPSHOT_HINT_PATH, b'{"version": 10}')  # as the crash left it
     writer = ReplicationLog.open(memory_url)
     for i in range(10):
         writer.append([{"key": "late", "data": {"i": i}}])

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pyarrow as pa
 import pytest
+from support.counting import CountingStorage, counting
 from support.logcheck import check_key_order, check_log, run_concurrently
 
 from replog.errors import (
@@ -24,6 +25,7 @@ from replog.format import history
 from replog.format.commits import DESCRIPTOR_PATH, FORMAT_VERSION, Transaction, commit_path
 from replog.format.routing import shard_of
 from replog.log import ReplicationLog
+from replog.ops import garbage
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy, Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
@@ -217,10 +219,45 @@ def test_a_staged_file_that_vanished_is_refused_before_commit(memory_url: str) -
     assert log.refresh().version == 0
 
 
-def log_table(n: int) -> pa.Table:
+def test_staged_files_are_probed_only_when_a_gc_began_after_staging(memory_url: str) -> None:
+    """A writer that knows a log version from before it staged skips the existence probes
+    unless a gc mark (``replog recover`` about to delete) landed after that version."""
+    writer = ReplicationLog.from_storage(counting(ReplicationLog.create(memory_url, 4).storage))
+    storage = writer.storage
+    assert isinstance(storage, CountingStorage)
+
+    def probes_of_staged_files(since_version: int | None) -> int:
+        staged = writer.stage(log_table(20, start=writer.refresh().version * 20))
+        before = storage.matching("probe", "/shards/")
+        writer.commit_staged(staged, since_version=since_version)
+        return storage.matching("probe", "/shards/") - before
+
+    assert probes_of_staged_files(writer.refresh().version) == 0
+    assert probes_of_staged_files(None) == 4  # unknown start: every staged file
+    since = writer.refresh().version
+    garbage.begin(ReplicationLog.open(memory_url), cutoff_ms=0)  # lands after `since`
+    assert probes_of_staged_files(since) == 4
+    assert probes_of_staged_files(writer.refresh().version) == 0  # began after the mark
+    assert len(check_log(ReplicationLog.open(memory_url))) == 80
+
+
+def test_a_gc_mark_is_an_empty_append_older_readers_ignore(memory_url: str) -> None:
+    log = ReplicationLog.create(memory_url, 1)
+    log.append(events(3))
+    garbage.begin(log, cutoff_ms=123)
+    record = history.read_commit(log.storage, 2)
+    assert record is not None and record.gc is not None and record.gc.cutoff_ms == 123
+    assert record.operation == "append" and not record.add and not record.remove
+    body = json.loads(log.storage.read(commit_path(2)))
+    assert body["gc"] == {"cutoff_ms": 123}
+    assert "gc" not in json.loads(log.storage.read(commit_path(1)))  # absent unless a mark
+    assert log.refresh().gc_version == 2 and len(check_log(log)) == 3 and verify(log).ok
+
+
+def log_table(n: int, start: int = 0) -> pa.Table:
     from replog.format.events import events_from_records
 
-    return events_from_records(events(n))
+    return events_from_records(events(n, start))
 
 
 @pytest.mark.slow

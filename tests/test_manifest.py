@@ -3,12 +3,23 @@ import threading
 from pathlib import Path
 
 import pytest
+from support.counting import counting
 from support.logcheck import run_concurrently
 
 from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint, SinkCommitStatus
 from replog.checkpoints.store import LATEST_POINTER, QUARANTINE_DIR, ManifestStore, manifest_name
 from replog.errors import ManifestConflictError, ManifestNotFoundError, UnsupportedFormatError
 from replog.format.sealed import seal
+
+
+def damage_file(store: ManifestStore, checkpoint_id: int, data: bytes) -> None:
+    """Replace manifest ``checkpoint_id`` with ``data``, and drop the pointer's copy of the
+    newest manifest (a pointer from replog 0.2 carries none): the file is all there is."""
+    store.storage.write(manifest_name(checkpoint_id), data)
+    pointer = json.loads(store.storage.read(LATEST_POINTER))
+    store.storage.write(
+        LATEST_POINTER, json.dumps({"checkpoint_id": pointer["checkpoint_id"]}).encode()
+    )
 
 
 def sample(checkpoint_id: int = 1) -> CheckpointManifest:
@@ -100,7 +111,7 @@ def test_save_load_and_pointer(store: ManifestStore) -> None:
     store.save(second)
     latest = store.load_latest()
     assert latest is not None and latest.checkpoint_id == 2 and latest.epoch == 8
-    assert json.loads(store.storage.read(LATEST_POINTER)) == {"checkpoint_id": 2}
+    assert json.loads(store.storage.read(LATEST_POINTER))["checkpoint_id"] == 2
 
 
 def test_pointer_left_behind_by_a_crash_is_probed_past(store: ManifestStore) -> None:
@@ -108,6 +119,23 @@ def test_pointer_left_behind_by_a_crash_is_probed_past(store: ManifestStore) -> 
     store.save(sample(2))
     store.storage.write(LATEST_POINTER, b'{"checkpoint_id": 1}')
     assert store.load_latest().checkpoint_id == 2  # type: ignore[union-attr]
+
+
+def test_a_provisional_save_is_found_and_pruned_by_the_final_one(store: ManifestStore) -> None:
+    """A sink's Pending manifest is saved provisionally (no pointer move, no pruning): a
+    reader still finds it, and the final save that follows prunes for both."""
+    store = ManifestStore(store.storage, keep=3)
+    manifest = sample(1)
+    for _ in range(5):
+        store.save(manifest)
+        manifest = store.next_manifest(manifest)
+    store.save(manifest, provisional=True)  # id 6
+    assert json.loads(store.storage.read(LATEST_POINTER))["checkpoint_id"] == 5
+    assert ManifestStore(store.storage).load_latest().checkpoint_id == 6  # type: ignore[union-attr]
+    assert store.list_ids() == [3, 4, 5, 6]
+    store.save(store.next_manifest(manifest))  # id 7
+    assert store.list_ids() == [5, 6, 7]
+    assert json.loads(store.storage.read(LATEST_POINTER))["checkpoint_id"] == 7
 
 
 def test_pruning_keeps_newest(store: ManifestStore) -> None:
@@ -135,15 +163,34 @@ def test_corrupt_latest_falls_back_with_warning(
     store.save(sample(1))
     second = sample(1).successor(2)
     store.save(second)
-    store.storage.write(manifest_name(2), damage(store.storage.read(manifest_name(2))))
+    damage_file(store, 2, damage(store.storage.read(manifest_name(2))))
     loaded = ManifestStore(store.storage, keep=3).load_latest()  # a reader elsewhere
     assert loaded is not None and loaded.checkpoint_id == 1
     assert manifest_name(2) in caplog.text
 
 
+def test_a_corrupt_newest_manifest_is_read_from_the_pointers_copy(store: ManifestStore) -> None:
+    """The pointer carries a sealed copy of the manifest it names: damage to that file
+    loses nothing, and a damaged copy is ignored in favour of the file."""
+    store.save(sample(1))
+    second = sample(1).successor(2)
+    second.epoch = 9
+    store.save(second)
+    good = store.storage.read(manifest_name(2))
+    store.storage.write(manifest_name(2), b"{torn")
+    loaded = ManifestStore(store.storage, keep=3).load_latest()
+    assert loaded is not None and loaded.checkpoint_id == 2 and loaded.epoch == 9
+    store.storage.write(manifest_name(2), good)
+    pointer = json.loads(store.storage.read(LATEST_POINTER))
+    pointer["copy"]["epoch"] = 10  # its seal no longer holds
+    store.storage.write(LATEST_POINTER, json.dumps(pointer).encode())
+    loaded = ManifestStore(store.storage, keep=3).load_latest()
+    assert loaded is not None and loaded.checkpoint_id == 2 and loaded.epoch == 9
+
+
 def test_all_corrupt_is_an_error(store: ManifestStore) -> None:
     store.save(sample(1))
-    store.storage.write(manifest_name(1), b"{")
+    damage_file(store, 1, b"{")
     with pytest.raises(ManifestNotFoundError, match=r"00000000000000000001\.json"):
         ManifestStore(store.storage, keep=3).load_latest()
 
@@ -175,34 +222,18 @@ def test_racing_writers_exactly_one_wins(store: ManifestStore) -> None:
     assert f"won-{store.load_latest().epoch}" == winners[0]  # type: ignore[union-attr]
 
 
-class CountingStorage:
-    """Counts filesystem calls made through a Storage."""
-
-    def __init__(self, storage) -> None:
-        self.calls = 0
-        fs = storage.fs
-        for name in ("cat_file", "pipe_file", "exists", "rm_file", "ls", "info"):
-            original = getattr(fs, name)
-
-            def counted(*args, _original=original, **kwargs):
-                self.calls += 1
-                return _original(*args, **kwargs)
-
-            setattr(fs, name, counted)
-
-
 def test_request_count_does_not_grow(memory_url: str) -> None:
-    store = ManifestStore(memory_url, keep=5)
-    counter = CountingStorage(store.storage)
+    storage = counting(ManifestStore(memory_url).storage)
+    store = ManifestStore(storage, keep=5)
     manifest = sample(1)
     costs = []
     for _ in range(200):
-        before = counter.calls
+        before = len(storage.requests)
         store.save(manifest)
         store.load_latest()
-        costs.append(counter.calls - before)
+        costs.append(len(storage.requests) - before)
         manifest = store.next_manifest(manifest)
-    # From save 6 on, every save also prunes one old manifest; after that the cost is flat.
+    # From save 6 on, every save also prunes old manifests; after that the cost is flat.
     assert costs[199] == costs[9], costs
 
 
@@ -211,7 +242,7 @@ def test_a_corrupt_newest_manifest_does_not_wedge_later_saves(store: ManifestSto
     a copy of the corrupt file is kept), instead of conflicting with it forever."""
     store.save(sample(1))
     store.save(sample(1).successor(2))
-    store.storage.write(manifest_name(2), b"{torn")
+    damage_file(store, 2, b"{torn")
     fresh = ManifestStore(store.storage, keep=3)
     base = fresh.load_latest()
     assert base is not None and base.checkpoint_id == 1
@@ -243,7 +274,7 @@ def test_every_manifest_in_the_window_corrupt_looks_further_back(store: Manifest
         store.save(manifest)
         manifest = store.next_manifest(manifest)
     for checkpoint_id in (2, 3):
-        store.storage.write(manifest_name(checkpoint_id), b"")
+        damage_file(store, checkpoint_id, b"")
     narrow = ManifestStore(store.storage, keep=1)
     assert narrow.load_latest().checkpoint_id == 1  # type: ignore[union-attr]
 

@@ -13,9 +13,15 @@ from support.logcheck import check_key_order, check_log, run_concurrently
 from support.logs import backdate, commit_offsets, filled_log, log_rows, segment_files
 from support.replication import leave_pending
 
-from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
-from replog.errors import CommitConflictError, CorruptionError, DataLossError, RetentionError
-from replog.format import leases
+from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
+from replog.errors import (
+    CommitConflictError,
+    CorruptionError,
+    DataLossError,
+    MissingFileError,
+    RetentionError,
+)
+from replog.format import history, leases
 from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path
 from replog.format.segments import read_segment
 from replog.log import ReplicationLog
@@ -26,8 +32,9 @@ from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
 def sink_batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int) -> Batch:
+    since_version = log.refresh().version  # before staging, as a Spark writer knows it
     return Batch(
-        query, epoch, tuple(log.stage(log_rows(count, start))), since_version=log.refresh().version
+        query, epoch, tuple(log.stage(log_rows(count, start))), since_version=since_version
     )
 
 
@@ -245,6 +252,34 @@ def test_recover_spares_the_files_of_a_writer_that_outlives_the_grace(tmp_path: 
     assert log.commit_staged(staged) is not None
     leases.release(log.storage, lease)
     assert verify(log).ok and len(check_log(log)) == 45
+
+
+@pytest.mark.parametrize("cold", [False, True], ids=["warm committer", "cold committer"])
+def test_a_recover_during_a_sink_commit_never_leaves_a_commit_naming_deleted_files(
+    tmp_path: Path, cold: bool
+) -> None:
+    """recover (grace 0) deletes the staged files of an epoch that began before its gc
+    mark: the sink must notice and commit nothing, also when it loads the log afresh from
+    a checkpoint header written after the mark. Files staged after the mark are kept."""
+    url = str(tmp_path / "log")
+    log = filled_log(url, commits=1, shards=2)
+    doomed = sink_batch(log, "q", 0, 0, 10)  # began before the recover below
+    recovery.recover(ReplicationLog.open(url), grace_ms=0)
+    assert not any(log.storage.exists(path) for path in doomed.paths)
+    safe = sink_batch(log, "q", 0, 100, 10)  # began after it
+    if cold:  # the mark lies below the newest header: it must carry gc_version
+        for n in range(10):
+            log.append(log_rows(1, 1000 + n))
+        assert history.read_commit(log.storage, 2).gc is not None  # type: ignore[union-attr]
+        assert log.refresh().version >= 10 and log.storage.exists(history.header_path(10))
+    committer = SinkCommitter(ReplicationLog.open(url) if cold else log, "s")
+    with pytest.raises(MissingFileError, match="gone before their commit"):
+        committer.commit(doomed)
+    committer.abort(doomed, "its files were collected")
+    assert committer.commit(safe) is Outcome.COMMITTED
+    final = ReplicationLog.open(url)
+    assert verify(final).ok
+    assert len(check_log(final)) == 40 + 10 + (10 if cold else 0)
 
 
 class NoTimes(Storage):

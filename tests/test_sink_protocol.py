@@ -5,12 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from support.counting import counting
 from support.logcheck import check_log
 from support.replication import leave_pending
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
 from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError
-from replog.format.commits import WriterInfo
+from replog.format.commits import COMMITS_DIR, WriterInfo
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops.verify import verify
@@ -28,13 +29,10 @@ def rows(start: int, count: int):
 
 
 def batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int, **kw) -> Batch:
-    """One attempt of ``epoch``: its tasks' staged files, the log version it began at."""
+    """One attempt of ``epoch``: the log version it began at, its tasks' staged files."""
+    since_version = log.refresh().version
     return Batch(
-        query,
-        epoch,
-        tuple(log.stage(rows(start, count))),
-        since_version=log.refresh().version,
-        **kw,
+        query, epoch, tuple(log.stage(rows(start, count))), since_version=since_version, **kw
     )
 
 
@@ -225,17 +223,18 @@ def test_a_commit_landing_between_the_sinks_check_and_its_put_is_caught(
     fail or commit twice."""
     mine = batch(log, "q", 0, 0, 10)
     rival = ReplicationLog.open(log.url)
-    check = log.check_staged
+    put = log.storage.put_if_absent
 
-    def meanwhile(staged):  # runs after the sink's checks, right before its log commit
-        monkeypatch.setattr(log, "check_staged", check)
-        if other == "append":
-            rival.append(rows(100, 3))
-        else:  # another attempt of the same epoch wins the race
-            SinkCommitter(rival, "s").commit(batch(rival, "q", 0, 0, 10))
-        check(staged)
+    def meanwhile(relative: str, data: bytes, **kw) -> None:  # the sink's log commit
+        if relative.startswith(COMMITS_DIR):
+            monkeypatch.setattr(log.storage, "put_if_absent", put)
+            if other == "append":
+                rival.append(rows(100, 3))
+            else:  # another attempt of the same epoch wins the race
+                SinkCommitter(rival, "s").commit(batch(rival, "q", 0, 0, 10))
+        put(relative, data, **kw)
 
-    monkeypatch.setattr(log, "check_staged", meanwhile)
+    monkeypatch.setattr(log.storage, "put_if_absent", meanwhile)
     outcome = SinkCommitter(log, "s").commit(mine)
     if other == "append":
         assert outcome is Outcome.COMMITTED
@@ -262,3 +261,22 @@ def test_a_zombie_run_the_sink_mark_has_forgotten_is_still_fenced(memory_url: st
     with pytest.raises(FencedError):
         zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
     assert "e1000" not in event_ids(log)
+
+
+def test_a_warm_commit_sends_only_what_the_protocol_needs(tmp_path: Path) -> None:
+    """No staged file is probed (no gc began since the batch did), the Pending manifest
+    moves no pointer, and the two pruned manifests go in one request."""
+    url = str(tmp_path / "B")
+    storage = counting(ReplicationLog.create(url, 4).storage)
+    log = ReplicationLog.from_storage(storage)
+    committer = SinkCommitter(log, "s")
+    for epoch in range(12):  # warm, and past the kept window of manifests
+        committer.commit(batch(log, "q", epoch, epoch * 10, 10))
+    mine = batch(log, "q", 12, 120, 10)
+    storage.requests.clear()
+    assert committer.commit(mine) is Outcome.COMMITTED
+    assert storage.matching("probe", "/shards/") == 0
+    assert storage.matching("write", "/latest") == 1
+    assert storage.counts["delete"] == 1
+    assert storage.counts["create"] == 3  # Pending, the log commit, Committed
+    assert event_ids(log) == expected(130) and verify(log).ok

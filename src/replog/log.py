@@ -282,10 +282,13 @@ class ReplicationLog:
         if writer is not None and self.refresh().holds(writer):
             logger.info("%s: transaction %s is already in the log; skipped", self.url, transaction)
             return None
+        since_version = self.state().version
         staged = self.stage(table, max_events=segment_max_events)
         attempt = CommitAttempt()
         try:
-            record = self.commit_staged(staged, writer=writer, attempt=attempt)
+            record = self.commit_staged(
+                staged, writer=writer, attempt=attempt, since_version=since_version
+            )
         except BaseException:
             self.discard_after(attempt, staged)
             raise
@@ -328,15 +331,20 @@ class ReplicationLog:
         writer: WriterInfo | None = None,
         attempt: CommitAttempt | None = None,
         refreshed: bool = False,
+        since_version: int | None = None,
     ) -> CommitRecord | None:
         """Make staged segments visible in one commit, retrying lost races.
 
         With a ``writer``, the commit is exactly-once per (sink id, query id, epoch): if
         the log already holds it, returns None and commits nothing; if a newer run owns
-        the sink, raises :class:`~replog.errors.FencedError`. Checks first that every
-        staged file still exists. ``refreshed``: as for :meth:`commit`.
+        the sink, raises :class:`~replog.errors.FencedError`. ``refreshed``: as for
+        :meth:`commit`.
+
+        ``since_version`` is a log version the writer knew of before it staged anything.
+        Unless the state the commit is built on shows a garbage collection begun after it
+        (a gc mark), ``replog recover`` cannot have deleted the staged files; otherwise
+        (or without ``since_version``) every staged file is checked to exist first.
         """
-        self.check_staged(staged)
 
         def build(state: LogState) -> CommitRecord | None:
             claimed = None
@@ -344,6 +352,8 @@ class ReplicationLog:
                 if state.holds(writer):
                     return None
                 claimed = state.claim(writer)  # FencedError if a newer run owns the sink
+            if since_version is None or state.gc_since(since_version):
+                self.check_staged(staged)
             heads = list(state.heads)
             added = []
             for segment in staged:

@@ -63,8 +63,10 @@ class PendingResolution:
 class Batch:
     """One attempt of one epoch: what its tasks staged, and who wrote it.
 
-    ``since_version`` is the log version when the attempt began (its writer was created):
-    any commit naming its files comes after it.
+    ``since_version`` is a log version known when the attempt began (its writer was
+    created), before anything was staged: any commit naming its files, and any garbage
+    collection that could have deleted them, comes after it. 0 (unknown) is safe, only
+    slower: every staged file is then checked to exist before the commit.
     """
 
     query_id: str
@@ -222,13 +224,17 @@ class SinkCommitter:
         pending = self._status(manifest, batch.query_id, batch.epoch, SinkCommitStatus.pending())
         pending.sink_epochs = dict(manifest.sink_epochs) if previous_query == batch.query_id else {}
         pending.extra[PENDING_SEGMENTS] = {self.sink_id: batch.paths}
-        self.store.save(pending)
+        self.store.save(pending, provisional=True)  # Committed or Failed follows
         crash_point("after_pending", batch.epoch)
 
         attempt = CommitAttempt()
         try:
             record = self.log.commit_staged(
-                batch.staged, writer=writer, attempt=attempt, refreshed=True
+                batch.staged,
+                writer=writer,
+                attempt=attempt,
+                refreshed=True,
+                since_version=batch.since_version,
             )
         except BaseException as exc:
             if attempt.safe_to_discard:  # certain: nothing of this attempt is in the log

@@ -7,13 +7,18 @@ modified), ``latest`` (a forward-only pointer to the newest id) and ``quarantine
 * Saving writes the manifest with put-if-absent: of two writers racing for one
   checkpoint id exactly one wins; the other gets :class:`ManifestConflictError`. The
   store does not retry for it: the caller decides (a fenced writer must stop).
-* Loading reads the pointer, probes forward past it (the pointer is written after the
-  manifest, so it may lag), and falls back from a corrupt or missing manifest to the
-  previous valid one with a warning naming the file. A missing or unreadable pointer is
-  repaired by listing the store (the only listing outside operator commands).
+* Loading reads the pointer (which carries a copy of the manifest it names, so a cold
+  load of an up-to-date store is one read and one probe), probes forward past it (the
+  pointer is written after the manifest, so it may lag), and falls back from a corrupt
+  or missing manifest to the previous valid one with a warning naming the file. A
+  missing or unreadable pointer is repaired by listing the store (the only listing
+  outside operator commands).
 * The next id is always past every manifest file, corrupt ones included, so a corrupt
   newest manifest never wedges the store.
-* The newest ``keep`` manifests are kept; saving id N deletes id N - keep.
+* The newest ``keep`` manifests are kept: saving id N deletes ids N - keep - 1 and
+  N - keep, in one request. A *provisional* save (a sink's Pending status, always
+  followed by a final save) neither moves the pointer nor prunes: readers probe past the
+  pointer, and the final save prunes for both.
 """
 
 from __future__ import annotations
@@ -66,6 +71,8 @@ class ManifestStore:
         )
         self.keep = keep
         self._pointer = ForwardPointer(self.storage, LATEST_POINTER, "checkpoint_id")
+        self._pointer_copy: tuple[int, bytes] | None = None
+        """The manifest the pointer carried when last read: loading it needs no request."""
         self._newest_seen = 0
         self._corrupt: dict[int, bytes] = {}
         self._last: CheckpointManifest | None = None
@@ -82,6 +89,9 @@ class ManifestStore:
         """The manifest with ``checkpoint_id``, checksum-verified."""
         relative = manifest_name(checkpoint_id)
         path = self.storage.path(relative)
+        copied = self._copy_of(checkpoint_id)
+        if copied is not None:
+            return copied
         data = self.storage.read(relative)
         try:
             if not data:
@@ -97,9 +107,26 @@ class ManifestStore:
             raise
         return manifest
 
+    def _copy_of(self, checkpoint_id: int) -> CheckpointManifest | None:
+        """Manifest ``checkpoint_id`` from the pointer's copy, if it carries a sound one."""
+        if self._pointer_copy is None or self._pointer_copy[0] != checkpoint_id:
+            return None
+        data = self._pointer_copy[1]
+        path = self.storage.path(LATEST_POINTER)
+        try:
+            body = unseal(data, path, version_field="version", max_version=MANIFEST_VERSION)
+            manifest = CheckpointManifest.from_json(body, path)
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            logger.debug("ignoring the pointer's copy of manifest %d: %s", checkpoint_id, exc)
+            return None
+        return manifest if manifest.checkpoint_id == checkpoint_id else None
+
     def latest_id(self) -> int:
         """The newest checkpoint id on storage (valid or not); 0 if there is none."""
-        start = self._pointer.read()
+        entry = self._pointer.read_entry()
+        start = None if entry is None else entry.value
+        if entry is not None and entry.copy is not None:
+            self._pointer_copy = (entry.value, entry.copy)
         if start is None:
             # Missing or unreadable: maybe a new store, maybe a damaged one whose old ids
             # were pruned. Probing from 0 would find nothing and lose its position.
@@ -173,8 +200,10 @@ class ManifestStore:
         newest = max(self._newest_seen, base.checkpoint_id if base else 0)
         return (base or CheckpointManifest()).successor(newest + 1)
 
-    def save(self, manifest: CheckpointManifest) -> None:
-        """Write ``manifest`` under its checkpoint id, create-if-absent, then move the pointer.
+    def save(self, manifest: CheckpointManifest, *, provisional: bool = False) -> None:
+        """Write ``manifest`` under its checkpoint id, create-if-absent, then move the pointer
+        and prune (unless ``provisional``: a final save must follow, as Committed or Failed
+        follows Pending).
 
         Raises :class:`ManifestConflictError` if that id is already taken.
         """
@@ -182,8 +211,9 @@ class ManifestStore:
             raise InvalidOptionError(f"checkpoint_id must be >= 1, got {manifest.checkpoint_id}")
         self._quarantine()
         relative = manifest_name(manifest.checkpoint_id)
+        sealed = seal(manifest.to_json())
         try:
-            self.storage.put_if_absent(relative, seal(manifest.to_json()))
+            self.storage.put_if_absent(relative, sealed)
         except FileExistsError as exc:
             self._newest_seen = max(self._newest_seen, manifest.checkpoint_id)
             raise ManifestConflictError(
@@ -192,10 +222,12 @@ class ManifestStore:
             ) from exc
         self._newest_seen = max(self._newest_seen, manifest.checkpoint_id)
         self._last = copy.deepcopy(manifest)
-        self._pointer.advance(manifest.checkpoint_id)
+        if provisional:
+            return
+        self._pointer.advance(manifest.checkpoint_id, copy=sealed)
         stale = manifest.checkpoint_id - self.keep
-        if stale >= 1:
-            self.storage.delete(manifest_name(stale))
+        # Two ids: the one a provisional save before this one left behind.
+        self.storage.delete_many([manifest_name(i) for i in (stale - 1, stale) if i >= 1])
 
     def _quarantine(self) -> None:
         """Copy corrupt manifests met while loading to ``quarantine/`` before pruning can
@@ -228,6 +260,5 @@ class ManifestStore:
         """Delete every manifest older than the newest ``keep``; returns the deleted ids."""
         ids = self.list_ids()
         doomed = ids[: max(len(ids) - self.keep, 0)]
-        for checkpoint_id in doomed:
-            self.storage.delete(manifest_name(checkpoint_id))
+        self.storage.delete_many([manifest_name(checkpoint_id) for checkpoint_id in doomed])
         return doomed

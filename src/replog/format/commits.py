@@ -191,6 +191,26 @@ class WriterInfo:
 
 
 @dataclass(frozen=True)
+class GcMark:
+    """A garbage collection begins: from this commit on, ``replog recover`` may delete
+    unreferenced files whose age stamps are older than ``cutoff_ms``.
+
+    Committed before anything is deleted, so a writer that saw no mark after the version
+    it began staging at knows its staged files are younger than every cut-off applied
+    since: it need not check that they still exist (FORMAT.md, "Garbage").
+    """
+
+    cutoff_ms: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"cutoff_ms": self.cutoff_ms}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> GcMark:
+        return cls(_int(data["cutoff_ms"], "gc.cutoff_ms"))
+
+
+@dataclass(frozen=True)
 class CommitRecord:
     """``_replog/commits/<version>.json``: one atomic change to the log.
 
@@ -206,6 +226,7 @@ class CommitRecord:
     remove: tuple[SegmentInfo, ...] = ()
     low_watermarks: dict[int, int] = field(default_factory=dict)
     writer: WriterInfo | None = None
+    gc: GcMark | None = None
 
     @classmethod
     def after(
@@ -217,6 +238,7 @@ class CommitRecord:
         remove: tuple[SegmentInfo, ...] = (),
         low_watermarks: Mapping[int, int] | None = None,
         writer: WriterInfo | None = None,
+        gc: GcMark | None = None,
     ) -> CommitRecord:
         """The record that follows ``version``: the one way replog builds a commit."""
         return cls(
@@ -228,6 +250,7 @@ class CommitRecord:
             remove=tuple(remove),
             low_watermarks=dict(low_watermarks or {}),
             writer=writer,
+            gc=gc,
         )
 
     def to_bytes(self) -> bytes:
@@ -242,6 +265,8 @@ class CommitRecord:
             "low_watermarks": {str(s): seq for s, seq in sorted(self.low_watermarks.items())},
             "writer": self.writer.to_json() if self.writer else None,
         }
+        if self.gc is not None:  # absent otherwise: older readers ignore unknown members
+            document["gc"] = self.gc.to_json()
         return seal(document)
 
     @classmethod
@@ -249,6 +274,7 @@ class CommitRecord:
         body = unseal(data, path, max_version=FORMAT_VERSION)
         try:
             writer = body.get("writer")
+            gc = body.get("gc")
             record = cls(
                 version=_int(body["version"], "version"),
                 timestamp_ms=_int(body["timestamp_ms"], "timestamp_ms"),
@@ -261,6 +287,7 @@ class CommitRecord:
                     for s, seq in body.get("low_watermarks", {}).items()
                 },
                 writer=WriterInfo.from_json(writer) if writer is not None else None,
+                gc=GcMark.from_json(gc) if gc is not None else None,
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptionError(path, f"malformed commit record: {exc}") from exc
@@ -268,4 +295,6 @@ class CommitRecord:
             raise CorruptionError(path, f"unknown commit operation {record.operation!r}")
         if record.operation == APPEND and record.remove:
             raise CorruptionError(path, "an append commit removes segments")
+        if record.gc is not None and (record.operation != APPEND or record.add):
+            raise CorruptionError(path, "a gc mark must be an append of no segments")
         return record

@@ -13,7 +13,6 @@ falling back to an older one (or to the commits from version 1), with a warning.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -21,7 +20,12 @@ from typing import Any
 import pyarrow as pa
 from pyarrow import ipc
 
-from replog.errors import CorruptionError, MissingFileError, StorageError
+from replog.errors import (
+    CorruptionError,
+    MissingFileError,
+    StorageError,
+    UnsupportedFormatError,
+)
 from replog.format.commits import (
     FORMAT_VERSION,
     META_DIR,
@@ -181,6 +185,7 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
         "sinks": {name: mark.to_json() for name, mark in sorted(state.sinks.items())},
         "bytes": state.total_bytes,
         "segment_count": state.segment_count,
+        "gc_version": state.gc_version,
     }
     snapshots = state.snapshots
     if _is_due(version, descriptor.snapshot_interval):
@@ -199,9 +204,14 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
                 storage.url,
                 exc,
             )
-    with contextlib.suppress(FileExistsError):  # another writer's header for this version
-        storage.put_if_absent(header_path(version), seal(header))
-    (snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)).advance(version)
+    sealed = seal(header)
+    copy: bytes | None = sealed
+    try:
+        storage.put_if_absent(header_path(version), sealed)
+    except FileExistsError:  # another writer's header for this version: not ours to copy
+        copy = None
+    pointer = snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)
+    pointer.advance(version, copy=copy)
     logger.debug("wrote checkpoint of %s at version %d", storage.url, version)
 
 
@@ -220,16 +230,34 @@ class LogSnapshots:
     def table_interval(self) -> int:
         return self.descriptor.snapshot_interval
 
+    def has_header(self, version: int) -> bool:
+        return self.storage.exists(header_path(version))
+
     def header(self, version: int) -> dict[str, Any]:
         if version not in self._headers:
             relative = header_path(version)
             data = self.storage.read(relative)
-            body = unseal(data, self.storage.path(relative), max_version=FORMAT_VERSION)
-            self._headers[version] = body
-            changes = body.get("changes")
-            if isinstance(changes, dict) and "table_sha256" in changes:
-                self._table_sha256.setdefault(changes["table_version"], changes["table_sha256"])
+            self._remember_header(
+                version, unseal(data, self.storage.path(relative), max_version=FORMAT_VERSION)
+            )
         return self._headers[version]
+
+    def offer_header(self, version: int, copy: bytes) -> None:
+        """Take the hint's copy of header ``version`` instead of reading the file, if its
+        seal holds and it is that version's (otherwise the file is read when needed)."""
+        try:
+            body = unseal(copy, self.storage.path(SNAPSHOT_HINT_PATH), max_version=FORMAT_VERSION)
+        except (CorruptionError, UnsupportedFormatError) as exc:
+            logger.debug("ignoring the hint's copy of header %d: %s", version, exc)
+            return
+        if body.get("version") == version:
+            self._remember_header(version, body)
+
+    def _remember_header(self, version: int, body: dict[str, Any]) -> None:
+        self._headers[version] = body
+        changes = body.get("changes")
+        if isinstance(changes, dict) and "table_sha256" in changes:
+            self._table_sha256.setdefault(changes["table_version"], changes["table_sha256"])
 
     def remember_table(self, version: int, sha256: str) -> None:
         self._table_sha256[version] = sha256
@@ -260,6 +288,7 @@ class LogSnapshots:
                 total_bytes=int(body["bytes"]),
                 segment_count=int(body["segment_count"]),
                 timestamp_ms=int(body["timestamp_ms"]),
+                gc_version=int(body.get("gc_version", version)),
                 snapshots=self,
             )
         except (KeyError, TypeError, ValueError) as exc:
@@ -362,45 +391,60 @@ class LogSnapshots:
         )
 
 
-def _newest_header(snapshots: LogSnapshots) -> int:
-    """The newest header version known: the hint, probed forward. Without a usable hint,
-    gallop forward (a missing checkpoint in between only costs commits to read)."""
+def _hinted_header(snapshots: LogSnapshots) -> int:
+    """The header version the hint names (not probed past: see :func:`load_state`).
+    Without a usable hint, gallop forward over existing headers."""
     interval = snapshots.descriptor.checkpoint_interval
-
-    def exists(version: int) -> bool:
-        return snapshots.storage.exists(header_path(version))
-
-    start = snapshots.hint.read()
+    entry = snapshots.hint.read_entry()
+    start = None
+    if entry is not None:
+        start = entry.value
+        if entry.copy is not None:
+            snapshots.offer_header(start, entry.copy)
     if start is None:
         start, step = 0, interval
-        while exists(start + step):
+        while snapshots.has_header(start + step):
             start += step
             step *= 2
-    start -= start % interval
-    return probe_forward(start, interval, exists)
+    return start - start % interval
 
 
-def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
-    """The log's current state, from the newest usable header and the commits after it."""
-    snapshots = LogSnapshots(storage, descriptor)
-    version = _newest_header(snapshots)
-    state: LogState | None = None
-    while version > 0 and state is None:
+def _usable_state(snapshots: LogSnapshots, version: int, floor: int = 0) -> LogState | None:
+    """The state at the newest usable header from ``version`` down to above ``floor``
+    (unusable ones are skipped with a warning); None if there is none."""
+    while version > floor:
         try:
-            state = snapshots.state(version)
+            return snapshots.state(version)
         except _UNUSABLE as exc:
             logger.warning(
                 "snapshot header %d of %s is unusable (%s); trying an older one",
                 version,
-                storage.url,
+                snapshots.storage.url,
                 exc,
             )
-            version -= descriptor.checkpoint_interval
+            version -= snapshots.descriptor.checkpoint_interval
+    return None
+
+
+def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
+    """The log's current state, from the newest usable header and the commits after it.
+
+    Fewer than ``checkpoint_interval`` commits follow the newest header, so they are read
+    in one parallel window. The hint is not probed past first: it lags only after a crash
+    or a slow writer, and a full window reveals that, and only then are newer headers
+    looked for.
+    """
+    snapshots = LogSnapshots(storage, descriptor)
+    interval = descriptor.checkpoint_interval
+    state = _usable_state(snapshots, _hinted_header(snapshots))
     if state is None:
         state = LogState(shards=descriptor.shards, snapshots=snapshots)
-    # Fewer than checkpoint_interval commits follow a header, unless its successor's
-    # checkpoint failed: read that many at once.
-    catch_up(storage, state, window=descriptor.checkpoint_interval)
+    while not catch_up(storage, state, limit=interval, window=interval):
+        newest = probe_forward(
+            state.version - state.version % interval, interval, snapshots.has_header
+        )
+        if newest > state.version:
+            state = _usable_state(snapshots, newest, floor=state.version) or state
     return state
 
 

@@ -154,11 +154,14 @@ class LogState:
         total_bytes: int = 0,
         segment_count: int = 0,
         timestamp_ms: int = 0,
+        gc_version: int = 0,
         snapshots: Snapshots | None = None,
     ) -> None:
         """``snapshots`` loads what a state at ``version`` > 0 needs beyond its header;
         without it the state starts empty at version 0 and keeps no commits for
-        checkpoints (as ``verify`` builds it)."""
+        checkpoints (as ``verify`` builds it). ``gc_version``: the newest gc mark at or
+        below ``version`` (a header that does not say gives its own version: a mark may
+        be anywhere below it)."""
         self.shards = shards
         self.version = version
         self.heads = heads or [0] * shards
@@ -167,6 +170,7 @@ class LogState:
         self.total_bytes = total_bytes
         self.segment_count = segment_count
         self.timestamp_ms = timestamp_ms
+        self.gc_version = gc_version
         if snapshots is None and version > 0:
             raise ValueError("a state past version 0 needs its snapshots")
         self._snapshots = snapshots
@@ -225,6 +229,8 @@ class LogState:
             self.sinks[commit.writer.sink_id] = mark.after(commit.writer, commit.version)
         self.version = commit.version
         self.timestamp_ms = commit.timestamp_ms
+        if commit.gc is not None:
+            self.gc_version = commit.version
         if self._segments is not None:
             apply_segments(self._segments, commit)
         if self._snapshots is not None or self._segments is None:
@@ -273,6 +279,11 @@ class LogState:
                 f"generation {mark.generation}; two live queries must not share a sinkId"
             )
         return dataclasses.replace(writer, generation=known)
+
+    def gc_since(self, version: int) -> bool:
+        """Whether a garbage collection may have begun after log ``version``: only then
+        can files staged after ``version`` have been deleted by ``replog recover``."""
+        return self.gc_version > version
 
     # -- segments ---------------------------------------------------------------------
 

@@ -12,6 +12,10 @@ file is garbage, and may be deleted, when every rule below holds:
 * it was written before every live staging lease was acquired (a batch job or a
   compaction may still commit it, however long it runs);
 * no Pending sink manifest names it (the caller passes those).
+
+Before deleting anything, a collection commits a gc mark (:func:`begin`) naming its
+cut-off. Writers rely on it: one that sees no mark after the log version it began staging
+at knows that no collection can have deleted its staged files, and skips checking them.
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from replog.format import leases
-from replog.format.commits import META_DIR, now_ms
+from replog.format.commits import APPEND, META_DIR, CommitRecord, GcMark, now_ms
 from replog.format.history import read_commit
 from replog.format.segments import SEGMENT_SUFFIX, SHARDS_DIR
 from replog.format.state import LogState
@@ -71,16 +75,25 @@ def _first_seen(log: ReplicationLog) -> dict[str, int]:
         return {}
 
 
+def begin(log: ReplicationLog, cutoff_ms: int) -> None:
+    """Commit the gc mark that must precede deleting files stamped before ``cutoff_ms``
+    (which must not be later than now)."""
+    log.commit(lambda state: CommitRecord.after(state.version, APPEND, gc=GcMark(cutoff_ms)))
+
+
 def scan(
     log: ReplicationLog,
     grace_ms: int,
     *,
+    now: int | None = None,
     pending: Collection[str] = (),
     remember: bool = True,
 ) -> GarbageScan:
-    """Find garbage (lists ``shards/``). With ``remember``, record first-seen times of
-    unreferenced files whose backend gives no modification time."""
-    now = now_ms()
+    """Find garbage as of ``now`` (default: the present; lists ``shards/``): files stamped
+    before ``now - grace_ms``, which a gc mark with that cut-off must precede deleting.
+    With ``remember``, record first-seen times of unreferenced files whose backend gives
+    no modification time."""
+    now = now_ms() if now is None else now
     result = GarbageScan()
     state = log.refresh()
     cutoff = now - grace_ms
@@ -94,6 +107,8 @@ def scan(
     still_seen: dict[str, int] = {}
     pending = set(pending)
     candidates = []
+    # First sight is stamped with a time taken after the gc mark: never before its cut-off.
+    listed_ms = now_ms()
     for shard_dir in log.storage.listdir(SHARDS_DIR):
         for name in log.storage.listdir(f"{SHARDS_DIR}/{shard_dir}"):
             relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
@@ -107,8 +122,8 @@ def scan(
                 continue
             stamp = log.storage.modified_ms(relative)
             if stamp is None:
-                stamp = still_seen[relative] = seen.get(relative, now)
-            if stamp > cutoff:
+                stamp = still_seen[relative] = seen.get(relative, listed_ms)
+            if stamp >= cutoff:  # garbage is stamped strictly before the cut-off
                 result.kept_young += 1
             elif lease_cutoff is not None and stamp >= lease_cutoff - LEASE_CLOCK_SKEW_MS:
                 result.kept_leased += 1

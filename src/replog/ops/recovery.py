@@ -68,7 +68,8 @@ def recover(
     With ``dry_run`` nothing is written or deleted; the report says what would be.
     """
     report = RecoveryReport(dry_run=dry_run, grace_ms=grace_ms)
-    cutoff = now_ms() - grace_ms
+    now = now_ms()
+    cutoff = now - grace_ms
     pending_files: set[str] = set()  # files of epochs still Pending: not garbage yet
     for sink_id in list_sinks(log):
         committer = SinkCommitter(log, sink_id)
@@ -89,7 +90,9 @@ def recover(
         if not dry_run:
             committer.resolve_pending(manifest)
         report.resolved[sink_id] = resolution
-    report.scan = garbage.scan(log, grace_ms, pending=pending_files, remember=not dry_run)
+    if not dry_run:
+        garbage.begin(log, cutoff)  # before the scan: a writer staging from now on is safe
+    report.scan = garbage.scan(log, grace_ms, now=now, pending=pending_files, remember=not dry_run)
     if not dry_run:
         for relative in report.scan.garbage:
             log.storage.delete(relative)

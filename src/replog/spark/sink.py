@@ -305,7 +305,9 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
         leases.mark(log.storage, self.lease, leases.COMMITTING)
         attempt = CommitAttempt()
         try:
-            record = log.commit_staged(staged, writer=self._writer(), attempt=attempt)
+            record = log.commit_staged(
+                staged, writer=self._writer(), attempt=attempt, since_version=self.since_version
+            )
         except BaseException:
             log.discard_after(attempt, staged)
             if attempt.safe_to_discard:

@@ -19,7 +19,7 @@ import os
 import random
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -260,6 +260,12 @@ class Storage:
         path = self.path(relative)
         self._retrying("delete", path, lambda: self._delete_once(path))
 
+    def delete_many(self, relatives: Sequence[str]) -> None:
+        """Delete files (ones already gone are fine): one request per 1,000 on S3."""
+        if relatives:
+            paths = [self.path(relative) for relative in relatives]
+            self._retrying("delete", paths[0], lambda: self._delete_many_once(paths))
+
     def delete_tree(self, relative: str) -> None:
         """Delete a directory and everything below it; one that is already gone is fine."""
         path = self.path(relative)
@@ -313,3 +319,6 @@ class Storage:
 
     def _delete_once(self, path: str) -> None:
         backends.delete(self.fs, path)
+
+    def _delete_many_once(self, paths: list[str]) -> None:
+        backends.delete_many(self.fs, paths)

@@ -166,6 +166,14 @@ def delete(fs: fsspec.AbstractFileSystem, path: str) -> None:
         fs.rm_file(path)
 
 
+def delete_many(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:
+    if kind_of(fs) == "s3":
+        fs.rm(paths)  # DeleteObjects, 1,000 keys per request; missing keys are no error
+        return
+    for path in paths:
+        delete(fs, path)
+
+
 def delete_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
     with contextlib.suppress(FileNotFoundError):
         fs.rm(path, recursive=True)

@@ -135,3 +135,8 @@ class FaultyStorage(Storage):
         self.injector.before("delete", path)
         super()._delete_once(path)
         self.injector.after_write("delete", path, create=False)
+
+    def _delete_many_once(self, paths: list[str]) -> None:
+        self.injector.before("delete", paths[0])
+        super()._delete_many_once(paths)
+        self.injector.after_write("delete", paths[0], create=False)

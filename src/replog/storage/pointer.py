@@ -5,6 +5,11 @@ pointer is written after the file it names, without coordination, so it may lag 
 in between, a slower writer). Readers therefore take it as a starting point and probe
 forward; writers move it forward only. A missing or unreadable pointer is not an error,
 only a reason to look further (the caller decides how).
+
+A pointer may carry a *copy* of the sealed record it names, so a cold reader gets the
+newest header or manifest in the same request as the pointer. The copy is only a
+shortcut: the reader checks its seal and reads the named file when the copy is absent,
+unusable or for another number.
 """
 
 from __future__ import annotations
@@ -12,14 +17,26 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
 
+COPY_FIELD = "copy"
+
+
+@dataclass(frozen=True)
+class PointerEntry:
+    """What a pointer holds: the number, and the named record's bytes if it carries them."""
+
+    value: int
+    copy: bytes | None = None
+
 
 class ForwardPointer:
-    """The pointer file ``relative`` of ``storage``, holding ``{field: n}``."""
+    """The pointer file ``relative`` of ``storage``, holding ``{field: n}`` (and maybe
+    ``{"copy": <the sealed record n>}``)."""
 
     def __init__(self, storage: Storage, relative: str, field: str) -> None:
         self.storage = storage
@@ -28,15 +45,17 @@ class ForwardPointer:
         self._known: int | None = None
         """The newest value this process read or wrote: a warm writer need not re-read."""
 
-    def read(self) -> int | None:
-        """The number it holds; None if the file is missing or unreadable (with a warning)."""
+    def read_entry(self) -> PointerEntry | None:
+        """What the pointer holds; None if the file is missing or unreadable (a warning)."""
         data = self.storage.read_optional(self.relative)
         if data is None:
             return None
         try:
-            value = json.loads(data)[self.field]
-        except (ValueError, KeyError, TypeError):
-            value = None
+            document = json.loads(data)
+            value = document[self.field]
+            copy = document.get(COPY_FIELD)
+        except (ValueError, KeyError, TypeError, AttributeError):
+            value, copy = None, None
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             logger.warning(
                 "ignoring unreadable pointer %s (%d bytes)",
@@ -45,10 +64,17 @@ class ForwardPointer:
             )
             return None
         self._known = max(self._known or 0, value)
-        return value
+        copied = json.dumps(copy).encode() if isinstance(copy, dict) else None
+        return PointerEntry(value, copied)
 
-    def advance(self, value: int) -> None:
-        """Point at ``value`` unless the pointer is known to name ``value`` or later.
+    def read(self) -> int | None:
+        """The number it holds; None if the file is missing or unreadable (a warning)."""
+        entry = self.read_entry()
+        return None if entry is None else entry.value
+
+    def advance(self, value: int, copy: bytes | None = None) -> None:
+        """Point at ``value`` (carrying ``copy``, the sealed record it names) unless the
+        pointer is known to name ``value`` or later.
 
         The pointer is read only the first time; afterwards this process's last value
         stands for it. Another writer may have moved it further meanwhile, and is then
@@ -56,7 +82,10 @@ class ForwardPointer:
         """
         current = self._known if self._known is not None else self.read()
         if current is None or current < value:
-            self.storage.write(self.relative, json.dumps({self.field: value}).encode())
+            document: dict[str, object] = {self.field: value}
+            if copy is not None:
+                document[COPY_FIELD] = json.loads(copy)
+            self.storage.write(self.relative, json.dumps(document).encode())
             self._known = value
 
 
