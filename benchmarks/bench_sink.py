@@ -33,7 +33,9 @@ from pyspark.sql import SparkSession
 from workload import bench_session, workload
 
 from replog.checkpoints.sinks import Batch, SinkCommitter
+from replog.format.commits import now_ms
 from replog.format.events import events_from_table
+from replog.format.gc import StagingStart
 from replog.log import ReplicationLog
 from replog.storage import Storage
 
@@ -140,14 +142,15 @@ def s3_requests_per_commit(
     results = []
 
     def commit(
-        sink: SinkOptions, query: str, epoch: int, since_version: int, staged: list
+        sink: SinkOptions, query: str, epoch: int, since: StagingStart, staged: list
     ) -> tuple[dict, float]:
         # fsspec shares one s3fs instance per set of options: this is the sink's client,
         # obtained without a request. Counted: everything the driver's commit() does.
         counter = RequestCounter(Storage(sink.path, sink.storage_options).fs)
         start = time.perf_counter()
-        writer = spark_sink.ReplogStreamWriter(sink, since_version)
-        writer._committer().commit(Batch(query, epoch, tuple(staged), since_version=since_version))
+        writer = spark_sink.ReplogStreamWriter(sink, since)
+        batch = Batch(query, epoch, tuple(staged), since_version=since.version, since_ms=since.ms)
+        writer._committer().commit(batch)
         milliseconds = (time.perf_counter() - start) * 1000
         counter.stop()
         return dict(sorted(counter.calls.items())), milliseconds
@@ -160,16 +163,18 @@ def s3_requests_per_commit(
             query = str(uuid.uuid4())
             for epoch in range(count):
                 committer = SinkCommitter(spark_sink._target_log(sink), sink.sink_id)
-                since_version = log.refresh().version
+                since = StagingStart(log.refresh().version, now_ms())
                 staged = tuple(log.stage(events_from_table(workload(16))))
-                committer.commit(Batch(query, epoch, staged, since_version=since_version))
+                committer.commit(
+                    Batch(query, epoch, staged, since_version=since.version, since_ms=since.ms)
+                )
             spark_sink._COMMITTING_LOGS.clear()  # a restarted query: nothing cached
             spark_sink._COMMITTERS.clear()
             for epoch, kind in ((count, "cold"), (count + 1, "warm")):
                 # streamWriter() on the driver, then the executors' work
-                since_version = log.refresh().version
+                since = StagingStart(log.refresh().version, now_ms())
                 staged = log.stage(events_from_table(workload(1_000)))
-                calls, milliseconds = commit(sink, query, epoch, since_version, staged)
+                calls, milliseconds = commit(sink, query, epoch, since, staged)
                 results.append((count, kind, calls, milliseconds))
     finally:
         server.stop()

@@ -19,10 +19,18 @@ from replog.errors import (
     LogExistsError,
     LogNotFoundError,
     MissingFileError,
+    StagingCollectedError,
     UnsupportedFormatError,
 )
 from replog.format import history
-from replog.format.commits import DESCRIPTOR_PATH, FORMAT_VERSION, Transaction, commit_path
+from replog.format.commits import (
+    DESCRIPTOR_PATH,
+    FORMAT_VERSION,
+    Transaction,
+    commit_path,
+    now_ms,
+)
+from replog.format.gc import CHECK_AFTER_MS, CLOCK_SKEW_MS, StagingStart
 from replog.format.routing import shard_of
 from replog.log import ReplicationLog
 from replog.ops import garbage
@@ -219,26 +227,35 @@ def test_a_staged_file_that_vanished_is_refused_before_commit(memory_url: str) -
     assert log.refresh().version == 0
 
 
-def test_staged_files_are_probed_only_when_a_gc_began_after_staging(memory_url: str) -> None:
-    """A writer that knows a log version from before it staged skips the existence probes
-    unless a gc mark (``replog recover`` about to delete) landed after that version."""
+def test_gc_marks_decide_whether_staged_files_are_checked(memory_url: str) -> None:
+    """No mark since a write began: its staged files are not probed. A mark since then
+    whose cut-off is long before it began: neither. A mark with a recent cut-off: the
+    write is refused (its files may go between any check and the put). Long staging, or
+    an unknown start: every staged file is probed."""
     writer = ReplicationLog.from_storage(counting(ReplicationLog.create(memory_url, 4).storage))
     storage = writer.storage
     assert isinstance(storage, CountingStorage)
+    other = ReplicationLog.open(memory_url)
 
-    def probes_of_staged_files(since_version: int | None) -> int:
+    def commit_probes(since: StagingStart | None, *, mark_cutoff: int | None = None) -> int:
         staged = writer.stage(log_table(20, start=writer.refresh().version * 20))
+        if mark_cutoff is not None:
+            garbage.begin(other, cutoff_ms=mark_cutoff)
         before = storage.matching("probe", "/shards/")
-        writer.commit_staged(staged, since_version=since_version)
+        writer.commit_staged(staged, since=since)
         return storage.matching("probe", "/shards/") - before
 
-    assert probes_of_staged_files(writer.refresh().version) == 0
-    assert probes_of_staged_files(None) == 4  # unknown start: every staged file
-    since = writer.refresh().version
-    garbage.begin(ReplicationLog.open(memory_url), cutoff_ms=0)  # lands after `since`
-    assert probes_of_staged_files(since) == 4
-    assert probes_of_staged_files(writer.refresh().version) == 0  # began after the mark
-    assert len(check_log(ReplicationLog.open(memory_url))) == 80
+    def started(ago_ms: int = 0) -> StagingStart:
+        return StagingStart(writer.refresh().version, now_ms() - ago_ms)
+
+    assert commit_probes(started()) == 0
+    assert commit_probes(None) == 4  # unknown start: every staged file
+    assert commit_probes(started(CHECK_AFTER_MS + 1000)) == 4  # staged for long
+    assert commit_probes(started(), mark_cutoff=now_ms() - 2 * CLOCK_SKEW_MS) == 0
+    with pytest.raises(StagingCollectedError, match="began while this write was staging"):
+        commit_probes(started(), mark_cutoff=now_ms() - 1000)
+    assert commit_probes(started()) == 0  # began after the marks
+    assert len(check_log(ReplicationLog.open(memory_url))) == 100
 
 
 def test_a_gc_mark_is_an_empty_append_older_readers_ignore(memory_url: str) -> None:

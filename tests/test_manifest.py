@@ -12,16 +12,6 @@ from replog.errors import ManifestConflictError, ManifestNotFoundError, Unsuppor
 from replog.format.sealed import seal
 
 
-def damage_file(store: ManifestStore, checkpoint_id: int, data: bytes) -> None:
-    """Replace manifest ``checkpoint_id`` with ``data``, and drop the pointer's copy of the
-    newest manifest (a pointer from replog 0.2 carries none): the file is all there is."""
-    store.storage.write(manifest_name(checkpoint_id), data)
-    pointer = json.loads(store.storage.read(LATEST_POINTER))
-    store.storage.write(
-        LATEST_POINTER, json.dumps({"checkpoint_id": pointer["checkpoint_id"]}).encode()
-    )
-
-
 def sample(checkpoint_id: int = 1) -> CheckpointManifest:
     manifest = CheckpointManifest(
         checkpoint_id=checkpoint_id, epoch=7, timestamp_ms=1_700_000_000_000
@@ -163,34 +153,15 @@ def test_corrupt_latest_falls_back_with_warning(
     store.save(sample(1))
     second = sample(1).successor(2)
     store.save(second)
-    damage_file(store, 2, damage(store.storage.read(manifest_name(2))))
+    store.storage.write(manifest_name(2), damage(store.storage.read(manifest_name(2))))
     loaded = ManifestStore(store.storage, keep=3).load_latest()  # a reader elsewhere
     assert loaded is not None and loaded.checkpoint_id == 1
     assert manifest_name(2) in caplog.text
 
 
-def test_a_corrupt_newest_manifest_is_read_from_the_pointers_copy(store: ManifestStore) -> None:
-    """The pointer carries a sealed copy of the manifest it names: damage to that file
-    loses nothing, and a damaged copy is ignored in favour of the file."""
-    store.save(sample(1))
-    second = sample(1).successor(2)
-    second.epoch = 9
-    store.save(second)
-    good = store.storage.read(manifest_name(2))
-    store.storage.write(manifest_name(2), b"{torn")
-    loaded = ManifestStore(store.storage, keep=3).load_latest()
-    assert loaded is not None and loaded.checkpoint_id == 2 and loaded.epoch == 9
-    store.storage.write(manifest_name(2), good)
-    pointer = json.loads(store.storage.read(LATEST_POINTER))
-    pointer["copy"]["epoch"] = 10  # its seal no longer holds
-    store.storage.write(LATEST_POINTER, json.dumps(pointer).encode())
-    loaded = ManifestStore(store.storage, keep=3).load_latest()
-    assert loaded is not None and loaded.checkpoint_id == 2 and loaded.epoch == 9
-
-
 def test_all_corrupt_is_an_error(store: ManifestStore) -> None:
     store.save(sample(1))
-    damage_file(store, 1, b"{")
+    store.storage.write(manifest_name(1), b"{")
     with pytest.raises(ManifestNotFoundError, match=r"00000000000000000001\.json"):
         ManifestStore(store.storage, keep=3).load_latest()
 
@@ -242,7 +213,7 @@ def test_a_corrupt_newest_manifest_does_not_wedge_later_saves(store: ManifestSto
     a copy of the corrupt file is kept), instead of conflicting with it forever."""
     store.save(sample(1))
     store.save(sample(1).successor(2))
-    damage_file(store, 2, b"{torn")
+    store.storage.write(manifest_name(2), b"{torn")
     fresh = ManifestStore(store.storage, keep=3)
     base = fresh.load_latest()
     assert base is not None and base.checkpoint_id == 1
@@ -274,7 +245,7 @@ def test_every_manifest_in_the_window_corrupt_looks_further_back(store: Manifest
         store.save(manifest)
         manifest = store.next_manifest(manifest)
     for checkpoint_id in (2, 3):
-        damage_file(store, checkpoint_id, b"")
+        store.storage.write(manifest_name(checkpoint_id), b"")
     narrow = ManifestStore(store.storage, keep=1)
     assert narrow.load_latest().checkpoint_id == 1  # type: ignore[union-attr]
 

@@ -18,11 +18,11 @@ from replog.errors import (
     CommitConflictError,
     CorruptionError,
     DataLossError,
-    MissingFileError,
     RetentionError,
+    StagingCollectedError,
 )
 from replog.format import history, leases
-from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path
+from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path, now_ms
 from replog.format.segments import read_segment
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status
@@ -32,10 +32,9 @@ from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
 def sink_batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int) -> Batch:
-    since_version = log.refresh().version  # before staging, as a Spark writer knows it
-    return Batch(
-        query, epoch, tuple(log.stage(log_rows(count, start))), since_version=since_version
-    )
+    since_version, since_ms = log.refresh().version, now_ms()  # as a Spark writer knows them
+    staged = tuple(log.stage(log_rows(count, start)))
+    return Batch(query, epoch, staged, since_version=since_version, since_ms=since_ms)
 
 
 # -- truncate ------------------------------------------------------------------------------
@@ -259,8 +258,8 @@ def test_a_recover_during_a_sink_commit_never_leaves_a_commit_naming_deleted_fil
     tmp_path: Path, cold: bool
 ) -> None:
     """recover (grace 0) deletes the staged files of an epoch that began before its gc
-    mark: the sink must notice and commit nothing, also when it loads the log afresh from
-    a checkpoint header written after the mark. Files staged after the mark are kept."""
+    mark: the sink must refuse to commit, also when it loads the log afresh from a
+    checkpoint header written after the mark. Files staged after the mark are kept."""
     url = str(tmp_path / "log")
     log = filled_log(url, commits=1, shards=2)
     doomed = sink_batch(log, "q", 0, 0, 10)  # began before the recover below
@@ -273,7 +272,7 @@ def test_a_recover_during_a_sink_commit_never_leaves_a_commit_naming_deleted_fil
         assert history.read_commit(log.storage, 2).gc is not None  # type: ignore[union-attr]
         assert log.refresh().version >= 10 and log.storage.exists(history.header_path(10))
     committer = SinkCommitter(ReplicationLog.open(url) if cold else log, "s")
-    with pytest.raises(MissingFileError, match="gone before their commit"):
+    with pytest.raises(StagingCollectedError, match="began while this write was staging"):
         committer.commit(doomed)
     committer.abort(doomed, "its files were collected")
     assert committer.commit(safe) is Outcome.COMMITTED

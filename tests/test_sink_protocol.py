@@ -11,7 +11,7 @@ from support.replication import leave_pending
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
 from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError
-from replog.format.commits import COMMITS_DIR, WriterInfo
+from replog.format.commits import COMMITS_DIR, WriterInfo, now_ms
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops.verify import verify
@@ -30,10 +30,9 @@ def rows(start: int, count: int):
 
 def batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int, **kw) -> Batch:
     """One attempt of ``epoch``: the log version it began at, its tasks' staged files."""
-    since_version = log.refresh().version
-    return Batch(
-        query, epoch, tuple(log.stage(rows(start, count))), since_version=since_version, **kw
-    )
+    since_version, since_ms = log.refresh().version, now_ms()
+    staged = tuple(log.stage(rows(start, count)))
+    return Batch(query, epoch, staged, since_version=since_version, since_ms=since_ms, **kw)
 
 
 def event_ids(log: ReplicationLog) -> list[str]:

@@ -37,7 +37,7 @@ __all__ = [
     "read",
     "register",
 ]
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 
 def create_log(url: str, shards: int = 8, **storage_options: Any) -> ReplicationLog:

@@ -82,6 +82,12 @@ class CommitConflictError(ReplogError, FileExistsError):
     """Other writers kept winning the commit race, or changed what this commit relies on."""
 
 
+class StagingCollectedError(ReplogError):
+    """A garbage collection that may delete this write's staged files began while it
+    staged (a ``replog recover --grace`` shorter than the write): nothing was committed,
+    and the write must be run again (a Spark query: restarted)."""
+
+
 class DataLossError(ReplogError):
     """Requested events are no longer in the log (removed by retention)."""
 

@@ -31,6 +31,7 @@ from replog.errors import (
     LogExistsError,
     LogNotFoundError,
     MissingFileError,
+    StagingCollectedError,
 )
 from replog.format import history, segments
 from replog.format.commits import (
@@ -48,6 +49,7 @@ from replog.format.commits import (
     now_ms,
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
+from replog.format.gc import StagedFiles, StagingStart
 from replog.format.segments import SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.storage import Storage
@@ -282,13 +284,11 @@ class ReplicationLog:
         if writer is not None and self.refresh().holds(writer):
             logger.info("%s: transaction %s is already in the log; skipped", self.url, transaction)
             return None
-        since_version = self.state().version
+        since = StagingStart(self.refresh().version, now_ms())  # fresh: see commit_staged
         staged = self.stage(table, max_events=segment_max_events)
         attempt = CommitAttempt()
         try:
-            record = self.commit_staged(
-                staged, writer=writer, attempt=attempt, since_version=since_version
-            )
+            record = self.commit_staged(staged, writer=writer, attempt=attempt, since=since)
         except BaseException:
             self.discard_after(attempt, staged)
             raise
@@ -331,7 +331,7 @@ class ReplicationLog:
         writer: WriterInfo | None = None,
         attempt: CommitAttempt | None = None,
         refreshed: bool = False,
-        since_version: int | None = None,
+        since: StagingStart | None = None,
     ) -> CommitRecord | None:
         """Make staged segments visible in one commit, retrying lost races.
 
@@ -340,10 +340,13 @@ class ReplicationLog:
         the sink, raises :class:`~replog.errors.FencedError`. ``refreshed``: as for
         :meth:`commit`.
 
-        ``since_version`` is a log version the writer knew of before it staged anything.
-        Unless the state the commit is built on shows a garbage collection begun after it
-        (a gc mark), ``replog recover`` cannot have deleted the staged files; otherwise
-        (or without ``since_version``) every staged file is checked to exist first.
+        ``since`` says when the writer began staging: a log version it had just read and
+        its clock (a stale version can get a write refused for nothing). The gc marks in
+        the state the commit is built on tell whether ``replog recover`` may have
+        deleted the staged files (:mod:`replog.format.gc`): if not, nothing is checked;
+        if so, :class:`~replog.errors.StagingCollectedError` is raised and nothing is
+        committed; without ``since``, or after staging for long, every staged file is
+        checked to exist first.
         """
 
         def build(state: LogState) -> CommitRecord | None:
@@ -352,7 +355,17 @@ class ReplicationLog:
                 if state.holds(writer):
                     return None
                 claimed = state.claim(writer)  # FencedError if a newer run owns the sink
-            if since_version is None or state.gc_since(since_version):
+            verdict = state.staged_files(since, now_ms())
+            if verdict is StagedFiles.REFUSE:
+                assert since is not None
+                raise StagingCollectedError(
+                    f"{self.url}: a garbage collection (gc mark at version {state.gc_version}) "
+                    f"began while this write was staging (it began at version "
+                    f"{since.version}), with a cut-off its staged files may fall under: "
+                    f"nothing was committed; run the write again, and give 'replog recover' "
+                    f"a --grace longer than your writes"
+                )
+            if verdict is StagedFiles.CHECK:
                 self.check_staged(staged)
             heads = list(state.heads)
             added = []

@@ -28,6 +28,7 @@ from replog.checkpoints.manifest import CheckpointManifest, SinkCommitStatus
 from replog.checkpoints.store import ManifestStore
 from replog.crashpoints import crash_point
 from replog.format.commits import META_DIR, SourcePosition, WriterInfo
+from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
 from replog.log import CommitAttempt, ReplicationLog
 
@@ -63,10 +64,11 @@ class PendingResolution:
 class Batch:
     """One attempt of one epoch: what its tasks staged, and who wrote it.
 
-    ``since_version`` is a log version known when the attempt began (its writer was
-    created), before anything was staged: any commit naming its files, and any garbage
-    collection that could have deleted them, comes after it. 0 (unknown) is safe, only
-    slower: every staged file is then checked to exist before the commit.
+    ``since_version`` and ``since_ms`` are a log version known and the clock when the
+    attempt began (its writer was created), before anything was staged: any commit
+    naming its files comes after that version, and the gc marks since then tell whether
+    a collection may have taken them (:mod:`replog.format.gc`). Without ``since_ms``
+    every staged file is checked to exist before the commit.
     """
 
     query_id: str
@@ -75,6 +77,11 @@ class Batch:
     run_id: str | None = None
     sources: tuple[SourcePosition, ...] = ()
     since_version: int = 0
+    since_ms: int | None = None
+
+    @property
+    def since(self) -> StagingStart | None:
+        return None if self.since_ms is None else StagingStart(self.since_version, self.since_ms)
 
     @property
     def paths(self) -> list[str]:
@@ -234,7 +241,7 @@ class SinkCommitter:
                 writer=writer,
                 attempt=attempt,
                 refreshed=True,
-                since_version=batch.since_version,
+                since=batch.since,
             )
         except BaseException as exc:
             if attempt.safe_to_discard:  # certain: nothing of this attempt is in the log

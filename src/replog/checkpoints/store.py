@@ -7,12 +7,12 @@ modified), ``latest`` (a forward-only pointer to the newest id) and ``quarantine
 * Saving writes the manifest with put-if-absent: of two writers racing for one
   checkpoint id exactly one wins; the other gets :class:`ManifestConflictError`. The
   store does not retry for it: the caller decides (a fenced writer must stop).
-* Loading reads the pointer (which carries a copy of the manifest it names, so a cold
-  load of an up-to-date store is one read and one probe), probes forward past it (the
-  pointer is written after the manifest, so it may lag), and falls back from a corrupt
-  or missing manifest to the previous valid one with a warning naming the file. A
-  missing or unreadable pointer is repaired by listing the store (the only listing
-  outside operator commands).
+* Loading reads the pointer, probes forward past it (the pointer is written after the
+  manifest, so it may lag), and falls back from a corrupt or missing manifest to the
+  previous valid one with a warning naming the file. A missing or unreadable pointer is
+  repaired by listing the store (the only listing outside operator commands). The
+  pointer carries no copy of the manifest (the snapshot hint does): a pointer moved back
+  by a slow writer may name a pruned manifest, and only reading that file tells.
 * The next id is always past every manifest file, corrupt ones included, so a corrupt
   newest manifest never wedges the store.
 * The newest ``keep`` manifests are kept: saving id N deletes ids N - keep - 1 and
@@ -71,8 +71,6 @@ class ManifestStore:
         )
         self.keep = keep
         self._pointer = ForwardPointer(self.storage, LATEST_POINTER, "checkpoint_id")
-        self._pointer_copy: tuple[int, bytes] | None = None
-        """The manifest the pointer carried when last read: loading it needs no request."""
         self._newest_seen = 0
         self._corrupt: dict[int, bytes] = {}
         self._last: CheckpointManifest | None = None
@@ -89,9 +87,6 @@ class ManifestStore:
         """The manifest with ``checkpoint_id``, checksum-verified."""
         relative = manifest_name(checkpoint_id)
         path = self.storage.path(relative)
-        copied = self._copy_of(checkpoint_id)
-        if copied is not None:
-            return copied
         data = self.storage.read(relative)
         try:
             if not data:
@@ -107,26 +102,9 @@ class ManifestStore:
             raise
         return manifest
 
-    def _copy_of(self, checkpoint_id: int) -> CheckpointManifest | None:
-        """Manifest ``checkpoint_id`` from the pointer's copy, if it carries a sound one."""
-        if self._pointer_copy is None or self._pointer_copy[0] != checkpoint_id:
-            return None
-        data = self._pointer_copy[1]
-        path = self.storage.path(LATEST_POINTER)
-        try:
-            body = unseal(data, path, version_field="version", max_version=MANIFEST_VERSION)
-            manifest = CheckpointManifest.from_json(body, path)
-        except (CorruptionError, UnsupportedFormatError) as exc:
-            logger.debug("ignoring the pointer's copy of manifest %d: %s", checkpoint_id, exc)
-            return None
-        return manifest if manifest.checkpoint_id == checkpoint_id else None
-
     def latest_id(self) -> int:
         """The newest checkpoint id on storage (valid or not); 0 if there is none."""
-        entry = self._pointer.read_entry()
-        start = None if entry is None else entry.value
-        if entry is not None and entry.copy is not None:
-            self._pointer_copy = (entry.value, entry.copy)
+        start = self._pointer.read()
         if start is None:
             # Missing or unreadable: maybe a new store, maybe a damaged one whose old ids
             # were pruned. Probing from 0 would find nothing and lose its position.
@@ -211,9 +189,8 @@ class ManifestStore:
             raise InvalidOptionError(f"checkpoint_id must be >= 1, got {manifest.checkpoint_id}")
         self._quarantine()
         relative = manifest_name(manifest.checkpoint_id)
-        sealed = seal(manifest.to_json())
         try:
-            self.storage.put_if_absent(relative, sealed)
+            self.storage.put_if_absent(relative, seal(manifest.to_json()))
         except FileExistsError as exc:
             self._newest_seen = max(self._newest_seen, manifest.checkpoint_id)
             raise ManifestConflictError(
@@ -224,7 +201,7 @@ class ManifestStore:
         self._last = copy.deepcopy(manifest)
         if provisional:
             return
-        self._pointer.advance(manifest.checkpoint_id, copy=sealed)
+        self._pointer.advance(manifest.checkpoint_id)
         stale = manifest.checkpoint_id - self.keep
         # Two ids: the one a provisional save before this one left behind.
         self.storage.delete_many([manifest_name(i) for i in (stale - 1, stale) if i >= 1])

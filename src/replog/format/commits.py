@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replog.errors import CorruptionError
+from replog.format.gc import GcMark
 from replog.format.sealed import seal, unseal
 from replog.format.segments import SegmentInfo
 
@@ -188,26 +189,6 @@ class WriterInfo:
             generation=_int(data.get("generation", 0), "generation"),
             sources=tuple(SourcePosition.from_json(item) for item in data.get("sources", [])),
         )
-
-
-@dataclass(frozen=True)
-class GcMark:
-    """A garbage collection begins: from this commit on, ``replog recover`` may delete
-    unreferenced files whose age stamps are older than ``cutoff_ms``.
-
-    Committed before anything is deleted, so a writer that saw no mark after the version
-    it began staging at knows its staged files are younger than every cut-off applied
-    since: it need not check that they still exist (FORMAT.md, "Garbage").
-    """
-
-    cutoff_ms: int
-
-    def to_json(self) -> dict[str, Any]:
-        return {"cutoff_ms": self.cutoff_ms}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> GcMark:
-        return cls(_int(data["cutoff_ms"], "gc.cutoff_ms"))
 
 
 @dataclass(frozen=True)

@@ -129,6 +129,10 @@ def catch_up(
 # -- snapshots -------------------------------------------------------------------------------
 
 
+def _optional_int(value: Any) -> int | None:
+    return None if value is None else int(value)
+
+
 def _is_due(version: int, interval: int) -> bool:
     return version > 0 and version % interval == 0
 
@@ -186,6 +190,7 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
         "bytes": state.total_bytes,
         "segment_count": state.segment_count,
         "gc_version": state.gc_version,
+        "gc_cutoff_ms": state.gc_cutoff_ms,
     }
     snapshots = state.snapshots
     if _is_due(version, descriptor.snapshot_interval):
@@ -279,6 +284,7 @@ class LogSnapshots:
         try:
             if int(body["version"]) != version or int(body["shards"]) != shards:
                 raise ValueError("version or shard count differs from its name and the log")
+            marks_known = "gc_version" in body
             return LogState(
                 shards=shards,
                 version=version,
@@ -288,7 +294,9 @@ class LogSnapshots:
                 total_bytes=int(body["bytes"]),
                 segment_count=int(body["segment_count"]),
                 timestamp_ms=int(body["timestamp_ms"]),
-                gc_version=int(body.get("gc_version", version)),
+                # A header written before gc marks: any mark may lie below, any cut-off.
+                gc_version=int(body["gc_version"]) if marks_known else version,
+                gc_cutoff_ms=_optional_int(body.get("gc_cutoff_ms")) if marks_known else None,
                 snapshots=self,
             )
         except (KeyError, TypeError, ValueError) as exc:

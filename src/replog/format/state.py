@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from replog.errors import CorruptionError, FencedError
 from replog.format.commits import APPEND, COMPACT, TRUNCATE, CommitRecord, WriterInfo, commit_path
+from replog.format.gc import StagedFiles, StagingStart, judge
 from replog.format.lanes import Lanes, SegmentChanges, apply_segments
 from replog.format.segments import SegmentInfo
 
@@ -155,12 +156,14 @@ class LogState:
         segment_count: int = 0,
         timestamp_ms: int = 0,
         gc_version: int = 0,
+        gc_cutoff_ms: int | None = 0,
         snapshots: Snapshots | None = None,
     ) -> None:
         """``snapshots`` loads what a state at ``version`` > 0 needs beyond its header;
         without it the state starts empty at version 0 and keeps no commits for
         checkpoints (as ``verify`` builds it). ``gc_version``: the newest gc mark at or
-        below ``version`` (a header that does not say gives its own version: a mark may
+        below ``version``, ``gc_cutoff_ms`` the largest cut-off of those marks (a header
+        that does not say gives its own version and None: a mark with any cut-off may
         be anywhere below it)."""
         self.shards = shards
         self.version = version
@@ -171,6 +174,7 @@ class LogState:
         self.segment_count = segment_count
         self.timestamp_ms = timestamp_ms
         self.gc_version = gc_version
+        self.gc_cutoff_ms = gc_cutoff_ms
         if snapshots is None and version > 0:
             raise ValueError("a state past version 0 needs its snapshots")
         self._snapshots = snapshots
@@ -231,6 +235,8 @@ class LogState:
         self.timestamp_ms = commit.timestamp_ms
         if commit.gc is not None:
             self.gc_version = commit.version
+            if self.gc_cutoff_ms is not None:  # an unknown maximum stays unknown
+                self.gc_cutoff_ms = max(self.gc_cutoff_ms, commit.gc.cutoff_ms)
         if self._segments is not None:
             apply_segments(self._segments, commit)
         if self._snapshots is not None or self._segments is None:
@@ -280,10 +286,12 @@ class LogState:
             )
         return dataclasses.replace(writer, generation=known)
 
-    def gc_since(self, version: int) -> bool:
-        """Whether a garbage collection may have begun after log ``version``: only then
-        can files staged after ``version`` have been deleted by ``replog recover``."""
-        return self.gc_version > version
+    def staged_files(self, start: StagingStart | None, now_ms: int) -> StagedFiles:
+        """What a writer that began staging at ``start`` must do about its staged files
+        before committing on this state (:func:`replog.format.gc.judge`)."""
+        return judge(
+            start, gc_version=self.gc_version, gc_cutoff_ms=self.gc_cutoff_ms, now_ms=now_ms
+        )
 
     # -- segments ---------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ file is garbage, and may be deleted, when every rule below holds:
 * no Pending sink manifest names it (the caller passes those).
 
 Before deleting anything, a collection commits a gc mark (:func:`begin`) naming its
-cut-off. Writers rely on it: one that sees no mark after the log version it began staging
-at knows that no collection can have deleted its staged files, and skips checking them.
+cut-off, and it deletes only files stamped before both that cut-off and the mark's own
+storage time stamp minus the grace: writers rely on it (:mod:`replog.format.gc`). Time
+stamps of files first seen are taken after the listing that found them.
 """
 
 from __future__ import annotations
@@ -26,7 +27,8 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from replog.format import leases
-from replog.format.commits import APPEND, META_DIR, CommitRecord, GcMark, now_ms
+from replog.format.commits import APPEND, META_DIR, CommitRecord, commit_path, now_ms
+from replog.format.gc import CLOCK_SKEW_MS, GcMark
 from replog.format.history import read_commit
 from replog.format.segments import SEGMENT_SUFFIX, SHARDS_DIR
 from replog.format.state import LogState
@@ -35,7 +37,7 @@ from replog.log import ReplicationLog
 logger = logging.getLogger(__name__)
 
 FIRST_SEEN_PATH = f"{META_DIR}/gc/first_seen.json"
-LEASE_CLOCK_SKEW_MS = 600_000
+LEASE_CLOCK_SKEW_MS = CLOCK_SKEW_MS
 """Files written up to this long before a lease was acquired are protected by it too:
 the lease time comes from the writer's clock, file times from the storage's."""
 
@@ -75,10 +77,15 @@ def _first_seen(log: ReplicationLog) -> dict[str, int]:
         return {}
 
 
-def begin(log: ReplicationLog, cutoff_ms: int) -> None:
+def begin(log: ReplicationLog, cutoff_ms: int) -> int | None:
     """Commit the gc mark that must precede deleting files stamped before ``cutoff_ms``
-    (which must not be later than now)."""
-    log.commit(lambda state: CommitRecord.after(state.version, APPEND, gc=GcMark(cutoff_ms)))
+    (not later than now); returns the mark's storage time stamp (None if the backend
+    reports none), to pass to :func:`scan`."""
+    record = log.commit(
+        lambda state: CommitRecord.after(state.version, APPEND, gc=GcMark(cutoff_ms))
+    )
+    assert record is not None
+    return log.storage.modified_ms(commit_path(record.version))
 
 
 def scan(
@@ -86,17 +93,24 @@ def scan(
     grace_ms: int,
     *,
     now: int | None = None,
+    mark_stamp_ms: int | None = None,
     pending: Collection[str] = (),
     remember: bool = True,
 ) -> GarbageScan:
     """Find garbage as of ``now`` (default: the present; lists ``shards/``): files stamped
     before ``now - grace_ms``, which a gc mark with that cut-off must precede deleting.
-    With ``remember``, record first-seen times of unreferenced files whose backend gives
-    no modification time."""
+
+    ``mark_stamp_ms`` is the storage's time stamp of that mark (from :func:`begin`): file
+    times come from the storage's clock, so they must also be older than it minus the
+    grace. A collector whose clock runs ahead then never takes a file written after its
+    mark for an old one, and whole-second stamps stay on the right side of it. With
+    ``remember``, record first-seen times of unreferenced files whose backend gives no
+    modification time."""
     now = now_ms() if now is None else now
     result = GarbageScan()
     state = log.refresh()
     cutoff = now - grace_ms
+    file_cutoff = cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms)
     found_leases = leases.leases(log.storage)
     live = [lease for lease in found_leases if lease.live(now)]
     result.expired_leases = [lease for lease in found_leases if not lease.live(now)]
@@ -107,10 +121,10 @@ def scan(
     still_seen: dict[str, int] = {}
     pending = set(pending)
     candidates = []
-    # First sight is stamped with a time taken after the gc mark: never before its cut-off.
-    listed_ms = now_ms()
     for shard_dir in log.storage.listdir(SHARDS_DIR):
-        for name in log.storage.listdir(f"{SHARDS_DIR}/{shard_dir}"):
+        names = log.storage.listdir(f"{SHARDS_DIR}/{shard_dir}")
+        listed_ms = now_ms()  # a file first seen now existed before: never stamped early
+        for name in names:
             relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
             if relative in protected or not name.endswith(SEGMENT_SUFFIX):
                 continue
@@ -121,9 +135,11 @@ def scan(
                 result.kept_removed_recently += 1
                 continue
             stamp = log.storage.modified_ms(relative)
-            if stamp is None:
+            young = file_cutoff
+            if stamp is None:  # no file times: first sight on this clock
                 stamp = still_seen[relative] = seen.get(relative, listed_ms)
-            if stamp >= cutoff:  # garbage is stamped strictly before the cut-off
+                young = cutoff
+            if stamp >= young:  # garbage is stamped strictly before the cut-off
                 result.kept_young += 1
             elif lease_cutoff is not None and stamp >= lease_cutoff - LEASE_CLOCK_SKEW_MS:
                 result.kept_leased += 1

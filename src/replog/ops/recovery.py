@@ -90,9 +90,17 @@ def recover(
         if not dry_run:
             committer.resolve_pending(manifest)
         report.resolved[sink_id] = resolution
-    if not dry_run:
-        garbage.begin(log, cutoff)  # before the scan: a writer staging from now on is safe
-    report.scan = garbage.scan(log, grace_ms, now=now, pending=pending_files, remember=not dry_run)
+    mark_stamp = None
+    if not dry_run:  # before anything is deleted: writers staging from now on are safe
+        mark_stamp = garbage.begin(log, cutoff)
+    report.scan = garbage.scan(
+        log,
+        grace_ms,
+        now=now,
+        mark_stamp_ms=mark_stamp,
+        pending=pending_files,
+        remember=not dry_run,
+    )
     if not dry_run:
         for relative in report.scan.garbage:
             log.storage.delete(relative)

@@ -40,8 +40,9 @@ from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError, SinkProtocolError
 from replog.format import leases
-from replog.format.commits import SourcePosition, WriterInfo
+from replog.format.commits import SourcePosition, WriterInfo, now_ms
 from replog.format.events import IGNORED_COLUMNS, INPUT_COLUMNS, events_from_table, now_utc
+from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
 from replog.log import CommitAttempt, ReplicationLog
 from replog.offsets import SparkOffset
@@ -216,9 +217,9 @@ class _Stager:
 class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
     """One micro-batch of a streaming query (a fresh writer per micro-batch)."""
 
-    def __init__(self, options: SinkOptions, since_version: int) -> None:
+    def __init__(self, options: SinkOptions, since: StagingStart) -> None:
         self.options = options
-        self.since_version = since_version
+        self.since = since
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
@@ -234,7 +235,8 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
             epoch=batch_id,
             staged=staged,
             run_id=_one({m.run_id for m in received}, "run ids"),
-            since_version=self.since_version,
+            since_version=self.since.version,
+            since_ms=self.since.ms,
         )
 
     def _committer(self) -> SinkCommitter:
@@ -287,9 +289,9 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
 class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
     """``df.write``: the whole job is one atomic append (idempotent with a transaction)."""
 
-    def __init__(self, options: SinkOptions, since_version: int, lease: leases.Lease) -> None:
+    def __init__(self, options: SinkOptions, since: StagingStart, lease: leases.Lease) -> None:
         self.options = options
-        self.since_version = since_version
+        self.since = since
         self.lease = lease
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
@@ -306,7 +308,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
         attempt = CommitAttempt()
         try:
             record = log.commit_staged(
-                staged, writer=self._writer(), attempt=attempt, since_version=self.since_version
+                staged, writer=self._writer(), attempt=attempt, since=self.since
             )
         except BaseException:
             log.discard_after(attempt, staged)
@@ -335,7 +337,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
         log = _target_log(self.options)
         staged = _staged(messages)
         paths = [segment.path for segment in staged]
-        if paths and log.added_since(self.since_version, paths):
+        if paths and log.added_since(self.since.version, paths):
             logger.warning("replog-sink: abort ignored: this write's commit is in %s", log.url)
             return
         current = leases.read(log.storage, self.lease)
@@ -366,11 +368,11 @@ class ReplogSinkDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ReplogStreamWriter:
         options, log = self._open(schema, streaming=True)
-        return ReplogStreamWriter(options, log.refresh().version)
+        return ReplogStreamWriter(options, StagingStart(log.refresh().version, now_ms()))
 
     def writer(self, schema: StructType, overwrite: bool) -> ReplogBatchWriter:
         if overwrite:
             raise InvalidOptionError("replog-sink is append-only: use mode('append')")
         options, log = self._open(schema, streaming=False)
         lease = leases.acquire(log.storage, f"batch write into {log.url}")
-        return ReplogBatchWriter(options, log.refresh().version, lease)
+        return ReplogBatchWriter(options, StagingStart(log.refresh().version, now_ms()), lease)
