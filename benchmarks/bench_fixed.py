@@ -31,10 +31,14 @@ SOURCES = ("replog", "python floor, 8 tasks", "python floor, 1 task", "parquet")
 def prepare(root: Path) -> dict[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
+    from ceiling import SCHEMA_DDL
     from workload import workload
 
-    from replog.format.events import EVENT_SCHEMA
+    from replog.format.events import EVENT_SCHEMA, SPARK_SCHEMA_DDL
     from replog.log import ReplicationLog
+
+    if SCHEMA_DDL != SPARK_SCHEMA_DDL:
+        raise SystemExit("benchmarks/ceiling.py's SCHEMA_DDL no longer matches replog's schema")
 
     log = ReplicationLog.create(str(root / "log"), 8)
     log.append(workload(EVENTS))

@@ -32,10 +32,7 @@ from null_sink import NullSink
 from pyspark.sql import SparkSession
 from workload import bench_session, workload
 
-from replog.checkpoints.sinks import Batch, SinkCommitter
-from replog.format.commits import now_ms
 from replog.format.events import events_from_table
-from replog.format.gc import StagingStart
 from replog.log import ReplicationLog
 from replog.storage import Storage
 
@@ -110,28 +107,30 @@ class RequestCounter:
 
 def s3_requests_per_commit(
     previous: tuple[int, ...],
-) -> list[tuple[int, str, dict[str, int], float]]:
-    """(previous commits, cold|warm, requests by operation, ms) of one sink commit.
+) -> list[tuple[int, str, str, dict[str, int], float]]:
+    """(previous commits, cold|warm, process, requests by operation, ms) of one micro-batch.
 
-    "warm" is the steady state: Spark runs all commits of a query in one driver-side
-    process, which keeps the target log's state between micro-batches. "cold" is the
-    first commit after a restart.
+    The sink is driven as PySpark 4.3 drives it: the driver plans the micro-batch with
+    ``streamWriter()`` (``write_into_data_source.py``; that writer is pickled into the
+    tasks), the tasks stage segments (one PUT each, not counted), and Spark's commit
+    process unpickles the data source, calls ``streamWriter()`` again and then
+    ``commit()`` (``python_streaming_sink_runner.py``). "warm" is the steady state: both
+    processes live for the whole query and keep the target log's state. "cold" is the
+    first micro-batch after a restart.
     """
+    import pickle
+
     import boto3
     from moto.server import ThreadedMotoServer
+    from pyspark.sql.types import BinaryType, StringType, StructField, StructType
 
     from replog.spark import sink as spark_sink
-    from replog.spark.options import SinkOptions
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
     endpoint = f"http://{host}:{port}"
-    options = {
-        "key": "testing",
-        "secret": "testing",
-        "client_kwargs": {"endpoint_url": endpoint, "region_name": "us-east-1"},
-    }
+    fs_options = {"fs.endpoint_url": endpoint, "fs.key": "testing", "fs.secret": "testing"}
     boto3.client(
         "s3",
         endpoint_url=endpoint,
@@ -139,43 +138,64 @@ def s3_requests_per_commit(
         aws_access_key_id="testing",
         aws_secret_access_key="testing",
     ).create_bucket(Bucket="bench")
+    schema = StructType([StructField("key", StringType()), StructField("data", BinaryType())])
     results = []
 
-    def commit(
-        sink: SinkOptions, query: str, epoch: int, since: StagingStart, staged: list
-    ) -> tuple[dict, float]:
-        # fsspec shares one s3fs instance per set of options: this is the sink's client,
-        # obtained without a request. Counted: everything the driver's commit() does.
-        counter = RequestCounter(Storage(sink.path, sink.storage_options).fs)
+    def fresh_process() -> None:  # a restarted driver: nothing cached
+        spark_sink._COMMITTING_LOGS.clear()
+        spark_sink._COMMITTERS.clear()
+
+    def counted(url: str, action: Any) -> tuple[dict[str, int], float]:
+        # fsspec shares one s3fs instance per set of options: this is the sink's client.
+        counter = RequestCounter(
+            Storage(url, {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}).fs
+        )
         start = time.perf_counter()
-        writer = spark_sink.ReplogStreamWriter(sink, since)
-        batch = Batch(query, epoch, tuple(staged), since_version=since.version, since_ms=since.ms)
-        writer._committer().commit(batch)
+        action()
         milliseconds = (time.perf_counter() - start) * 1000
         counter.stop()
         return dict(sorted(counter.calls.items())), milliseconds
 
+    def micro_batch(
+        source: Any, url: str, epoch: int, rows: int, *, cold: bool = False
+    ) -> list[tuple[str, dict, float]]:
+        planned: list[Any] = []
+
+        def plan_and_ship() -> None:  # write_into_data_source.py: build, pickle for the tasks
+            planned.append(pickle.loads(pickle.dumps(source.streamWriter(schema, False))))
+
+        plan = counted(url, plan_and_ship)
+        staged = ReplicationLog.open(url, storage_options=source_storage).stage(
+            events_from_table(workload(rows))
+        )  # the tasks' work
+        message = spark_sink.ReplogCommitMessage(
+            query, "run-1", epoch, 0, tuple(staged), since=planned[0].since
+        )
+
+        if cold:  # the commit process restarted too: it has its own (empty) caches
+            fresh_process()
+
+        def commit() -> None:
+            writer = pickle.loads(pickle.dumps(source)).streamWriter(schema, False)
+            writer.commit([message], epoch)
+
+        return [("planning", *plan), ("commit", *counted(url, commit))]
+
+    source_storage = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
+    query = str(uuid.uuid4())
     try:
         for count in previous:
             url = f"s3://bench/requests-{count}"
-            log = ReplicationLog.create(url, SHARDS, storage_options=options)
-            sink = SinkOptions(path=url, sink_id="bench-sink", storage_options=options)
-            query = str(uuid.uuid4())
+            source = spark_sink.ReplogSinkDataSource(
+                {"path": url, "sinkId": "bench-sink", "shards": str(SHARDS), **fs_options}
+            )
             for epoch in range(count):
-                committer = SinkCommitter(spark_sink._target_log(sink), sink.sink_id)
-                since = StagingStart(log.refresh().version, now_ms())
-                staged = tuple(log.stage(events_from_table(workload(16))))
-                committer.commit(
-                    Batch(query, epoch, staged, since_version=since.version, since_ms=since.ms)
-                )
-            spark_sink._COMMITTING_LOGS.clear()  # a restarted query: nothing cached
-            spark_sink._COMMITTERS.clear()
+                micro_batch(source, url, epoch, 16)
+            fresh_process()
             for epoch, kind in ((count, "cold"), (count + 1, "warm")):
-                # streamWriter() on the driver, then the executors' work
-                since = StagingStart(log.refresh().version, now_ms())
-                staged = log.stage(events_from_table(workload(1_000)))
-                calls, milliseconds = commit(sink, query, epoch, since, staged)
-                results.append((count, kind, calls, milliseconds))
+                batch = micro_batch(source, url, epoch, 1_000, cold=kind == "cold")
+                for process, calls, milliseconds in batch:
+                    results.append((count, kind, process, calls, milliseconds))
     finally:
         server.stop()
     return results
@@ -183,14 +203,20 @@ def s3_requests_per_commit(
 
 def print_requests(commits: str) -> None:
     print(
-        "| one micro-batch commit on S3 (moto, driver side) | requests | by operation | latency |"
+        "| one micro-batch on S3 (moto), driver side | commit process: requests "
+        "| by operation | latency | planning process: requests |"
     )
-    print("|---|---|---|---|")
+    print("|---|---|---|---|---|")
     counts = tuple(int(c) for c in commits.split(",") if c)
-    for count, kind, calls, milliseconds in s3_requests_per_commit(counts):
+    rows: dict[tuple[int, str], dict[str, Any]] = {}
+    for count, kind, process, calls, milliseconds in s3_requests_per_commit(counts):
+        rows.setdefault((count, kind), {})[process] = (calls, milliseconds)
+    for (count, kind), measured in rows.items():
+        calls, milliseconds = measured["commit"]
+        planning, _ = measured["planning"]
         print(
             f"| {kind}, after {count:,} previous commits | {sum(calls.values())} | {calls} "
-            f"| {milliseconds:.0f} ms |"
+            f"| {milliseconds:.0f} ms | {sum(planning.values())} {planning} |"
         )
 
 

@@ -1,32 +1,38 @@
 """Source benchmark: replog vs readStream.parquet vs a pre-built-batch Python source.
 
 All three stream the same events into Spark's ``noop`` sink with Trigger.AvailableNow,
-in one SparkSession (``local[2]``), interleaved, each run with a fresh checkpoint.
-Then it times the driver's planning (``latestOffset`` + ``partitions``) for one new
-commit on logs of 100 and 10,000 commits.
+in one SparkSession (``local[2]``), interleaved, each run with a fresh checkpoint. Per
+source it reports the median over the runs of: events/s over the whole query (start()
+to termination), events/s within its micro-batch (Spark's own ``processedRowsPerSecond``:
+the batch's ``triggerExecution``), and the time from start() to the first batch (for a
+Python source, Spark starts a Python process per query there). Then it times the
+driver's planning (``latestOffset`` + ``partitions``) for one new commit on logs of 100
+and 10,000 commits.
 
-Run: .venv/bin/python benchmarks/bench_source.py [--events 2000000] [--runs 3]
-Prints Markdown rows; figures are copied into docs/BENCHMARKS.md.
+Run: PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/bench_source.py
+[--events 1000000] [--runs 5]. Prints Markdown rows for docs/BENCHMARKS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import shutil
 import statistics
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from ceiling import CeilingSource
+from ceiling import SCHEMA_DDL, CeilingSource
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from workload import bench_session, workload
 
-from replog.format.events import EVENT_SCHEMA
+from replog.format.events import EVENT_SCHEMA, SPARK_SCHEMA_DDL
 from replog.log import ReplicationLog
 from replog.spark.options import SourceOptions
 from replog.spark.source import ReplogStreamReader
@@ -66,10 +72,20 @@ def build_inputs(root: Path, events: int) -> tuple[str, str, str, int]:
     return str(root / "log"), str(parquet_dir), str(template_path), tasks
 
 
-def stream_seconds(spark: SparkSession, reader: Any, checkpoint: Path) -> tuple[float, int]:
-    """Wall time of one AvailableNow run into ``noop``, and the rows it read."""
+@dataclass(frozen=True)
+class Run:
+    """One AvailableNow query into ``noop``."""
+
+    seconds: float  # start() to termination
+    rows: int
+    batch_seconds: float  # triggerExecution of the micro-batches that read rows
+    to_first_batch: float  # start() to the first micro-batch's start
+
+
+def stream_run(spark: SparkSession, reader: Any, checkpoint: Path) -> Run:
     shutil.rmtree(checkpoint, ignore_errors=True)
-    start = time.perf_counter()
+    started = time.time()
+    clock = time.perf_counter()
     query = (
         reader.writeStream.format("noop")
         .option("checkpointLocation", str(checkpoint))
@@ -77,9 +93,19 @@ def stream_seconds(spark: SparkSession, reader: Any, checkpoint: Path) -> tuple[
         .start()
     )
     query.awaitTermination()
-    seconds = time.perf_counter() - start
-    rows = sum(p["numInputRows"] for p in query.recentProgress)
-    return seconds, rows
+    seconds = time.perf_counter() - clock
+    progress = query.recentProgress
+    first = datetime.datetime.strptime(progress[0]["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    first_start = first.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return Run(
+        seconds=seconds,
+        rows=sum(p["numInputRows"] for p in progress),
+        batch_seconds=sum(
+            p["durationMs"]["triggerExecution"] for p in progress if p["numInputRows"]
+        )
+        / 1000,
+        to_first_batch=first_start - started,
+    )
 
 
 # -- planning cost ----------------------------------------------------------------------
@@ -112,10 +138,12 @@ def planning_ms(root: Path, commits: int, samples: int = 20) -> tuple[float, flo
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=2_000_000)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=5)
     parser.add_argument("--commits", default="100,10000")
     args = parser.parse_args()
+    if SCHEMA_DDL != SPARK_SCHEMA_DDL:
+        raise SystemExit("benchmarks/ceiling.py's SCHEMA_DDL no longer matches replog's schema")
     root = Path(tempfile.mkdtemp(prefix="replog-bench-source-"))
     try:
         log_url, parquet_dir, template, tasks = build_inputs(root, args.events)
@@ -137,30 +165,16 @@ def main() -> None:
                 .load()
             ),
         }
-        results: dict[str, list[float]] = {name: [] for name in readers}
+        results: dict[str, list[Run]] = {name: [] for name in readers}
         for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
             for name, make in readers.items():
-                seconds, rows = stream_seconds(spark, make(), root / "checkpoint")
-                if rows != args.events:
-                    raise SystemExit(f"{name} read {rows} rows, expected {args.events}")
+                result = stream_run(spark, make(), root / "checkpoint")
+                if result.rows != args.events:
+                    raise SystemExit(f"{name} read {result.rows} rows, expected {args.events}")
                 if run:
-                    results[name].append(args.events / seconds)
+                    results[name].append(result)
         spark.stop()
-        best = {name: max(rates) for name, rates in results.items()}
-        print(
-            f"| source ({args.events:,} events, {tasks} tasks, noop sink, "
-            f"AvailableNow, best of {args.runs}) | events/s | all runs |"
-        )
-        print("|---|---|---|")
-        for name, rates in results.items():
-            runs = ", ".join(f"{r:,.0f}" for r in rates)
-            print(f"| {name} | {best[name]:,.0f} | {runs} |")
-        replog = best["replog"]
-        print(f"| ratio replog / parquet | {replog / best['readStream.parquet']:.2f} | |")
-        print(
-            f"| ratio replog / pre-built ceiling | "
-            f"{replog / best['pre-built-batch Python source']:.2f} | |"
-        )
+        print_results(results, args.events, tasks)
         print()
         print(
             "| planning: latestOffset + partitions, one new commit | cold (first call) "
@@ -172,6 +186,32 @@ def main() -> None:
             print(f"| log of {commits:,} commits | {cold:.1f} ms | {steady:.2f} ms |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+def print_results(results: dict[str, list[Run]], events: int, tasks: int) -> None:
+    """Medians per source, then replog's ratios to the other two."""
+    runs = len(next(iter(results.values())))
+    whole = {n: statistics.median(events / r.seconds for r in rs) for n, rs in results.items()}
+    batch = {
+        n: statistics.median(events / r.batch_seconds for r in rs) for n, rs in results.items()
+    }
+    start = {n: statistics.median(r.to_first_batch for r in rs) for n, rs in results.items()}
+    print(
+        f"| source ({events:,} events, {tasks} tasks, noop, AvailableNow, median of {runs}) "
+        f"| events/s, whole query | events/s in the micro-batch | start() to first batch "
+        f"| whole-query runs |"
+    )
+    print("|---|---|---|---|---|")
+    for name, rs in results.items():
+        each = ", ".join(f"{events / r.seconds:,.0f}" for r in rs)
+        print(
+            f"| {name} | {whole[name]:,.0f} | {batch[name]:,.0f} | {start[name]:.2f} s | {each} |"
+        )
+    for other in ("readStream.parquet", "pre-built-batch Python source"):
+        print(
+            f"| replog / {other} | {whole['replog'] / whole[other]:.2f} "
+            f"| {batch['replog'] / batch[other]:.2f} | | |"
+        )
 
 
 if __name__ == "__main__":

@@ -265,7 +265,9 @@ def test_concurrent_recovers_on_a_backend_without_times_delete_a_file_staged_aft
     R2's scan reads that note, finds F older than its cut-off and deletes it. The writer
     saw no mark after its since_version (R1's and R2's are both older) and commits F.
     Fixed: first sight is stamped with a time taken after the listing that found the
-    file, so a stamp is never older than the file."""
+    file, so a stamp is never older than the file; and (second review) a collector reads
+    the notes before it commits its mark, so it never uses a note about a file written
+    after its mark, stamped on another collector's clock."""
     url = str(tmp_path / "log")
     filled_log(url, commits=1, shards=2)
     clock = {"offset": 0}
@@ -300,17 +302,18 @@ def test_concurrent_recovers_on_a_backend_without_times_delete_a_file_staged_aft
     second = ReplicationLog.from_storage(as_class(Storage(url), NoTimes))
     writer = ReplicationLog.open(url)
     begun: dict = {}
-    real_read = second.storage._read_once
+    real_second_list = second.storage._list_once
 
-    def read(path: str) -> bytes:
-        if path.endswith(garbage.FIRST_SEEN_PATH) and "staged" not in begun:
+    def second_list(path: str) -> list[str]:  # R2 lists after its mark: then F is staged
+        if path.rstrip("/").endswith("/" + SHARDS_DIR) and "staged" not in begun:
             begun["since"] = StagingStart(writer.refresh().version, now_ms())  # R2's mark in
             begun["staged"] = writer.stage(log_rows(6, 500))
             resume.set()
             first.join(30)  # R1's listing reaches F and notes it
-        return real_read(path)
+            assert not first.is_alive()
+        return real_second_list(path)
 
-    monkeypatch.setattr(second.storage, "_read_once", read)
+    monkeypatch.setattr(second.storage, "_list_once", second_list)
     report = recovery.recover(second, grace_ms=grace)
     first.join(30)
     assert not errors, errors
@@ -427,7 +430,8 @@ def test_a_cold_writer_on_a_header_without_gc_version_still_probes(
     for version in (10, 20):  # rewrite as an older writer did
         relative = history.header_path(version)
         body = unseal(log.storage.read(relative), relative, max_version=2)
-        body.pop("gc_version")
+        body.pop("gc_marks")
+        body.pop("gc_known_since")
         body.pop("checksum", None)
         log.storage.delete(relative)
         log.storage.put_if_absent(relative, seal(body))

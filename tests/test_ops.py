@@ -122,8 +122,8 @@ def test_compaction_keeps_every_event_and_sequence(tmp_path: Path) -> None:
 
 def test_compaction_respects_target_size(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"), commits=6, shards=1)
-    sizes = [s.bytes for s in log.refresh().segments[0]]
-    result = compaction.compact(log, target_bytes=sum(sizes[:3]))
+    sizes = [s.bytes for s in log.refresh().segments[0]]  # alike, not equal (random ids)
+    result = compaction.compact(log, target_bytes=sum(sorted(sizes)[-3:]))
     assert [len(m.sources) for m in result.merges] == [3, 3]
     assert log.refresh().segment_count == 2
 
@@ -197,6 +197,7 @@ def test_recover_resolves_a_pending_commit_left_by_a_crash(tmp_path: Path) -> No
     store = sink_store(log, "orders-sink")
     assert store.load_latest().sink_commit_statuses["orders-sink"].is_pending
 
+    time.sleep(0.01)  # the staged files strictly older than the cut-off (ms file times)
     report = recovery.recover(log, grace_ms=0)
     assert report.resolved["orders-sink"].committed is False
     manifest = store.load_latest()
@@ -263,6 +264,7 @@ def test_a_recover_during_a_sink_commit_never_leaves_a_commit_naming_deleted_fil
     url = str(tmp_path / "log")
     log = filled_log(url, commits=1, shards=2)
     doomed = sink_batch(log, "q", 0, 0, 10)  # began before the recover below
+    time.sleep(0.01)  # stamped strictly before the cut-off (file times are in ms)
     recovery.recover(ReplicationLog.open(url), grace_ms=0)
     assert not any(log.storage.exists(path) for path in doomed.paths)
     safe = sink_batch(log, "q", 0, 100, 10)  # began after it

@@ -332,6 +332,7 @@ class ReplicationLog:
         attempt: CommitAttempt | None = None,
         refreshed: bool = False,
         since: StagingStart | None = None,
+        leased: bool = False,
     ) -> CommitRecord | None:
         """Make staged segments visible in one commit, retrying lost races.
 
@@ -346,7 +347,8 @@ class ReplicationLog:
         deleted the staged files (:mod:`replog.format.gc`): if not, nothing is checked;
         if so, :class:`~replog.errors.StagingCollectedError` is raised and nothing is
         committed; without ``since``, or after staging for long, every staged file is
-        checked to exist first.
+        checked to exist first. ``leased``: the writer holds a staging lease taken before
+        it staged (it is then checked, never refused).
         """
 
         def build(state: LogState) -> CommitRecord | None:
@@ -355,7 +357,7 @@ class ReplicationLog:
                 if state.holds(writer):
                     return None
                 claimed = state.claim(writer)  # FencedError if a newer run owns the sink
-            verdict = state.staged_files(since, now_ms())
+            verdict = state.staged_files(since, now_ms(), leased=leased)
             if verdict is StagedFiles.REFUSE:
                 assert since is not None
                 raise StagingCollectedError(

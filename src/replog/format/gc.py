@@ -9,13 +9,16 @@ own commit lands, so a writer must know that no collection took them meanwhile:
   deleted them (its files are younger than every cut-off applied since);
 * marks since then, all with a cut-off well before it began: neither;
 * a mark since then with a cut-off near or after its start: they may be gone, or go
-  between any check and the commit: it must not commit (it stages again instead);
-* a write that has staged for long, or whose start is not known: collectors that
-  commit no mark (replog 0.2) may have taken its files: it checks that they exist.
+  between any check and the commit: it must not commit (it stages again instead),
+  unless it holds a staging lease (then every collection keeps its files; it checks);
+* a write that has staged for long, whose start is not known, or that began before the
+  marks the state still knows: collectors that commit no mark (replog 0.2), or marks
+  with unknown cut-offs, may have taken its files: it checks that they exist.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any
@@ -64,19 +67,31 @@ class StagedFiles(Enum):
     REFUSE = "refuse"
 
 
+MAX_KEPT_MARKS = 64
+"""How many of the newest marks a state (and a checkpoint header) keeps with their
+cut-offs; marks older than these count as unknown (see :func:`judge`)."""
+
+
 def judge(
-    start: StagingStart | None, *, gc_version: int, gc_cutoff_ms: int | None, now_ms: int
+    start: StagingStart | None,
+    *,
+    marks: Sequence[tuple[int, int]],
+    known_since: int,
+    now_ms: int,
+    leased: bool = False,
 ) -> StagedFiles:
-    """The rule above, for a commit built on a state whose newest gc mark is at
-    ``gc_version`` and whose marks' largest cut-off is ``gc_cutoff_ms`` (None: unknown,
-    as when the state comes from a header written before marks existed)."""
+    """The rule above, for a commit built on a state that lists ``marks`` as
+    ``(version, cut-off)`` and knows every mark after version ``known_since`` (older ones
+    were forgotten, or the state comes from a header written before marks existed).
+    ``leased``: the writer holds a staging lease taken before it staged, which keeps its
+    files from every collection that follows FORMAT.md: checked at most, never refused."""
     if start is None:
         return StagedFiles.CHECK
-    if gc_version > start.version:
-        if gc_cutoff_ms is None:
-            return StagedFiles.CHECK
-        if gc_cutoff_ms >= start.ms - CLOCK_SKEW_MS:
-            return StagedFiles.REFUSE
+    covering = [c for v, c in marks if v > start.version and c >= start.ms - CLOCK_SKEW_MS]
+    if covering:
+        return StagedFiles.CHECK if leased else StagedFiles.REFUSE
+    if start.version < known_since:  # marks with unknown cut-offs may lie in between
+        return StagedFiles.CHECK
     if now_ms - start.ms > CHECK_AFTER_MS:
         return StagedFiles.CHECK
     return StagedFiles.SAFE

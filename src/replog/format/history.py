@@ -129,10 +129,6 @@ def catch_up(
 # -- snapshots -------------------------------------------------------------------------------
 
 
-def _optional_int(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
 def _is_due(version: int, interval: int) -> bool:
     return version > 0 and version % interval == 0
 
@@ -189,8 +185,8 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
         "sinks": {name: mark.to_json() for name, mark in sorted(state.sinks.items())},
         "bytes": state.total_bytes,
         "segment_count": state.segment_count,
-        "gc_version": state.gc_version,
-        "gc_cutoff_ms": state.gc_cutoff_ms,
+        "gc_marks": [[version, cutoff] for version, cutoff in state.gc_marks],
+        "gc_known_since": state.gc_known_since,
     }
     snapshots = state.snapshots
     if _is_due(version, descriptor.snapshot_interval):
@@ -284,7 +280,7 @@ class LogSnapshots:
         try:
             if int(body["version"]) != version or int(body["shards"]) != shards:
                 raise ValueError("version or shard count differs from its name and the log")
-            marks_known = "gc_version" in body
+            marks_known = "gc_marks" in body
             return LogState(
                 shards=shards,
                 version=version,
@@ -294,9 +290,9 @@ class LogSnapshots:
                 total_bytes=int(body["bytes"]),
                 segment_count=int(body["segment_count"]),
                 timestamp_ms=int(body["timestamp_ms"]),
-                # A header written before gc marks: any mark may lie below, any cut-off.
-                gc_version=int(body["gc_version"]) if marks_known else version,
-                gc_cutoff_ms=_optional_int(body.get("gc_cutoff_ms")) if marks_known else None,
+                # A header written before gc marks: any mark may lie below it.
+                gc_marks=[(int(v), int(c)) for v, c in body["gc_marks"]] if marks_known else (),
+                gc_known_since=int(body["gc_known_since"]) if marks_known else version,
                 snapshots=self,
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -13,13 +13,13 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from replog.errors import CorruptionError, FencedError
 from replog.format.commits import APPEND, COMPACT, TRUNCATE, CommitRecord, WriterInfo, commit_path
-from replog.format.gc import StagedFiles, StagingStart, judge
+from replog.format.gc import MAX_KEPT_MARKS, StagedFiles, StagingStart, judge
 from replog.format.lanes import Lanes, SegmentChanges, apply_segments
 from replog.format.segments import SegmentInfo
 
@@ -155,16 +155,15 @@ class LogState:
         total_bytes: int = 0,
         segment_count: int = 0,
         timestamp_ms: int = 0,
-        gc_version: int = 0,
-        gc_cutoff_ms: int | None = 0,
+        gc_marks: Sequence[tuple[int, int]] = (),
+        gc_known_since: int = 0,
         snapshots: Snapshots | None = None,
     ) -> None:
         """``snapshots`` loads what a state at ``version`` > 0 needs beyond its header;
         without it the state starts empty at version 0 and keeps no commits for
-        checkpoints (as ``verify`` builds it). ``gc_version``: the newest gc mark at or
-        below ``version``, ``gc_cutoff_ms`` the largest cut-off of those marks (a header
-        that does not say gives its own version and None: a mark with any cut-off may
-        be anywhere below it)."""
+        checkpoints (as ``verify`` builds it). ``gc_marks``: the newest gc marks at or
+        below ``version`` as ``(version, cut-off)``, complete after ``gc_known_since``
+        (a header written before marks existed gives none, known since its version)."""
         self.shards = shards
         self.version = version
         self.heads = heads or [0] * shards
@@ -173,8 +172,8 @@ class LogState:
         self.total_bytes = total_bytes
         self.segment_count = segment_count
         self.timestamp_ms = timestamp_ms
-        self.gc_version = gc_version
-        self.gc_cutoff_ms = gc_cutoff_ms
+        self.gc_marks = list(gc_marks)
+        self.gc_known_since = gc_known_since
         if snapshots is None and version > 0:
             raise ValueError("a state past version 0 needs its snapshots")
         self._snapshots = snapshots
@@ -234,9 +233,10 @@ class LogState:
         self.version = commit.version
         self.timestamp_ms = commit.timestamp_ms
         if commit.gc is not None:
-            self.gc_version = commit.version
-            if self.gc_cutoff_ms is not None:  # an unknown maximum stays unknown
-                self.gc_cutoff_ms = max(self.gc_cutoff_ms, commit.gc.cutoff_ms)
+            self.gc_marks.append((commit.version, commit.gc.cutoff_ms))
+            if len(self.gc_marks) > MAX_KEPT_MARKS:
+                forgotten, _ = self.gc_marks.pop(0)
+                self.gc_known_since = max(self.gc_known_since, forgotten)
         if self._segments is not None:
             apply_segments(self._segments, commit)
         if self._snapshots is not None or self._segments is None:
@@ -286,11 +286,22 @@ class LogState:
             )
         return dataclasses.replace(writer, generation=known)
 
-    def staged_files(self, start: StagingStart | None, now_ms: int) -> StagedFiles:
+    @property
+    def gc_version(self) -> int:
+        """The newest version at which a garbage collection may have begun (0: none)."""
+        return max(self.gc_known_since, self.gc_marks[-1][0] if self.gc_marks else 0)
+
+    def staged_files(
+        self, start: StagingStart | None, now_ms: int, *, leased: bool = False
+    ) -> StagedFiles:
         """What a writer that began staging at ``start`` must do about its staged files
         before committing on this state (:func:`replog.format.gc.judge`)."""
         return judge(
-            start, gc_version=self.gc_version, gc_cutoff_ms=self.gc_cutoff_ms, now_ms=now_ms
+            start,
+            marks=self.gc_marks,
+            known_since=self.gc_known_since,
+            now_ms=now_ms,
+            leased=leased,
         )
 
     # -- segments ---------------------------------------------------------------------

@@ -55,17 +55,31 @@ class GarbageScan:
 
 
 def removed_since(log: ReplicationLog, state: LogState, cutoff_ms: int) -> set[str]:
-    """Paths removed by commits made after ``cutoff_ms`` (reads commits backwards)."""
-    removed: set[str] = set()
+    """Paths removed by commits made after ``cutoff_ms``.
+
+    Commit times come from each writer's clock, but versions are in real order: a commit
+    is at least as recent as any commit before it. So a commit counts as made after the
+    cut-off if it, or one before it, is stamped after it (a lagging writer's append
+    right after a compaction does not hide the compaction). Reads commits backwards
+    until one is older than the cut-off by more than the clock skew.
+    """
+    records = []
     for version in range(state.version, 0, -1):
         record = read_commit(log.storage, version)
-        if record is None or record.timestamp_ms <= cutoff_ms:
+        if record is None or record.timestamp_ms <= cutoff_ms - CLOCK_SKEW_MS:
             break
-        removed.update(segment.path for segment in record.remove)
+        records.append(record)
+    removed: set[str] = set()
+    newest_stamp = cutoff_ms - CLOCK_SKEW_MS
+    for record in reversed(records):  # oldest first
+        newest_stamp = max(newest_stamp, record.timestamp_ms)
+        if newest_stamp > cutoff_ms:
+            removed.update(segment.path for segment in record.remove)
     return removed
 
 
-def _first_seen(log: ReplicationLog) -> dict[str, int]:
+def read_first_seen(log: ReplicationLog) -> dict[str, int]:
+    """The first-seen notes of earlier collections (backends without file times)."""
     data = log.storage.read_optional(FIRST_SEEN_PATH)
     if data is None:
         return {}
@@ -94,6 +108,7 @@ def scan(
     *,
     now: int | None = None,
     mark_stamp_ms: int | None = None,
+    first_seen: dict[str, int] | None = None,
     pending: Collection[str] = (),
     remember: bool = True,
 ) -> GarbageScan:
@@ -103,9 +118,12 @@ def scan(
     ``mark_stamp_ms`` is the storage's time stamp of that mark (from :func:`begin`): file
     times come from the storage's clock, so they must also be older than it minus the
     grace. A collector whose clock runs ahead then never takes a file written after its
-    mark for an old one, and whole-second stamps stay on the right side of it. With
-    ``remember``, record first-seen times of unreferenced files whose backend gives no
-    modification time."""
+    mark for an old one, and whole-second stamps stay on the right side of it.
+
+    ``first_seen``: the first-seen notes as read before the mark (default: read now).
+    Notes written after the mark, by another collector (on another clock), may describe
+    files written after it. With ``remember``, record first-seen times of unreferenced
+    files whose backend gives no modification time."""
     now = now_ms() if now is None else now
     result = GarbageScan()
     state = log.refresh()
@@ -117,7 +135,7 @@ def scan(
     lease_cutoff = min((lease.acquired_ms for lease in live), default=None)
     protected = state.live_paths()
     recently_removed = removed_since(log, state, cutoff)
-    seen = _first_seen(log)
+    seen = read_first_seen(log) if first_seen is None else first_seen
     still_seen: dict[str, int] = {}
     pending = set(pending)
     candidates = []

@@ -90,6 +90,7 @@ def recover(
         if not dry_run:
             committer.resolve_pending(manifest)
         report.resolved[sink_id] = resolution
+    notes = garbage.read_first_seen(log)  # before the mark: see garbage.scan
     mark_stamp = None
     if not dry_run:  # before anything is deleted: writers staging from now on are safe
         mark_stamp = garbage.begin(log, cutoff)
@@ -98,6 +99,7 @@ def recover(
         grace_ms,
         now=now,
         mark_stamp_ms=mark_stamp,
+        first_seen=notes,
         pending=pending_files,
         remember=not dry_run,
     )

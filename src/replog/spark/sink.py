@@ -16,6 +16,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pyarrow as pa
 from pyspark import TaskContext
@@ -92,13 +93,16 @@ def validate_input_schema(schema: StructType) -> None:
 
 @dataclass(frozen=True)
 class ReplogCommitMessage(WriterCommitMessage):
-    """What one task staged, and for which query, run and epoch."""
+    """What one task staged, for which query, run and epoch, and when the micro-batch
+    began staging (from the writer Spark built when it planned the write: the committer
+    gets a writer built afresh, after the tasks staged)."""
 
     query_id: str | None
     run_id: str | None
     epoch: int | None
     partition: int
     segments: tuple[StagedSegment, ...]
+    since: StagingStart | None = None
 
 
 def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[ReplogCommitMessage]:
@@ -109,6 +113,15 @@ def _messages(messages: Sequence[WriterCommitMessage | None]) -> list[ReplogComm
 
 def _staged(messages: Sequence[WriterCommitMessage | None]) -> tuple[StagedSegment, ...]:
     return tuple(segment for message in _messages(messages) for segment in message.segments)
+
+
+def _since(messages: Sequence[ReplogCommitMessage]) -> StagingStart | None:
+    """The earliest staging start the tasks report (None if one does not say)."""
+    starts = [message.since for message in messages]
+    if not starts or any(start is None for start in starts):
+        return None
+    known = [start for start in starts if start is not None]
+    return StagingStart(min(s.version for s in known), min(s.ms for s in known))
 
 
 def _one(values: set[str | None], what: str) -> str | None:
@@ -180,6 +193,11 @@ class _Stager:
 
     options: SinkOptions
 
+    @property
+    def since(self) -> StagingStart:
+        """When the write began staging (before any task staged)."""
+        raise NotImplementedError
+
     def _stage_all(self, batches: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         context = TaskContext.get()
         query_id = context.getLocalProperty("sql.streaming.queryId") if context else None
@@ -211,15 +229,41 @@ class _Stager:
         except BaseException:
             log.discard_staged(staged)  # this task's files: never in any commit message
             raise
-        return ReplogCommitMessage(query_id, run_id, epoch, partition, tuple(staged))
+        return ReplogCommitMessage(
+            query_id, run_id, epoch, partition, tuple(staged), since=self.since
+        )
 
 
 class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
-    """One micro-batch of a streaming query (a fresh writer per micro-batch)."""
+    """One micro-batch of a streaming query.
 
-    def __init__(self, options: SinkOptions, since: StagingStart) -> None:
+    Spark builds one writer when it plans the micro-batch and pickles it into the tasks,
+    and builds another in its commit process, right before ``commit`` or ``abort``. The
+    staging start is taken when the writer is pickled (on the driver, before any task
+    stages) and reaches the committer in the tasks' commit messages; the committing
+    writer never reads it, and uses the target log it opened (one identity check).
+    """
+
+    def __init__(self, options: SinkOptions, log: ReplicationLog | None = None) -> None:
         self.options = options
-        self.since = since
+        self._log = log
+        self._since: StagingStart | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"options": self.options, "since": self.since}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.options, self._since, self._log = state["options"], state["since"], None
+
+    @property
+    def since(self) -> StagingStart:
+        """When this micro-batch began staging: taken once, from a refreshed log."""
+        if self._since is None:
+            self._since = StagingStart(self._target().refresh().version, now_ms())
+        return self._since
+
+    def _target(self) -> ReplicationLog:
+        return self._log if self._log is not None else _target_log(self.options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
@@ -230,18 +274,20 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
         staged = _staged(messages)
         if query_id is None and staged:
             raise SinkProtocolError("replog-sink: staged data without a streaming query id")
+        # Not self.since: Spark builds the committing writer afresh, after the tasks staged.
+        since = _since(received)
         return Batch(
             query_id=query_id or "",
             epoch=batch_id,
             staged=staged,
             run_id=_one({m.run_id for m in received}, "run ids"),
-            since_version=self.since.version,
-            since_ms=self.since.ms,
+            since_version=since.version if since else 0,
+            since_ms=since.ms if since else None,
         )
 
     def _committer(self) -> SinkCommitter:
         assert self.options.sink_id is not None
-        log = _target_log(self.options)
+        log = self._target()
         key = (id(log), self.options.sink_id)
         if key not in _COMMITTERS:
             _COMMITTERS[key] = SinkCommitter(log, self.options.sink_id)
@@ -291,8 +337,13 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
 
     def __init__(self, options: SinkOptions, since: StagingStart, lease: leases.Lease) -> None:
         self.options = options
-        self.since = since
+        self._since = since
         self.lease = lease
+
+    @property
+    def since(self) -> StagingStart:
+        """Taken when the job was planned (Spark pickles this writer to its committer)."""
+        return self._since
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
@@ -308,7 +359,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
         attempt = CommitAttempt()
         try:
             record = log.commit_staged(
-                staged, writer=self._writer(), attempt=attempt, since=self.since
+                staged, writer=self._writer(), attempt=attempt, since=self.since, leased=True
             )
         except BaseException:
             log.discard_after(attempt, staged)
@@ -368,7 +419,7 @@ class ReplogSinkDataSource(DataSource):
 
     def streamWriter(self, schema: StructType, overwrite: bool) -> ReplogStreamWriter:
         options, log = self._open(schema, streaming=True)
-        return ReplogStreamWriter(options, StagingStart(log.refresh().version, now_ms()))
+        return ReplogStreamWriter(options, log)
 
     def writer(self, schema: StructType, overwrite: bool) -> ReplogBatchWriter:
         if overwrite:
