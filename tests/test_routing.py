@@ -25,6 +25,18 @@ def test_vectorised_hash_matches_reference_for_mixed_lengths() -> None:
     assert [int(h) for h in hashed] == [fnv1a_64(k.encode()) for k in keys]
 
 
+def test_vectorised_hash_matches_reference_for_many_random_keys() -> None:
+    """Enough keys of every length that the vectorised steps (not only the tail loop)
+    hash keys that end at different byte positions, multi-byte characters included."""
+    import random
+
+    rng = random.Random(3)
+    alphabet = "abcxyz-/0123ü€𝄞"
+    keys = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 40))) for _ in range(3000)]
+    hashed = fnv1a_64_array(pa.array(keys))
+    assert [int(h) for h in hashed] == [fnv1a_64(k.encode()) for k in keys]
+
+
 def test_vectorised_hash_on_sliced_and_chunked_arrays() -> None:
     keys = [f"key-{i}" for i in range(1000)]
     sliced = pa.array(keys).slice(100, 50)

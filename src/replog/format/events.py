@@ -7,6 +7,10 @@ which is also the Spark schema of the ``replog`` source.
 
 Payloads (``data``, ``before``) are bytes, stored byte for byte. A payload given as a
 JSON value is stored as its exact JSON text (:mod:`replog.format.jsontext`).
+
+``pyarrow.compute`` is imported where it is used, not with this module: Spark starts a
+Python process per streaming query that imports replog to plan it, and planning needs no
+compute kernel (the import costs ~30 ms of every query).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from replog.errors import InvalidEventError
 from replog.format import jsontext
@@ -225,6 +228,7 @@ def _is_text_or_binary(kind: pa.DataType) -> bool:
 
 def _check_metadata(metadata: pa.ChunkedArray) -> None:
     """Every non-null value must be a JSON object (checked once per distinct value)."""
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
     for value in pc.unique(metadata.drop_null()).to_pylist():
         if not jsontext.is_object_text(value):
             raise InvalidEventError(
@@ -233,6 +237,7 @@ def _check_metadata(metadata: pa.ChunkedArray) -> None:
 
 
 def _check_timestamps(timestamp: pa.ChunkedArray) -> None:
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
     bounds = pc.min_max(timestamp.cast(pa.int64())).as_py()
     low, high = bounds["min"], bounds["max"]
     if low is not None and (low < MIN_TIMESTAMP_US or high > MAX_TIMESTAMP_US):
@@ -254,6 +259,7 @@ def events_from_table(
     Columns are matched by name (see :data:`INPUT_COLUMNS`); ``shard``/``sequence`` are
     ignored; any other column is an error naming it. Vectorised: this is the sink's hot path.
     """
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     names = set(table.column_names)

@@ -59,25 +59,31 @@ def fnv1a_64_array(keys: pa.Array | pa.ChunkedArray) -> np.ndarray:
     )
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
-    # Longest keys first, so the keys still being hashed at byte j are a prefix.
+    # Longest keys first, so the keys still being hashed at byte j are a prefix: each step
+    # works on a contiguous slice (no scatter), and the order is undone once at the end.
     order = np.argsort(-lengths, kind="stable")
-    sorted_lengths = lengths[order]
+    sorted_starts = starts[order]
+    descending = -lengths[order]
+    running = np.full(count, FNV64_OFFSET, dtype=np.uint64)
     prime = np.uint64(FNV64_PRIME)
+    longest = int(-descending[0])
     position = 0
     active = count
-    while position < int(sorted_lengths[0]):
-        active = int(np.searchsorted(-sorted_lengths, -position, side="left"))
+    while position < longest:
+        active = int(np.searchsorted(descending, -position, side="left"))
         if active < VECTOR_MIN_KEYS:
             break
-        rows = order[:active]
-        hashes[rows] ^= data[starts[rows] + position].astype(np.uint64)
-        hashes[rows] *= prime
+        head = running[:active]
+        head ^= data[sorted_starts[:active] + position]
+        head *= prime
         position += 1
     else:
-        return hashes
-    for row in order[:active].tolist():
-        tail = data[starts[row] + position : starts[row] + lengths[row]].tobytes()
-        hashes[row] = _fnv1a_64_continue(int(hashes[row]), tail)
+        active = 0
+    for index in range(active):
+        start = int(sorted_starts[index])
+        tail = data[start + position : start - int(descending[index])].tobytes()
+        running[index] = _fnv1a_64_continue(int(running[index]), tail)
+    hashes[order] = running
     return hashes
 
 
