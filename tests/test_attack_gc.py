@@ -10,13 +10,13 @@ pin behaviour that held up under attack.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from support.logcheck import check_log
 from support.logs import filled_log, log_rows
+from support.recovering import HeldRecover
 
 from replog.checkpoints.consumers import OffsetCommitter, committed_position
 from replog.checkpoints.manifest import SinkCommitStatus
@@ -276,27 +276,7 @@ def test_concurrent_recovers_on_a_backend_without_times_delete_a_file_staged_aft
     grace = 5 * 60_000
 
     slow = ReplicationLog.from_storage(as_class(Storage(url), NoTimes))
-    listing, resume = threading.Event(), threading.Event()
-    real_list = slow.storage._list_once
-
-    def slow_list(path: str) -> list[str]:
-        if path.rstrip("/").endswith("/" + SHARDS_DIR) and not listing.is_set():
-            listing.set()
-            assert resume.wait(30)
-        return real_list(path)
-
-    monkeypatch.setattr(slow.storage, "_list_once", slow_list)
-    errors: list[BaseException] = []
-
-    def run_slow() -> None:
-        try:
-            recovery.recover(slow, grace_ms=grace)
-        except BaseException as exc:
-            errors.append(exc)
-
-    first = threading.Thread(target=run_slow)
-    first.start()
-    assert listing.wait(30)  # R1 has committed its mark and taken its listed_ms
+    first = HeldRecover(slow, monkeypatch, grace_ms=grace)  # R1: mark in, listed_ms taken
     clock["offset"] = 6 * 60_000  # R1's listing goes on for 6 minutes
 
     second = ReplicationLog.from_storage(as_class(Storage(url), NoTimes))
@@ -308,15 +288,11 @@ def test_concurrent_recovers_on_a_backend_without_times_delete_a_file_staged_aft
         if path.rstrip("/").endswith("/" + SHARDS_DIR) and "staged" not in begun:
             begun["since"] = StagingStart(writer.refresh().version, now_ms())  # R2's mark in
             begun["staged"] = writer.stage(log_rows(6, 500))
-            resume.set()
-            first.join(30)  # R1's listing reaches F and notes it
-            assert not first.is_alive()
+            first.join()  # R1's listing reaches F and notes it
         return real_second_list(path)
 
     monkeypatch.setattr(second.storage, "_list_once", second_list)
     report = recovery.recover(second, grace_ms=grace)
-    first.join(30)
-    assert not errors, errors
     assert writer.refresh().gc_version <= begun["since"].version  # no mark since it began
     deleted = set(report.garbage) & {s.path for s in begun["staged"]}
     try:
@@ -366,34 +342,12 @@ def test_a_deletion_between_the_writers_probe_and_its_put_is_not_caught(
     staged = log.stage(log_rows(6, 500))  # outlives --grace 0
     time.sleep(0.01)
 
-    collector = ReplicationLog.open(url)
-    listing, resume = threading.Event(), threading.Event()
-    real_list = collector.storage._list_once
-
-    def paused_list(path: str) -> list[str]:
-        if path.rstrip("/").endswith("/" + SHARDS_DIR) and not listing.is_set():
-            listing.set()
-            assert resume.wait(30)
-        return real_list(path)
-
-    monkeypatch.setattr(collector.storage, "_list_once", paused_list)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            recovery.recover(collector, grace_ms=0)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    assert listing.wait(30)  # the mark is in
+    held = HeldRecover(ReplicationLog.open(url), monkeypatch, grace_ms=0)  # the mark is in
     real_put = log.storage.put_if_absent
 
     def put(relative: str, data: bytes, **kw) -> None:
-        if relative.startswith("_replog/commits/") and not resume.is_set():
-            resume.set()  # the writer has probed; recover lists and deletes now
-            thread.join(30)
+        if relative.startswith("_replog/commits/") and not held.resumed:
+            held.join()  # the writer has probed; recover lists and deletes now
         real_put(relative, data, **kw)
 
     monkeypatch.setattr(log.storage, "put_if_absent", put)
@@ -401,9 +355,7 @@ def test_a_deletion_between_the_writers_probe_and_its_put_is_not_caught(
     # so its files may go at any moment; no check could make committing them safe.
     with pytest.raises(StagingCollectedError):
         log.commit_staged(staged, since=since)
-    resume.set()  # let the collection finish: it deletes the files
-    thread.join(30)
-    assert not thread.is_alive() and not errors, errors
+    held.join()  # let the collection finish: it deletes the files
     assert not any(log.storage.exists(s.path) for s in staged)
     names_no_deleted_file(url)
 

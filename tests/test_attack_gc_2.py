@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import json
 import pickle
-import threading
 import time
 from pathlib import Path
 
@@ -29,6 +28,7 @@ import pytest
 from pyspark.sql.types import StringType, StructField, StructType
 from support.logcheck import check_log
 from support.logs import filled_log, log_rows
+from support.recovering import HeldRecover
 
 from replog.errors import MissingFileError, StagingCollectedError
 from replog.format import history, leases
@@ -347,46 +347,20 @@ def test_on_a_log_upgraded_from_0_2_a_deletion_between_probe_and_put_still_loses
     staged = writer.stage(log_rows(6, 500))
     time.sleep(0.01)
 
-    collector = ReplicationLog.open(url)
-    listing, resume = threading.Event(), threading.Event()
-    real_list = collector.storage._list_once
+    held = HeldRecover(ReplicationLog.open(url), monkeypatch, grace_ms=0)  # the mark is in
+    real_put = writer.storage.put_if_absent
 
-    def paused_list(path: str) -> list[str]:
-        if path.rstrip("/").endswith("/" + SHARDS_DIR) and not listing.is_set():
-            listing.set()
-            assert resume.wait(30)
-        return real_list(path)
+    def put(relative: str, data: bytes, **kw) -> None:
+        if relative.startswith("_replog/commits/") and not held.resumed:
+            held.join()  # the writer has probed; recover lists and deletes now
+        real_put(relative, data, **kw)
 
-    monkeypatch.setattr(collector.storage, "_list_once", paused_list)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            recovery.recover(collector, grace_ms=0)
-        except BaseException as exc:
-            errors.append(exc)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    try:
-        assert listing.wait(30)  # the mark is in
-        real_put = writer.storage.put_if_absent
-
-        def put(relative: str, data: bytes, **kw) -> None:
-            if relative.startswith("_replog/commits/") and not resume.is_set():
-                resume.set()  # the writer has probed; recover lists and deletes now
-                thread.join(30)
-            real_put(relative, data, **kw)
-
-        monkeypatch.setattr(writer.storage, "put_if_absent", put)
-        # Fixed: the state lists the marks after the old header with their cut-offs; this
-        # write began after that header, so the mark's cut-off (grace 0) refuses it.
-        with pytest.raises(StagingCollectedError):
-            writer.commit_staged(staged, since=since)
-    finally:
-        resume.set()
-        thread.join(30)
-    assert not thread.is_alive() and not errors, errors
+    monkeypatch.setattr(writer.storage, "put_if_absent", put)
+    # Fixed: the state lists the marks after the old header with their cut-offs; this
+    # write began after that header, so the mark's cut-off (grace 0) refuses it.
+    with pytest.raises(StagingCollectedError):
+        writer.commit_staged(staged, since=since)
+    held.join()
     assert [v for v, _ in writer.state().gc_marks] == [21]
     names_no_deleted_file(url)
 
