@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import logging
 import uuid
 from collections import Counter
 
 from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.errors import ReplogError
+from replog.format.commits import now_ms
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention
@@ -89,11 +91,20 @@ def run(seed: int, totals: Counter[str]) -> Counter[str]:
         for _attempt in range(30):  # Spark retries an epoch until it commits
             outcome["operations"] += 1
             run_id = f"run-{generation}"
-            staged: tuple = ()
+            attempt = Batch("q", round_, run_id=run_id)
             try:
                 committer = SinkCommitter(process.log, "sink")
+                # as Spark's planning writer records it, before the tasks stage
+                attempt = Batch(
+                    "q",
+                    round_,
+                    run_id=run_id,
+                    since_version=process.log.refresh().version,
+                    since_ms=now_ms(),
+                )
                 staged = tuple(process.log.stage(events_from_records(events(f"s{round_}", 6))))
-                committer.commit(Batch("q", round_, staged, run_id=run_id))
+                attempt = dataclasses.replace(attempt, staged=staged)
+                committer.commit(attempt)
                 break
             except FAILURES as exc:
                 outcome["failed operations"] += 1
@@ -101,7 +112,7 @@ def run(seed: int, totals: Counter[str]) -> Counter[str]:
                     restart()
                     continue
                 with contextlib.suppress(*FAILURES):  # Spark ignores a failing abort
-                    committer.abort(Batch("q", round_, staged, run_id=run_id), "retry")
+                    committer.abort(attempt, "retry")
         else:
             raise AssertionError(f"seed {seed}: epoch {round_} never committed")
         acknowledged |= {f"s{round_}-{i}" for i in range(6)}

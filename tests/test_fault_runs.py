@@ -11,12 +11,14 @@ once, every checksum holds, and ``recover`` deletes nothing live.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import pytest
 from support.logcheck import check_log
 
 from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.errors import ReplogError
+from replog.format.commits import now_ms
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery
@@ -50,15 +52,19 @@ def test_random_storage_faults_lose_and_double_nothing(memory_url: str, seed: in
             uncertain[f"a{round_}"] = ids  # the append failed: landed whole, or not at all
         committer = SinkCommitter(log, "sink")
         for _attempt in range(20):  # Spark retries the epoch until it commits
-            staged: tuple = ()
-            try:
+            attempt = Batch("q", round_, run_id="r1")
+            try:  # the staging start, as Spark's planning writer records it
+                attempt = Batch(
+                    "q", round_, run_id="r1", since_version=log.refresh().version, since_ms=now_ms()
+                )
                 staged = tuple(log.stage(events_from_records(events(f"s{round_}", 8))))
-                committer.commit(Batch("q", round_, staged, run_id="r1"))
+                attempt = dataclasses.replace(attempt, staged=staged)
+                committer.commit(attempt)
                 break
             except (ReplogError, OSError):
                 # Spark ignores a failing abort too; garbage is then recover's job.
                 with contextlib.suppress(ReplogError, OSError):
-                    committer.abort(Batch("q", round_, staged, run_id="r1"), "retry")
+                    committer.abort(attempt, "retry")
         else:
             pytest.fail(f"epoch {round_} never committed under seed {seed}")
         acknowledged |= {f"s{round_}-{i}" for i in range(8)}
