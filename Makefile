@@ -21,10 +21,16 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install replog with its dev tools
 
+# Bytecode for replog, as pip writes it for an installed wheel: with PYTHONDONTWRITEBYTECODE
+# set (as on these machines), every Python process Spark starts would compile replog anew.
+BYTECODE := $(PY) -m compileall -q src
+
 demo: $(STAMP) ## the main job: CDC workload -> replog -> Spark (mask PII) -> replog-sink, exactly once
+	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
 
 test: $(STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
+	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## run the tests that need neither Spark nor subprocesses
@@ -39,6 +45,7 @@ dist: $(STAMP) ## build the wheel into dist/
 	$(PY) -m build --wheel --outdir dist .
 
 bench: $(STAMP) ## run the benchmarks (minutes; figures go to docs/BENCHMARKS.md)
+	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_log.py
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_source.py
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_sink.py

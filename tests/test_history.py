@@ -182,7 +182,8 @@ def test_the_hint_carries_the_header_it_names(memory_url: str) -> None:
     storage = counting_log(memory_url)
     assert ReplicationLog.from_storage(storage).refresh().version == 35
     assert storage.matching("read", "/snapshots/") == 0
-    assert storage.counts["read"] == 12, storage.counts  # descriptor, hint, 10 commits
+    # descriptor, hint, commits 31..36 (one by one here; a parallel window on S3)
+    assert storage.counts["read"] == 8, storage.counts
     hint = json.loads(storage.read(history.SNAPSHOT_HINT_PATH))
     assert hint["version"] == 30 and hint["copy"]["version"] == 30
     hint["copy"]["heads"]["0"] += 1  # its seal no longer holds
@@ -204,8 +205,8 @@ def test_a_hint_moved_back_by_a_slow_writer_costs_one_window(memory_url: str) ->
         state.version == 45
         and dict(enumerate(state.heads)) == ReplicationLog.open(memory_url).head()
     )
-    # commits 11..20 (the window that reveals the lag), then 41..50 after header 40
-    assert storage.counts["commit read"] == 20, storage.counts
+    # commits 11..20 (a full window reveals the lag), then 41..46 after header 40
+    assert storage.counts["commit read"] == 16, storage.counts
 
 
 def test_verify_checks_every_checksummed_file(memory_url: str) -> None:

@@ -18,7 +18,6 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -383,8 +382,9 @@ class ReplicationLog:
         ``replog recover`` whose grace period was shorter than this write)."""
         if not staged:
             return
-        with ThreadPoolExecutor(max_workers=min(CHECK_THREADS, len(staged))) as pool:
-            present = list(pool.map(lambda s: self.storage.exists(s.path), staged))
+        present = self.storage.map(
+            lambda s: self.storage.exists(s.path), staged, threads=CHECK_THREADS
+        )
         missing = [s.path for s, ok in zip(staged, present, strict=True) if not ok]
         if missing:
             raise MissingFileError(

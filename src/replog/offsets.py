@@ -150,6 +150,7 @@ def for_timestamp(log: ReplicationLog, state: LogState, timestamp_ms: int) -> Of
     with later times are not.
     """
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
     offsets: Offsets = {}
     for shard in range(log.shards):
         offsets[shard] = state.heads[shard]

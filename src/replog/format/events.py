@@ -229,6 +229,7 @@ def _is_text_or_binary(kind: pa.DataType) -> bool:
 def _check_metadata(metadata: pa.ChunkedArray) -> None:
     """Every non-null value must be a JSON object (checked once per distinct value)."""
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
     for value in pc.unique(metadata.drop_null()).to_pylist():
         if not jsontext.is_object_text(value):
             raise InvalidEventError(
@@ -238,6 +239,7 @@ def _check_metadata(metadata: pa.ChunkedArray) -> None:
 
 def _check_timestamps(timestamp: pa.ChunkedArray) -> None:
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
     bounds = pc.min_max(timestamp.cast(pa.int64())).as_py()
     low, high = bounds["min"], bounds["max"]
     if low is not None and (low < MIN_TIMESTAMP_US or high > MAX_TIMESTAMP_US):
@@ -260,6 +262,7 @@ def events_from_table(
     ignored; any other column is an error naming it. Vectorised: this is the sink's hot path.
     """
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
     names = set(table.column_names)

@@ -14,7 +14,6 @@ falling back to an older one (or to the commits from version 1), with a warning.
 from __future__ import annotations
 
 import logging
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pyarrow as pa
@@ -85,12 +84,11 @@ def read_commit(storage: Storage, version: int) -> CommitRecord | None:
 
 
 def read_commits(storage: Storage, first: int, last: int) -> list[CommitRecord]:
-    """Commits ``first..last``, which must all exist, read in parallel."""
+    """Commits ``first..last``, which must all exist (read in parallel on remote storage)."""
     if last < first:
         return []
     versions = range(first, last + 1)
-    with ThreadPoolExecutor(max_workers=min(READ_THREADS, len(versions))) as pool:
-        records = list(pool.map(lambda version: read_commit(storage, version), versions))
+    records = storage.map(lambda v: read_commit(storage, v), versions, threads=READ_THREADS)
     for version, record in zip(versions, records, strict=True):
         if record is None:
             raise CorruptionError(
@@ -104,25 +102,23 @@ def catch_up(
     storage: Storage, state: LogState, *, limit: int | None = None, window: int = 1
 ) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
-    and more may follow. Reads ``window`` commits at once, then twice as many while all
-    exist (in parallel, up to :data:`READ_THREADS`)."""
+    and more may follow. On remote storage reads ``window`` commits at once, then twice as
+    many while all exist (in parallel); elsewhere one at a time, stopping at the first
+    that does not exist."""
+    if not storage.is_remote:
+        window = 1
     applied = 0
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
         first = state.version + 1
-        if count == 1:
-            records = [read_commit(storage, first)]
-        else:
-            with ThreadPoolExecutor(max_workers=count) as pool:
-                records = list(
-                    pool.map(lambda v: read_commit(storage, v), range(first, first + count))
-                )
+        versions = range(first, first + count)
+        records = storage.map(lambda v: read_commit(storage, v), versions, threads=count)
         for record in records:
             if record is None:
                 return True
             state.apply(record)
             applied += 1
-        window = max(min(window * 2, READ_THREADS), window)
+        window = max(min(window * 2, READ_THREADS), window) if storage.is_remote else 1
     return False
 
 

@@ -125,6 +125,7 @@ def encode_segment(table: pa.Table) -> bytes:
 def timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
     """Min and max event time of the rows, in ms since the epoch (0, 0 for no rows)."""
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
     if table.num_rows == 0:
         return 0, 0
     bounds = pc.min_max(table.column("timestamp").cast(pa.int64())).as_py()
@@ -205,6 +206,7 @@ def read_segment(
 def row_sizes(table: pa.Table) -> np.ndarray:
     """Approximate bytes of each row (its variable-length values plus fixed columns)."""
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
     sizes = np.full(table.num_rows, 24, dtype=np.int64)
     for name in ("event_id", "collection", "key", "data", "before", "metadata"):
         lengths = pc.binary_length(table.column(name)).to_numpy(zero_copy_only=False)

@@ -20,6 +20,7 @@ import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -31,6 +32,7 @@ from replog.storage import backends
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+U = TypeVar("U")
 
 SECRET_OPTION_WORDS = ("secret", "key", "token", "password", "credential", "session")
 """Storage options whose name contains one of these words are never shown or coerced."""
@@ -132,6 +134,19 @@ class Storage:
     @property
     def is_local(self) -> bool:
         return self.kind == "local"
+
+    @property
+    def is_remote(self) -> bool:
+        """Whether a request waits on a network (then several are worth sending at once)."""
+        return self.kind not in ("local", "memory")
+
+    def map(self, function: Callable[[T], U], items: Sequence[T], *, threads: int = 8) -> list[U]:
+        """``function`` over ``items``, in order: in up to ``threads`` threads on remote
+        storage, one by one elsewhere (a thread costs more than a read from local disk)."""
+        if not self.is_remote or len(items) < 2:
+            return [function(item) for item in items]
+        with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
+            return list(pool.map(function, items))
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
