@@ -8,6 +8,9 @@ events into ``noop``; then ``--repeat`` later queries (each a new checkpoint), a
 tasks of 125 pre-built rows (``ceiling.py``), and the same with 1 task (replog plans a
 1,000-event batch over 8 shards as one task).
 
+Then, in one session, later queries of replog and of the 1-task floor alternate (less
+noise than separate processes): whole query, start() to the first batch, the batch.
+
 Run: PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/bench_fixed.py
 """
 
@@ -113,6 +116,54 @@ def measure(source: str, paths: dict[str, str], repeat: int) -> dict[str, object
     }
 
 
+def interleaved(paths: dict[str, str], rounds: int) -> dict[str, tuple[float, float, float]]:
+    """Later queries of replog and of the 1-task floor, alternating in one session:
+    medians of (whole query, start() to its first batch, the batch)."""
+    import datetime
+
+    from ceiling import CeilingSource
+    from workload import bench_session
+
+    spark = bench_session()
+    spark.dataSource.register(CeilingSource)
+    root = Path(tempfile.mkdtemp(prefix="replog-bench-fixed-"))
+    frames = {
+        "replog": lambda: spark.readStream.format("replog").load(paths["log"]),
+        "python floor, 1 task": lambda: (
+            spark.readStream.format("ceiling")
+            .option("rows", str(EVENTS))
+            .option("tasks", "1")
+            .option("template", paths["template"])
+            .load()
+        ),
+    }
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in frames}
+    for index in range(rounds + 1):  # round 0 warms up
+        for name, frame in frames.items():
+            started = time.time()
+            query = (
+                frame()
+                .writeStream.format("noop")
+                .option("checkpointLocation", str(root / f"{name}-{index}"))
+                .trigger(availableNow=True)
+                .start()
+            )
+            query.awaitTermination()
+            seconds = time.time() - started
+            progress = query.recentProgress
+            first = datetime.datetime.strptime(progress[0]["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+            to_first = first.replace(tzinfo=datetime.timezone.utc).timestamp() - started
+            batch = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+            if index:
+                runs[name].append((seconds, to_first, batch))
+    spark.stop()
+    shutil.rmtree(root, ignore_errors=True)
+    return {
+        name: tuple(statistics.median(column) for column in zip(*values, strict=True))  # type: ignore[misc]
+        for name, values in runs.items()
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--repeat", type=int, default=5)
@@ -145,6 +196,7 @@ def main() -> None:
             )
             [line] = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
             results[source] = json.loads(line.removeprefix("RESULT "))
+        alternating = interleaved(paths, args.repeat + 3)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     columns = ("first load", "first query", "later query", "micro-batch")
@@ -152,6 +204,14 @@ def main() -> None:
     print("|---|" + "---|" * len(columns))
     for source, values in results.items():
         print(f"| {source} | " + " | ".join(f"{values[c]:.2f} s" for c in columns) + " |")
+    print()
+    print(
+        f"| later queries, alternating in one session (median of {args.repeat + 3}) "
+        "| whole query | start() to first batch | batches |"
+    )
+    print("|---|---|---|---|")
+    for source, (whole, to_first, batch) in alternating.items():
+        print(f"| {source} | {whole:.3f} s | {to_first:.3f} s | {batch:.3f} s |")
 
 
 if __name__ == "__main__":
