@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import pytest
-from support.logcheck import check_log
+from support.logcheck import check_intact, check_log
 from support.logs import filled_log, log_rows
-from support.recovering import HeldRecover
+from support.recovering import HeldRecover, commit_after_recover, commit_during_recover
+from support.storages import NoTimes, WholeSeconds, as_class
 
 from replog.checkpoints.consumers import OffsetCommitter, committed_position
 from replog.checkpoints.manifest import SinkCommitStatus
@@ -29,40 +30,9 @@ from replog.format.gc import CHECK_AFTER_MS, StagingStart
 from replog.format.segments import SHARDS_DIR
 from replog.log import ReplicationLog
 from replog.ops import garbage, recovery
-from replog.ops.verify import verify
 from replog.storage import Storage
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def names_no_deleted_file(url: str) -> None:
-    """The log's commits name only files that exist, and every event reads back once."""
-    final = ReplicationLog.open(url)
-    report = verify(final)
-    assert report.ok, f"a commit names a deleted file: {report}"
-    check_log(final)
-
-
-class NoTimes(Storage):
-    """A backend that reports no modification times (first-seen stamps are used)."""
-
-    def _modified_once(self, path: str) -> int | None:
-        return None
-
-
-class WholeSeconds(Storage):
-    """A backend whose modification times have whole-second precision (S3's
-    ``Last-Modified`` header, as s3fs's HEAD reports it)."""
-
-    def _modified_once(self, path: str) -> int | None:
-        stamp = super()._modified_once(path)
-        return None if stamp is None else stamp - stamp % 1000
-
-
-def as_class(storage: Storage, cls: type[Storage]) -> Storage:
-    copy = storage.child("")
-    copy.__class__ = cls
-    return copy
 
 
 # == 1. Sealed copies in forward pointers ================================================
@@ -226,7 +196,7 @@ def test_recover_on_a_clock_ahead_of_storage_deletes_files_staged_after_its_mark
     except (MissingFileError, StagingCollectedError):
         return  # the safe outcome: nothing names the deleted file
     assert not deleted, f"recover deleted {sorted(deleted)} and a commit now names them"
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 def test_recover_with_a_subsecond_grace_on_whole_second_stamps_deletes_a_fresh_file(
@@ -245,13 +215,7 @@ def test_recover_with_a_subsecond_grace_on_whole_second_stamps_deletes_a_fresh_f
     while not 400 <= now_ms() % 1000 < 600:  # recover's now: mid-second
         time.sleep(0.01)
     report = recovery.recover(collector, grace_ms=250)
-    deleted = set(report.garbage) & {s.path for s in begun["staged"]}
-    try:
-        writer.commit_staged(begun["staged"], since=begun["since"])
-    except (MissingFileError, StagingCollectedError):
-        return
-    assert not deleted, f"recover deleted {sorted(deleted)} and a commit now names them"
-    names_no_deleted_file(url)
+    commit_after_recover(writer, begun["staged"], begun["since"], report)
 
 
 def test_concurrent_recovers_on_a_backend_without_times_delete_a_file_staged_after_a_mark(
@@ -294,13 +258,7 @@ def test_concurrent_recovers_on_a_backend_without_times_delete_a_file_staged_aft
     monkeypatch.setattr(second.storage, "_list_once", second_list)
     report = recovery.recover(second, grace_ms=grace)
     assert writer.refresh().gc_version <= begun["since"].version  # no mark since it began
-    deleted = set(report.garbage) & {s.path for s in begun["staged"]}
-    try:
-        writer.commit_staged(begun["staged"], since=begun["since"])
-    except (MissingFileError, StagingCollectedError):
-        return
-    assert not deleted, f"recover deleted {sorted(deleted)} and a commit now names them"
-    names_no_deleted_file(url)
+    commit_after_recover(writer, begun["staged"], begun["since"], report)
 
 
 def test_a_collector_that_commits_no_mark_is_caught_by_a_write_that_staged_for_long(
@@ -325,7 +283,7 @@ def test_a_collector_that_commits_no_mark_is_caught_by_a_write_that_staged_for_l
     assert {s.path for s in staged} <= set(found.garbage)
     with pytest.raises(MissingFileError, match="gone before their commit"):
         log.commit_staged(staged, since=since)
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 def test_a_deletion_between_the_writers_probe_and_its_put_is_not_caught(
@@ -342,22 +300,12 @@ def test_a_deletion_between_the_writers_probe_and_its_put_is_not_caught(
     staged = log.stage(log_rows(6, 500))  # outlives --grace 0
     time.sleep(0.01)
 
-    held = HeldRecover(ReplicationLog.open(url), monkeypatch, grace_ms=0)  # the mark is in
-    real_put = log.storage.put_if_absent
-
-    def put(relative: str, data: bytes, **kw) -> None:
-        if relative.startswith("_replog/commits/") and not held.resumed:
-            held.join()  # the writer has probed; recover lists and deletes now
-        real_put(relative, data, **kw)
-
-    monkeypatch.setattr(log.storage, "put_if_absent", put)
     # Now refused before any put: the mark's cut-off (grace 0) is after the write began,
     # so its files may go at any moment; no check could make committing them safe.
-    with pytest.raises(StagingCollectedError):
-        log.commit_staged(staged, since=since)
-    held.join()  # let the collection finish: it deletes the files
+    with pytest.raises(StagingCollectedError):  # a recover holds; it deletes before the put
+        commit_during_recover(log, staged, since, monkeypatch, grace_ms=0)
     assert not any(log.storage.exists(s.path) for s in staged)
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 def test_a_cold_writer_on_a_header_without_gc_version_still_probes(
@@ -392,7 +340,7 @@ def test_a_cold_writer_on_a_header_without_gc_version_still_probes(
     assert cold.refresh().gc_version == 20
     with pytest.raises((MissingFileError, StagingCollectedError)):
         cold.commit_staged(staged, since=since)
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 def test_a_moved_back_hint_copy_older_than_the_mark_still_makes_a_cold_writer_probe(
@@ -421,4 +369,4 @@ def test_a_moved_back_hint_copy_older_than_the_mark_still_makes_a_cold_writer_pr
     cold = ReplicationLog.open(url)
     with pytest.raises((MissingFileError, StagingCollectedError)):
         cold.commit_staged(staged, since=since)
-    names_no_deleted_file(url)
+    check_intact(url)

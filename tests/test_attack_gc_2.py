@@ -26,9 +26,10 @@ from pathlib import Path
 
 import pytest
 from pyspark.sql.types import StringType, StructField, StructType
-from support.logcheck import check_log
+from support.logcheck import check_intact, check_log
 from support.logs import filled_log, log_rows
-from support.recovering import HeldRecover
+from support.recovering import commit_after_recover, commit_during_recover
+from support.storages import NoTimes, as_class
 
 from replog.errors import MissingFileError, StagingCollectedError
 from replog.format import history, leases
@@ -47,27 +48,6 @@ SCHEMA = StructType([StructField("key", StringType()), StructField("data", Strin
 MINUTE = 60_000
 
 # -- helpers ------------------------------------------------------------------------------
-
-
-def names_no_deleted_file(url: str) -> None:
-    """The log's commits name only files that exist, and every event reads back once."""
-    final = ReplicationLog.open(url)
-    report = verify(final)
-    assert report.ok, f"a commit names a deleted file: {report.problems}"
-    check_log(final)
-
-
-class NoTimes(Storage):
-    """A backend that reports no modification times (first-seen stamps are used)."""
-
-    def _modified_once(self, path: str) -> int | None:
-        return None
-
-
-def as_class(storage: Storage, cls: type[Storage]) -> Storage:
-    copy = storage.child("")
-    copy.__class__ = cls
-    return copy
 
 
 @pytest.fixture
@@ -141,7 +121,7 @@ def test_spark_stream_commit_takes_its_staging_start_after_staging_and_commits_c
     writer = commit_process(source)
     with contextlib.suppress(MissingFileError, StagingCollectedError):  # the safe outcome
         writer.commit([message], 0)
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 # == 2. The streaming sink's abort looks for its commit only after "now" ===================
@@ -179,7 +159,7 @@ def test_spark_stream_abort_after_the_commit_landed_deletes_the_committed_files(
     commit_process(source).abort([message], 0)  # Spark's abort of the failed commit
     missing = [s.path for s in message.segments if not Path(url, s.path).exists()]
     assert not missing, f"abort deleted {missing}, which commit 2 names: events lost"
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 # == 3. A leased batch write refused by a routine recover ==================================
@@ -269,7 +249,7 @@ def test_a_short_grace_recover_before_a_write_began_gets_it_refused_by_a_later_r
         writer.commit_staged(staged, since=since)
     except StagingCollectedError as exc:
         pytest.fail(f"refused although no collection could take its files: {exc}")
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 def test_a_long_grace_mark_after_the_write_began_alone_is_safe(tmp_path: Path) -> None:
@@ -291,7 +271,7 @@ def test_a_long_grace_mark_after_the_write_began_alone_is_safe(tmp_path: Path) -
     writer.storage.exists = exists  # type: ignore[method-assign]
     writer.commit_staged(staged, since=since)
     assert not [p for p in probes if p.startswith(SHARDS_DIR)]
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 # == 5. An unknown cut-off (upgraded log) stays unknown forever: back to probe-then-put =====
@@ -347,22 +327,12 @@ def test_on_a_log_upgraded_from_0_2_a_deletion_between_probe_and_put_still_loses
     staged = writer.stage(log_rows(6, 500))
     time.sleep(0.01)
 
-    held = HeldRecover(ReplicationLog.open(url), monkeypatch, grace_ms=0)  # the mark is in
-    real_put = writer.storage.put_if_absent
-
-    def put(relative: str, data: bytes, **kw) -> None:
-        if relative.startswith("_replog/commits/") and not held.resumed:
-            held.join()  # the writer has probed; recover lists and deletes now
-        real_put(relative, data, **kw)
-
-    monkeypatch.setattr(writer.storage, "put_if_absent", put)
     # Fixed: the state lists the marks after the old header with their cut-offs; this
     # write began after that header, so the mark's cut-off (grace 0) refuses it.
-    with pytest.raises(StagingCollectedError):
-        writer.commit_staged(staged, since=since)
-    held.join()
+    with pytest.raises(StagingCollectedError):  # a recover holds; it deletes before the put
+        commit_during_recover(writer, staged, since, monkeypatch, grace_ms=0)
     assert [v for v, _ in writer.state().gc_marks] == [21]
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 # == 6. First-seen stamps on another collector's clock =====================================
@@ -427,13 +397,7 @@ def test_a_lagging_collectors_first_seen_note_gets_a_file_staged_after_both_mark
 
     assert begun["second"].garbage == []
     assert writer.refresh().gc_version <= begun["since"].version  # no mark since it began
-    deleted = set(report.garbage) & {s.path for s in begun["staged"]}
-    try:
-        writer.commit_staged(begun["staged"], since=begun["since"])
-    except (MissingFileError, StagingCollectedError):
-        return
-    assert not deleted, f"recover deleted {sorted(deleted)} and a commit now names them"
-    names_no_deleted_file(url)
+    commit_after_recover(writer, begun["staged"], begun["since"], report)
 
 
 # == 7. Things that held up ================================================================
@@ -460,7 +424,7 @@ def test_a_refused_sink_commit_leaves_a_failed_manifest_and_a_clean_abort(
     latest = committer.store.load_latest()
     assert latest is not None and latest.sink_commit_statuses["s"].is_failed
     committer.abort(batch, reason="commit raised")
-    names_no_deleted_file(url)
+    check_intact(url)
     again = SinkCommitter(ReplicationLog.open(url), "s")
     since2 = again.log.refresh().version
     replay = Batch(
@@ -483,7 +447,7 @@ def test_recover_dry_run_commits_no_mark_and_deletes_nothing(tmp_path: Path) -> 
     assert log.refresh().version == since.version and log.state().gc_version == 0
     assert all(log.storage.exists(s.path) for s in staged)
     log.commit_staged(staged, since=since)
-    names_no_deleted_file(url)
+    check_intact(url)
 
 
 def test_a_mark_whose_outcome_is_unknown_stops_recover_before_any_deletion(

@@ -12,6 +12,7 @@ import pytest
 from support.logcheck import check_key_order, check_log, run_concurrently
 from support.logs import backdate, commit_offsets, filled_log, log_rows, segment_files
 from support.replication import leave_pending
+from support.storages import NoTimes
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
 from replog.errors import (
@@ -27,7 +28,6 @@ from replog.format.segments import read_segment
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status
 from replog.ops.verify import verify
-from replog.storage import Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
@@ -281,13 +281,6 @@ def test_a_recover_during_a_sink_commit_never_leaves_a_commit_naming_deleted_fil
     final = ReplicationLog.open(url)
     assert verify(final).ok
     assert len(check_log(final)) == 40 + 10 + (10 if cold else 0)
-
-
-class NoTimes(Storage):
-    """A backend that reports no modification times."""
-
-    def _modified_once(self, path: str) -> int | None:
-        return None
 
 
 def test_recover_on_a_backend_without_file_times_waits_a_grace_from_first_sight(

@@ -67,3 +67,14 @@ def run_concurrently(*functions: Callable[[], Any]) -> list[Any]:
     if errors:
         raise errors[0]
     return results
+
+
+def check_intact(url: str) -> None:
+    """The log's commits name only files that exist (``verify``), and every event reads
+    back once, in gapless sequences."""
+    from replog.ops.verify import verify
+
+    final = ReplicationLog.open(url)
+    report = verify(final)
+    assert report.ok, f"a commit names a deleted or damaged file: {report.problems}"
+    check_log(final)

@@ -4,13 +4,18 @@ committed by then), for tests that interleave writers with a collection."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
-from replog.format.segments import SHARDS_DIR
+from replog.errors import MissingFileError, StagingCollectedError
+from replog.format.commits import COMMITS_DIR
+from replog.format.gc import StagingStart
+from replog.format.segments import SHARDS_DIR, StagedSegment
 from replog.log import ReplicationLog
 from replog.ops import recovery
+from support.logcheck import check_intact
 
 
 class HeldRecover:
@@ -64,3 +69,49 @@ class HeldRecover:
             raise self._errors[0]
         assert self.report is not None
         return self.report
+
+
+def commit_during_recover(
+    writer: ReplicationLog,
+    staged: Sequence[StagedSegment],
+    since: StagingStart,
+    monkeypatch: pytest.MonkeyPatch,
+    **options: Any,
+) -> recovery.RecoveryReport:
+    """Commit ``staged`` while a recover that began after them holds at its listing (its
+    gc mark committed); the recover lists and deletes right before the writer's log
+    commit is put. The recover always finishes; its report is returned, or the writer's
+    error raised."""
+    held = HeldRecover(ReplicationLog.open(writer.url), monkeypatch, **options)
+    real_put = writer.storage.put_if_absent
+
+    def put(relative: str, data: bytes, **kw: Any) -> None:
+        if relative.startswith(COMMITS_DIR) and not held.resumed:
+            held.join()  # the writer made its checks; the collection deletes now
+        real_put(relative, data, **kw)
+
+    monkeypatch.setattr(writer.storage, "put_if_absent", put)
+    try:
+        writer.commit_staged(staged, since=since)
+    finally:
+        report = held.join()
+    return report
+
+
+def commit_after_recover(
+    writer: ReplicationLog,
+    staged: Sequence[StagedSegment],
+    since: StagingStart,
+    report: recovery.RecoveryReport,
+) -> None:
+    """The writer commits ``staged`` after the collection of ``report``: it refuses or
+    finds a file gone (and commits nothing), or the collection deleted none of its
+    files. Either way no commit may name a deleted file."""
+    deleted = set(report.garbage) & {segment.path for segment in staged}
+    try:
+        writer.commit_staged(staged, since=since)
+    except (MissingFileError, StagingCollectedError):
+        pass
+    else:
+        assert not deleted, f"recover deleted {sorted(deleted)} and a commit now names them"
+    check_intact(writer.url)
