@@ -58,7 +58,7 @@ def prepare(root: Path) -> dict[str, str]:
 
 
 def measure(source: str, paths: dict[str, str], repeat: int) -> dict[str, object]:
-    from workload import bench_session
+    from workload import Run, bench_session, stream_run
 
     spark = bench_session()
     root = Path(tempfile.mkdtemp(prefix="replog-bench-fixed-"))
@@ -84,45 +84,30 @@ def measure(source: str, paths: dict[str, str], repeat: int) -> dict[str, object
 
         spark.dataSource.register(CeilingSource)
 
-    def query(index: int) -> tuple[float, float]:
-        start = time.perf_counter()
-        q = (
-            frame()
-            .writeStream.format("noop")
-            .option("checkpointLocation", str(root / f"chk{index}"))
-            .trigger(availableNow=True)
-            .start()
-        )
-        q.awaitTermination()
-        seconds = time.perf_counter() - start
-        rows = sum(p["numInputRows"] for p in q.recentProgress)
-        assert rows == EVENTS, (source, rows)
-        trigger = max(
-            p["durationMs"]["triggerExecution"] for p in q.recentProgress if p["numInputRows"]
-        )
-        return seconds, trigger / 1000
+    def query(index: int) -> Run:
+        run = stream_run(frame(), root / f"chk{index}")
+        assert run.rows == EVENTS, (source, run.rows)
+        return run
 
     frame()
     first_load = time.perf_counter() - start
-    first_query, _ = query(0)
+    first_query = query(0).seconds
     later = [query(i) for i in range(1, repeat + 1)]
     spark.stop()
     shutil.rmtree(root, ignore_errors=True)
     return {
         "first load": first_load,
         "first query": first_query,
-        "later query": statistics.median(s for s, _ in later),
-        "micro-batch": statistics.median(t for _, t in later),
+        "later query": statistics.median(run.seconds for run in later),
+        "micro-batch": statistics.median(run.batch_seconds for run in later),
     }
 
 
 def interleaved(paths: dict[str, str], rounds: int) -> dict[str, tuple[float, float, float]]:
     """Later queries of replog and of the 1-task floor, alternating in one session:
     medians of (whole query, start() to its first batch, the batch)."""
-    import datetime
-
     from ceiling import CeilingSource
-    from workload import bench_session
+    from workload import Run, bench_session, stream_run
 
     spark = bench_session()
     spark.dataSource.register(CeilingSource)
@@ -137,29 +122,20 @@ def interleaved(paths: dict[str, str], rounds: int) -> dict[str, tuple[float, fl
             .load()
         ),
     }
-    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in frames}
+    runs: dict[str, list[Run]] = {name: [] for name in frames}
     for index in range(rounds + 1):  # round 0 warms up
         for name, frame in frames.items():
-            started = time.time()
-            query = (
-                frame()
-                .writeStream.format("noop")
-                .option("checkpointLocation", str(root / f"{name}-{index}"))
-                .trigger(availableNow=True)
-                .start()
-            )
-            query.awaitTermination()
-            seconds = time.time() - started
-            progress = query.recentProgress
-            first = datetime.datetime.strptime(progress[0]["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
-            to_first = first.replace(tzinfo=datetime.timezone.utc).timestamp() - started
-            batch = sum(p["durationMs"]["triggerExecution"] for p in progress) / 1000
+            run = stream_run(frame(), root / f"{name}-{index}")
             if index:
-                runs[name].append((seconds, to_first, batch))
+                runs[name].append(run)
     spark.stop()
     shutil.rmtree(root, ignore_errors=True)
     return {
-        name: tuple(statistics.median(column) for column in zip(*values, strict=True))  # type: ignore[misc]
+        name: (
+            statistics.median(run.seconds for run in values),
+            statistics.median(run.to_first_batch for run in values),
+            statistics.median(run.batch_seconds for run in values),
+        )
         for name, values in runs.items()
     }
 

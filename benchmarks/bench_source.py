@@ -16,21 +16,17 @@ Run: PYSPARK_PYTHON=$PWD/.venv/bin/python .venv/bin/python benchmarks/bench_sour
 from __future__ import annotations
 
 import argparse
-import datetime
 import shutil
 import statistics
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 from ceiling import SCHEMA_DDL, CeilingSource
-from pyspark.sql import SparkSession
 from pyspark.sql.streaming.datasource import ReadAllAvailable
-from workload import bench_session, workload
+from workload import Run, bench_session, stream_run, workload
 
 from replog.format.events import EVENT_SCHEMA, SPARK_SCHEMA_DDL
 from replog.log import ReplicationLog
@@ -70,42 +66,6 @@ def build_inputs(root: Path, events: int) -> tuple[str, str, str, int]:
     tasks = len(reader.partitions(start, reader.latestOffset(start, ReadAllAvailable())))
     print(f"{events:,} events: {files} segments = Parquet files; replog plans {tasks} tasks")
     return str(root / "log"), str(parquet_dir), str(template_path), tasks
-
-
-@dataclass(frozen=True)
-class Run:
-    """One AvailableNow query into ``noop``."""
-
-    seconds: float  # start() to termination
-    rows: int
-    batch_seconds: float  # triggerExecution of the micro-batches that read rows
-    to_first_batch: float  # start() to the first micro-batch's start
-
-
-def stream_run(spark: SparkSession, reader: Any, checkpoint: Path) -> Run:
-    shutil.rmtree(checkpoint, ignore_errors=True)
-    started = time.time()
-    clock = time.perf_counter()
-    query = (
-        reader.writeStream.format("noop")
-        .option("checkpointLocation", str(checkpoint))
-        .trigger(availableNow=True)
-        .start()
-    )
-    query.awaitTermination()
-    seconds = time.perf_counter() - clock
-    progress = query.recentProgress
-    first = datetime.datetime.strptime(progress[0]["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
-    first_start = first.replace(tzinfo=datetime.timezone.utc).timestamp()
-    return Run(
-        seconds=seconds,
-        rows=sum(p["numInputRows"] for p in progress),
-        batch_seconds=sum(
-            p["durationMs"]["triggerExecution"] for p in progress if p["numInputRows"]
-        )
-        / 1000,
-        to_first_batch=first_start - started,
-    )
 
 
 # -- planning cost ----------------------------------------------------------------------
@@ -168,7 +128,7 @@ def main() -> None:
         results: dict[str, list[Run]] = {name: [] for name in readers}
         for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
             for name, make in readers.items():
-                result = stream_run(spark, make(), root / "checkpoint")
+                result = stream_run(make(), root / "checkpoint")
                 if result.rows != args.events:
                     raise SystemExit(f"{name} read {result.rows} rows, expected {args.events}")
                 if run:

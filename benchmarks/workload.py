@@ -1,12 +1,16 @@
-"""Shared by the benchmarks: a CDC-like workload, a best-of timer, the SparkSession."""
+"""Shared by the benchmarks: a CDC-like workload, a best-of timer, the SparkSession, and
+one timed AvailableNow query."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import shutil
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +42,43 @@ def workload(events: int, offset: int = 0) -> pa.Table:
             "operation": ["update"] * events,
             "data": pa.array(data, pa.binary()),
         }
+    )
+
+
+@dataclass(frozen=True)
+class Run:
+    """One AvailableNow query into ``noop``."""
+
+    seconds: float  # start() to termination
+    rows: int
+    batch_seconds: float  # triggerExecution of the micro-batches that read rows
+    to_first_batch: float  # start() to the first micro-batch's start
+
+
+def stream_run(reader: Any, checkpoint: Path) -> Run:
+    """Run ``reader`` (a streaming DataFrame) into ``noop`` with AvailableNow, once."""
+    shutil.rmtree(checkpoint, ignore_errors=True)
+    started = time.time()
+    clock = time.perf_counter()
+    query = (
+        reader.writeStream.format("noop")
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    seconds = time.perf_counter() - clock
+    progress = query.recentProgress
+    first = datetime.datetime.strptime(progress[0]["timestamp"], "%Y-%m-%dT%H:%M:%S.%fZ")
+    first_start = first.replace(tzinfo=datetime.timezone.utc).timestamp()
+    return Run(
+        seconds=seconds,
+        rows=sum(p["numInputRows"] for p in progress),
+        batch_seconds=sum(
+            p["durationMs"]["triggerExecution"] for p in progress if p["numInputRows"]
+        )
+        / 1000,
+        to_first_batch=first_start - started,
     )
 
 

@@ -173,7 +173,7 @@ def test_recover_on_a_clock_ahead_of_storage_deletes_files_staged_after_its_mark
 ) -> None:
     """FINDING (commit names a deleted file, events lost). ``recover --grace 5m`` runs on a
     host whose clock is 6 minutes ahead of the storage's (the project budgets 10 minutes
-    of such skew for leases, LEASE_CLOCK_SKEW_MS). A writer begins after the gc mark and
+    of such skew, CLOCK_SKEW_MS). A writer begins after the gc mark and
     stages; the scan compares the file's storage time with a cut-off taken on recover's
     clock, finds it 1 minute "too old" and deletes it. The writer saw no mark after its
     since_version, skips the probe it used to make, and commits a deleted file.

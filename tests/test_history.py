@@ -192,6 +192,13 @@ def test_the_hint_carries_the_header_it_names(memory_url: str) -> None:
     state = ReplicationLog.from_storage(storage).refresh()
     assert dict(enumerate(state.heads)) == ReplicationLog.open(memory_url).head()
     assert storage.matching("read", "/snapshots/") == 1
+    # A sound copy of another header (20) under the hint's 30 is not taken for header 30.
+    hint["copy"] = json.loads(storage.read(history.header_path(20)))
+    storage.write(history.SNAPSHOT_HINT_PATH, json.dumps(hint).encode())
+    storage.requests.clear()
+    state = ReplicationLog.from_storage(storage).refresh()
+    assert state.version == 35 and storage.matching("read", "/snapshots/00000000000000000030")
+    assert storage.counts["commit read"] == 6, storage.counts  # 31..36, not 21..36
 
 
 def test_a_hint_moved_back_by_a_slow_writer_costs_one_window(memory_url: str) -> None:

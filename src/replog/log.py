@@ -280,10 +280,11 @@ class ReplicationLog:
         if table.num_rows == 0:
             return None
         writer = transaction.writer() if transaction is not None else None
-        if writer is not None and self.refresh().holds(writer):
+        state = self.refresh()  # fresh before staging: see commit_staged
+        if writer is not None and state.holds(writer):
             logger.info("%s: transaction %s is already in the log; skipped", self.url, transaction)
             return None
-        since = StagingStart(self.refresh().version, now_ms())  # fresh: see commit_staged
+        since = StagingStart(state.version, now_ms())
         staged = self.stage(table, max_events=segment_max_events)
         attempt = CommitAttempt()
         try:

@@ -105,8 +105,8 @@ def catch_up(
     and more may follow. On remote storage reads ``window`` commits at once, then twice as
     many while all exist (in parallel); elsewhere one at a time, stopping at the first
     that does not exist."""
-    if not storage.is_remote:
-        window = 1
+    parallel = storage.is_remote
+    window = window if parallel else 1
     applied = 0
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
@@ -118,7 +118,8 @@ def catch_up(
                 return True
             state.apply(record)
             applied += 1
-        window = max(min(window * 2, READ_THREADS), window) if storage.is_remote else 1
+        if parallel:
+            window = max(min(window * 2, READ_THREADS), window)
     return False
 
 
@@ -429,10 +430,10 @@ def _usable_state(snapshots: LogSnapshots, version: int, floor: int = 0) -> LogS
 def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     """The log's current state, from the newest usable header and the commits after it.
 
-    Fewer than ``checkpoint_interval`` commits follow the newest header, so they are read
-    in one parallel window. The hint is not probed past first: it lags only after a crash
-    or a slow writer, and a full window reveals that, and only then are newer headers
-    looked for.
+    Fewer than ``checkpoint_interval`` commits follow the newest header, so that many are
+    read at once (in parallel on remote storage). The hint is not probed past first: it
+    lags only after a crash or a slow writer, a full window reveals that, and only then
+    are newer headers looked for.
     """
     snapshots = LogSnapshots(storage, descriptor)
     interval = descriptor.checkpoint_interval

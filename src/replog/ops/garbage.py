@@ -9,8 +9,8 @@ file is garbage, and may be deleted, when every rule below holds:
   (``_replog/gc/first_seen.json``);
 * no commit made within the grace period removed it (a reader may have planned a task
   on it just before a compaction or truncation);
-* it was written before every live staging lease was acquired (a batch job or a
-  compaction may still commit it, however long it runs);
+* it was written before every live staging lease was acquired, less the clock skew (a
+  batch job or a compaction may still commit it, however long it runs);
 * no Pending sink manifest names it (the caller passes those).
 
 Before deleting anything, a collection commits a gc mark (:func:`begin`) naming its
@@ -37,9 +37,6 @@ from replog.log import ReplicationLog
 logger = logging.getLogger(__name__)
 
 FIRST_SEEN_PATH = f"{META_DIR}/gc/first_seen.json"
-LEASE_CLOCK_SKEW_MS = CLOCK_SKEW_MS
-"""Files written up to this long before a lease was acquired are protected by it too:
-the lease time comes from the writer's clock, file times from the storage's."""
 
 
 @dataclass
@@ -159,7 +156,8 @@ def scan(
                 young = cutoff
             if stamp >= young:  # garbage is stamped strictly before the cut-off
                 result.kept_young += 1
-            elif lease_cutoff is not None and stamp >= lease_cutoff - LEASE_CLOCK_SKEW_MS:
+            # A lease's time is its writer's clock, file times the storage's: allow skew.
+            elif lease_cutoff is not None and stamp >= lease_cutoff - CLOCK_SKEW_MS:
                 result.kept_leased += 1
             else:
                 candidates.append(relative)

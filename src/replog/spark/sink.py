@@ -117,11 +117,10 @@ def _staged(messages: Sequence[WriterCommitMessage | None]) -> tuple[StagedSegme
 
 def _since(messages: Sequence[ReplogCommitMessage]) -> StagingStart | None:
     """The earliest staging start the tasks report (None if one does not say)."""
-    starts = [message.since for message in messages]
-    if not starts or any(start is None for start in starts):
+    starts = [message.since for message in messages if message.since is not None]
+    if not starts or len(starts) < len(messages):
         return None
-    known = [start for start in starts if start is not None]
-    return StagingStart(min(s.version for s in known), min(s.ms for s in known))
+    return StagingStart(min(s.version for s in starts), min(s.ms for s in starts))
 
 
 def _one(values: set[str | None], what: str) -> str | None:

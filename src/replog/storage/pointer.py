@@ -6,8 +6,9 @@ in between, a slower writer). Readers therefore take it as a starting point and 
 forward; writers move it forward only. A missing or unreadable pointer is not an error,
 only a reason to look further (the caller decides how).
 
-A pointer may carry a *copy* of the sealed record it names, so a cold reader gets the
-newest header or manifest in the same request as the pointer. The copy is only a
+A pointer may carry a *copy* of the sealed record it names, so a cold reader gets it in
+the same request as the pointer (the snapshot hint carries its header; manifest pointers
+carry none, since a pointer moved back may name a pruned manifest). The copy is only a
 shortcut: the reader checks its seal and reads the named file when the copy is absent,
 unusable or for another number.
 """
