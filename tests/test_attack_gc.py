@@ -25,7 +25,7 @@ from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
 from replog.checkpoints.store import LATEST_POINTER, ManifestStore
 from replog.errors import FencedError, MissingFileError, StagingCollectedError
 from replog.format import history
-from replog.format.commits import now_ms
+from replog.format.commits import FORMAT_VERSION, now_ms
 from replog.format.gc import CHECK_AFTER_MS, StagingStart
 from replog.format.segments import SHARDS_DIR
 from replog.log import ReplicationLog
@@ -329,7 +329,7 @@ def test_a_cold_writer_on_a_header_without_gc_version_still_probes(
 
     for version in (10, 20):  # rewrite as an older writer did
         relative = history.header_path(version)
-        body = unseal(log.storage.read(relative), relative, max_version=2)
+        body = unseal(log.storage.read(relative), relative, max_version=FORMAT_VERSION)
         body.pop("gc_marks")
         body.pop("gc_known_since")
         body.pop("checksum", None)

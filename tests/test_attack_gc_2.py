@@ -33,7 +33,7 @@ from support.storages import NoTimes, as_class
 
 from replog.errors import MissingFileError, StagingCollectedError
 from replog.format import history, leases
-from replog.format.commits import now_ms
+from replog.format.commits import FORMAT_VERSION, now_ms
 from replog.format.gc import StagingStart
 from replog.format.sealed import seal, unseal
 from replog.format.segments import SHARDS_DIR
@@ -280,7 +280,7 @@ def test_a_long_grace_mark_after_the_write_began_alone_is_safe(tmp_path: Path) -
 def _as_pre_mark_header(storage: Storage, version: int) -> None:
     """Rewrite header ``version`` as replog 0.2 wrote it (no gc members), hint w/o copy."""
     relative = history.header_path(version)
-    body = unseal(storage.read(relative), relative, max_version=2)
+    body = unseal(storage.read(relative), relative, max_version=FORMAT_VERSION)
     body.pop("gc_marks")
     body.pop("gc_known_since")
     body.pop("checksum", None)
@@ -312,14 +312,14 @@ def test_on_a_log_upgraded_from_0_2_a_deletion_between_probe_and_put_still_loses
     began at or after that header by them (REFUSE when a known cut-off covers it). Or
     never CHECK when a mark after since.version has a known cut-off >= start - skew."""
     url = str(tmp_path / "log")
-    filled_log(url, commits=10, shards=2)
+    filled_log(url, commits=10, shards=2, auto_compact=False)
     storage = Storage(url)
     _as_pre_mark_header(storage, 10)
     upgraded = ReplicationLog.open(url)
     assert upgraded.refresh().gc_known_since == 10  # marks below header 10 unknown
     for n in range(10):
         upgraded.append(log_rows(1, 1000 + n))
-    header_20 = unseal(storage.read(history.header_path(20)), "20", max_version=2)
+    header_20 = unseal(storage.read(history.header_path(20)), "20", max_version=FORMAT_VERSION)
     assert header_20["gc_known_since"] == 10 and header_20["gc_marks"] == []
 
     writer = ReplicationLog.open(url)

@@ -9,7 +9,7 @@ from support.counting import CountingStorage, counting
 from support.logcheck import check_log
 
 from replog.format import history
-from replog.format.commits import commit_path
+from replog.format.commits import FORMAT_VERSION, commit_path
 from replog.format.lanes import Lanes, apply_segments
 from replog.format.sealed import seal, unseal
 from replog.log import ReplicationLog
@@ -23,7 +23,8 @@ def counting_log(url: str) -> CountingStorage:
 
 
 def grow(url: str, commits: int, snapshot_interval: int = 20) -> ReplicationLog:
-    log = ReplicationLog.create(url, 2, snapshot_interval=snapshot_interval)
+    """A log of ``commits`` one-event appends (no automatic merges: versions = appends)."""
+    log = ReplicationLog.create(url, 2, snapshot_interval=snapshot_interval, auto_compact=False)
     for i in range(commits):
         log.append([{"key": f"k{i % 3}", "data": {"i": i}}])
     return log
@@ -118,7 +119,7 @@ def test_headers_without_changes_files_are_read_from_the_commits(memory_url: str
     log = grow(memory_url, 38)
     for version in (10, 30):
         relative = history.header_path(version)
-        body = unseal(log.storage.read(relative), relative, max_version=2)
+        body = unseal(log.storage.read(relative), relative, max_version=FORMAT_VERSION)
         del body["changes"]
         log.storage.write(relative, seal(body))
         log.storage.delete(history.changes_path(version))
@@ -254,14 +255,14 @@ def test_a_changes_file_that_lost_a_segment_fails_reads_loudly(memory_url: str) 
     log = grow(memory_url, 35)
     relative = history.changes_path(30)
     table = ipc.open_file(pa.BufferReader(log.storage.read(relative))).read_all()
-    assert not table.column("removed")[0].as_py()  # rows: added segments first
+    assert table.column("change")[0].as_py() == "added"  # rows: added segments first
     table = table.filter(pc.field("path") != table.column("path")[0].as_py())
     sink = pa.BufferOutputStream()
     with ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table)
     data = bytes(sink.getvalue())
     log.storage.write(relative, data)
-    header = unseal(log.storage.read(history.header_path(30)), "header", max_version=2)
+    header = unseal(log.storage.read(history.header_path(30)), "header", max_version=FORMAT_VERSION)
     header["changes"]["sha256"] = sha256_hex(data)
     log.storage.write(history.header_path(30), seal(header))
     log.storage.write(history.SNAPSHOT_HINT_PATH, b'{"version": 30}')  # no stale copy
@@ -286,7 +287,7 @@ def test_a_checkpoint_whose_table_below_was_never_written_still_gets_its_header(
         writer.append([{"key": "late", "data": {"i": i}}])
     assert log.storage.exists(history.header_path(30))
     assert "changes" not in unseal(
-        log.storage.read(history.header_path(30)), "header", max_version=2
+        log.storage.read(history.header_path(30)), "header", max_version=FORMAT_VERSION
     )
     fresh = ReplicationLog.open(memory_url)
     assert fresh.refresh().segments == _lanes_from_commits(log, 35)

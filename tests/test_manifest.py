@@ -144,7 +144,7 @@ def test_pruning_keeps_newest(store: ManifestStore) -> None:
         pytest.param(lambda data: data[: len(data) // 2], id="truncated"),
         pytest.param(lambda data: b"", id="empty"),
         pytest.param(lambda data: b"\x00\xffgarbage", id="garbage"),
-        pytest.param(lambda data: data.replace(b'"epoch": 7', b'"epoch": 8'), id="wrong-checksum"),
+        pytest.param(lambda data: data.replace(b'"epoch":7', b'"epoch":8'), id="wrong-checksum"),
     ],
 )
 def test_corrupt_latest_falls_back_with_warning(

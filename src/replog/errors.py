@@ -40,6 +40,21 @@ class LogIdentityError(ReplogError):
     (the log was recreated, or restored from an older copy)."""
 
 
+class LogRecreatedError(LogIdentityError):
+    """The log this process opened was deleted and another created at its URL: a commit
+    or snapshot names another log id. Nothing was written; reopen the URL."""
+
+    def __init__(self, where: str, found: str, expected: str) -> None:
+        super().__init__(
+            f"{where}: belongs to log {found}, but this process opened log {expected} at "
+            f"that URL: the log was deleted and re-created there. Nothing was written; "
+            f"open the URL again (a Spark query: start it from a new checkpoint) to use "
+            f"the new log"
+        )
+        self.found = found
+        self.expected = expected
+
+
 class UnsupportedFormatError(ReplogError):
     """A file was written by a newer format version than this replog reads."""
 

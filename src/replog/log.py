@@ -13,6 +13,8 @@ writes safe:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import logging
 import random
 import time
@@ -23,6 +25,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from replog import merges as merge_plans
 from replog.errors import (
     CommitConflictError,
     DataLossError,
@@ -30,16 +33,20 @@ from replog.errors import (
     LogExistsError,
     LogNotFoundError,
     MissingFileError,
+    ReplogError,
     StagingCollectedError,
 )
 from replog.format import history, segments
 from replog.format.commits import (
     APPEND,
+    COMPACT,
     DEFAULT_CHECKPOINT_INTERVAL,
+    DEFAULT_RETENTION_MS,
     DEFAULT_SHARDS,
     DEFAULT_SNAPSHOT_INTERVAL,
     DESCRIPTOR_PATH,
     MAX_SHARDS,
+    MIN_RETENTION_MS,
     CommitRecord,
     LogDescriptor,
     Transaction,
@@ -49,8 +56,9 @@ from replog.format.commits import (
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.gc import StagedFiles, StagingStart
-from replog.format.segments import SegmentInfo, StagedSegment
+from replog.format.segments import DecodedFiles, Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
+from replog.merges import Merge
 from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -114,12 +122,19 @@ class LogInfo:
 
 
 class ReplicationLog:
-    """One replog log. Cheap to open; not thread-safe (use one per thread or process)."""
+    """One replog log. Cheap to open; not thread-safe (use one per thread or process, or
+    share a :class:`~replog.appender.GroupAppender`)."""
 
-    def __init__(self, storage: Storage, descriptor: LogDescriptor) -> None:
+    def __init__(
+        self, storage: Storage, descriptor: LogDescriptor, *, auto_compact: bool | None = None
+    ) -> None:
+        """``auto_compact``: merge small files after this writer's commits (default: as
+        the log's descriptor says)."""
         self.storage = storage
         self.descriptor = descriptor
+        self.auto_compact = descriptor.auto_compact if auto_compact is None else auto_compact
         self._state: LogState | None = None
+        self._files = DecodedFiles()
 
     # -- opening ----------------------------------------------------------------------
 
@@ -131,8 +146,14 @@ class ReplicationLog:
         *,
         storage_options: Mapping[str, Any] | None = None,
         snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL,
+        retention_ms: int = DEFAULT_RETENTION_MS,
+        auto_compact: bool = True,
     ) -> ReplicationLog:
         """Create an empty log at ``url``.
+
+        ``retention_ms``: how long commits, snapshots and the files of segments that left
+        the log (compacted or truncated) are kept. ``auto_compact``: whether writers merge
+        small files after their commits (each writer may override it).
 
         Raises:
             LogExistsError: a log is already there.
@@ -145,6 +166,10 @@ class ReplicationLog:
             )
         if snapshot_interval < 1:
             raise InvalidOptionError(f"snapshot_interval must be >= 1, got {snapshot_interval}")
+        if retention_ms < MIN_RETENTION_MS:
+            raise InvalidOptionError(
+                f"retention must be at least {MIN_RETENTION_MS} ms, got {retention_ms}"
+            )
         storage = Storage(url, storage_options)
         storage.require_writable()
         checkpoint_interval = (
@@ -158,33 +183,43 @@ class ReplicationLog:
             created_ms=now_ms(),
             snapshot_interval=snapshot_interval,
             checkpoint_interval=checkpoint_interval,
+            retention_ms=retention_ms,
+            auto_compact=auto_compact,
         )
         try:
             storage.put_if_absent(DESCRIPTOR_PATH, descriptor.to_bytes())
         except FileExistsError as exc:
             raise LogExistsError(f"{url!r} already holds a replog log") from exc
+        history.hint(storage).advance(0)  # readers find it without probing for headers
         logger.info("created log %s with %d shards", url, shards)
         return cls(storage, descriptor)
 
     @classmethod
-    def open(cls, url: str, *, storage_options: Mapping[str, Any] | None = None) -> ReplicationLog:
+    def open(
+        cls,
+        url: str,
+        *,
+        storage_options: Mapping[str, Any] | None = None,
+        auto_compact: bool | None = None,
+    ) -> ReplicationLog:
         """Open the log at ``url``.
 
         Raises:
             LogNotFoundError: there is no log at ``url``.
             UnsupportedFormatError: the log was written by a newer replog.
         """
-        return cls.from_storage(Storage(url, storage_options))
+        return cls.from_storage(Storage(url, storage_options), auto_compact=auto_compact)
 
     @classmethod
-    def from_storage(cls, storage: Storage) -> ReplicationLog:
+    def from_storage(cls, storage: Storage, *, auto_compact: bool | None = None) -> ReplicationLog:
         try:
             data = storage.read_optional(DESCRIPTOR_PATH)
         except (NotADirectoryError, IsADirectoryError) as exc:
             raise LogNotFoundError(f"{storage.url!r} holds no replog log ({exc})") from exc
         if data is None:
             raise LogNotFoundError(f"{storage.url!r} holds no replog log (no {DESCRIPTOR_PATH})")
-        return cls(storage, LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH)))
+        descriptor = LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH))
+        return cls(storage, descriptor, auto_compact=auto_compact)
 
     @classmethod
     def open_or_create(
@@ -201,10 +236,16 @@ class ReplicationLog:
             return cls.open(url, storage_options=storage_options)
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"storage": self.storage, "descriptor": self.descriptor}
+        return {
+            "storage": self.storage,
+            "descriptor": self.descriptor,
+            "auto_compact": self.auto_compact,
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.storage, self.descriptor, self._state = state["storage"], state["descriptor"], None
+        self.__init__(  # type: ignore[misc]
+            state["storage"], state["descriptor"], auto_compact=state.get("auto_compact")
+        )
 
     def __repr__(self) -> str:
         return f"ReplicationLog({self.url!r}, shards={self.shards})"
@@ -224,13 +265,20 @@ class ReplicationLog:
     # -- state ------------------------------------------------------------------------
 
     def refresh(self) -> LogState:
-        """The current state, reading only what was committed since the last call."""
+        """The current state, reading only what was committed since the last call.
+
+        Raises :class:`~replog.errors.LogRecreatedError` (or ``LogNotFoundError``) if the
+        log this object opened was deleted (and another created) at its URL.
+        """
         if self._state is None:
             self._state = history.load_state(self.storage, self.descriptor)
             return self._state
-        caught_up = history.catch_up(
-            self.storage, self._state, limit=self.descriptor.snapshot_interval
-        )
+        try:
+            caught_up = history.catch_up(
+                self.storage, self._state, limit=self.descriptor.snapshot_interval
+            )
+        except history.BaseMissing:  # retention removed what this idle state was built on
+            caught_up = False
         if not caught_up:  # far behind: a snapshot is cheaper than every commit
             fresh = history.load_state(self.storage, self.descriptor)
             if fresh.version >= self._state.version:
@@ -294,6 +342,8 @@ class ReplicationLog:
             raise
         if record is None:  # the transaction landed meanwhile (another run of it)
             self.discard_staged(staged)
+        else:
+            self.maintain()
         return record
 
     def stage(
@@ -305,8 +355,8 @@ class ReplicationLog:
 
     def discard_staged(self, staged: Iterable[StagedSegment | SegmentInfo]) -> None:
         """Delete staged files that no commit names (the caller must know that)."""
-        for segment in staged:
-            self.storage.delete(segment.path)
+        for path in segments.file_paths(staged):
+            self.storage.delete(path)
 
     def discard_after(
         self, attempt: CommitAttempt, staged: Sequence[StagedSegment | SegmentInfo]
@@ -357,18 +407,7 @@ class ReplicationLog:
                 if state.holds(writer):
                     return None
                 claimed = state.claim(writer)  # FencedError if a newer run owns the sink
-            verdict = state.staged_files(since, now_ms(), leased=leased)
-            if verdict is StagedFiles.REFUSE:
-                assert since is not None
-                raise StagingCollectedError(
-                    f"{self.url}: a garbage collection (gc mark at version {state.gc_version}) "
-                    f"began while this write was staging (it began at version "
-                    f"{since.version}), with a cut-off its staged files may fall under: "
-                    f"nothing was committed; run the write again, and give 'replog recover' "
-                    f"a --grace longer than your writes"
-                )
-            if verdict is StagedFiles.CHECK:
-                self.check_staged(staged)
+            self._guard_staged(state, staged, since, leased)
             heads = list(state.heads)
             added = []
             for segment in staged:
@@ -377,6 +416,85 @@ class ReplicationLog:
             return CommitRecord.after(state.version, APPEND, add=tuple(added), writer=claimed)
 
         return self.commit(build, attempt=attempt, refreshed=refreshed)
+
+    def _guard_staged(
+        self,
+        state: LogState,
+        staged: Sequence[StagedSegment | SegmentInfo],
+        since: StagingStart | None,
+        leased: bool,
+    ) -> None:
+        """Before committing staged files on ``state``: refuse if a garbage collection
+        may have taken them, check that they exist if that cannot be ruled out
+        (:mod:`replog.format.gc`)."""
+        verdict = state.staged_files(since, now_ms(), leased=leased)
+        if verdict is StagedFiles.REFUSE:
+            assert since is not None
+            raise StagingCollectedError(
+                f"{self.url}: a garbage collection (gc mark at version {state.gc_version}) "
+                f"began while this write was staging (it began at version "
+                f"{since.version}), with a cut-off its staged files may fall under: "
+                f"nothing was committed; run the write again, and give 'replog recover' "
+                f"a --grace longer than your writes"
+            )
+        if verdict is StagedFiles.CHECK:
+            self.check_staged(staged)
+
+    # -- merging ----------------------------------------------------------------------
+
+    def maintain(self) -> CommitRecord | None:
+        """After a commit: merge one full tier of small files (:func:`merges.plan_auto`),
+        if this writer auto-compacts. Best effort: the caller's commit has landed
+        whatever happens here; a merge that loses a race to another is dropped."""
+        if not self.auto_compact:
+            return None
+        try:
+            merge = merge_plans.plan_auto(self.state())
+            return None if merge is None else self.merge([merge])
+        except (CommitConflictError, StagingCollectedError) as exc:
+            logger.debug("%s: automatic merge dropped: %s", self.url, exc)
+        except (ReplogError, OSError) as exc:
+            logger.warning("%s: automatic merge failed (the commit stands): %s", self.url, exc)
+        return None
+
+    def merge(self, merges: Sequence[Merge], *, leased: bool = False) -> CommitRecord | None:
+        """Rewrite each merge's segments as larger files in one ``compact`` commit:
+        sequences, heads and events do not change. The files replaced stay on storage
+        until retention (or ``replog recover``) deletes them: a reader may have planned a
+        task on them. ``leased``: the caller holds a staging lease (long merges).
+
+        Raises :class:`CommitConflictError` (deleting what it wrote) if a source left the
+        log meanwhile (another compaction or a truncation): plan again.
+        """
+        if not merges:
+            return None
+        since = StagingStart(self.state().version, now_ms())
+        plans: list[tuple[Sequence[Part], Callable[[], pa.Table]]] = []
+        firsts: list[int] = []
+        for merge in merges:
+            for plan, placed in _merge_plans(self.storage, merge):
+                plans.append(plan)
+                firsts.extend(placed)
+        staged = segments.write_files(self.storage, plans)
+        merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
+        removed = tuple(source for merge in merges for source in merge.sources)
+
+        def build(state: LogState) -> CommitRecord:
+            gone = [source.path for source in removed if not state.is_live(source)]
+            if gone:
+                raise CommitConflictError(
+                    f"{self.url}: {len(gone)} segments to merge left the log meanwhile "
+                    f"(e.g. {gone[0]}); nothing was merged, plan again"
+                )
+            self._guard_staged(state, merged, since, leased)
+            return CommitRecord.after(state.version, COMPACT, add=merged, remove=removed)
+
+        attempt = CommitAttempt()
+        try:
+            return self.commit(build, attempt=attempt)
+        except BaseException:
+            self.discard_after(attempt, merged)
+            raise
 
     def check_staged(self, staged: Sequence[StagedSegment | SegmentInfo]) -> None:
         """Raise :class:`MissingFileError` if a staged file is gone (collected by a
@@ -417,6 +535,8 @@ class ReplicationLog:
             record = build(state)
             if record is None:
                 return None
+            if record.log_id != self.log_id:
+                record = dataclasses.replace(record, log_id=self.log_id)
             attempt.in_doubt = True
             try:
                 self.storage.put_if_absent(commit_path(record.version), record.to_bytes())
@@ -454,7 +574,11 @@ class ReplicationLog:
     def read(self, shard: int, first: int = 1, last: int | None = None) -> Iterator[pa.RecordBatch]:
         """Events of ``shard`` with sequences in ``[first, last]`` (default: to the head).
 
+        Checked when called (not at the first ``next()``); files that hold several
+        shards' rows are decoded once for this log object's reads.
+
         Raises:
+            InvalidOptionError: ``shard`` does not exist.
             DataLossError: ``first`` was removed by retention.
             CorruptionError: a segment does not match its checksum (names the file).
         """
@@ -465,8 +589,34 @@ class ReplicationLog:
         first = max(first, 1)
         if first < state.lows[shard] and first <= last:
             raise DataLossError(shard, first, state.lows[shard])
-        for segment in state.covering(shard, first, last):
-            yield from segments.read_segment(self.storage, segment, first, last)
+        wanted = [(segment, first, last) for segment in state.covering(shard, first, last)]
+        return segments.read_segments(self.storage, wanted, self._files)
+
+    def scan(
+        self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None
+    ) -> Iterator[pa.RecordBatch]:
+        """Events of every shard after ``start`` (``{shard: last sequence read}``; default:
+        from the oldest retained) up to ``end`` (default: the heads), shard by shard, from
+        one refresh. On remote storage the files are fetched in parallel across shards.
+
+        Raises:
+            DataLossError: an event after ``start`` was removed by retention.
+        """
+        state = self.refresh()
+        wanted: list[tuple[SegmentInfo, int, int]] = []
+        for shard in range(self.shards):
+            first = (start or {}).get(shard, state.lows[shard] - 1) + 1
+            last = min((end or {}).get(shard, state.heads[shard]), state.heads[shard])
+            if first < state.lows[shard] and first <= last:
+                raise DataLossError(shard, first, state.lows[shard])
+            wanted.extend((s, first, last) for s in state.covering(shard, first, last))
+        return segments.read_segments(self.storage, wanted, self._files)
+
+    def read_all(
+        self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None
+    ) -> pa.Table:
+        """:meth:`scan` as one table."""
+        return pa.Table.from_batches(list(self.scan(start, end)), schema=EVENT_SCHEMA)
 
     def read_table(self, shard: int, first: int = 1, last: int | None = None) -> pa.Table:
         return pa.Table.from_batches(list(self.read(shard, first, last)), schema=EVENT_SCHEMA)
@@ -490,3 +640,47 @@ class ReplicationLog:
             },
             last_commit_ms=state.timestamp_ms,
         )
+
+
+def _runs(entries: Sequence[SegmentInfo]) -> list[list[SegmentInfo]]:
+    """Entries of one shard, in sequence order, cut where sequences stop following on."""
+    runs: list[list[SegmentInfo]] = []
+    for entry in entries:
+        if runs and runs[-1][-1].last_sequence + 1 == entry.first_sequence:
+            runs[-1].append(entry)
+        else:
+            runs.append([entry])
+    return runs
+
+
+def _merged_rows(storage: Storage, sources: Sequence[SegmentInfo]) -> pa.Table:
+    """The rows of ``sources`` in order, in large record batches (a merge of many small
+    files must not keep their tiny batches: readers convert batch by batch)."""
+    files = DecodedFiles()
+    tables = [segments.read_stored(storage, source, files) for source in sources]
+    return pa.concat_tables(tables).combine_chunks()
+
+
+def _merge_plans(
+    storage: Storage, merge: Merge
+) -> list[tuple[tuple[Sequence[Part], Callable[[], pa.Table]], list[int]]]:
+    """The files a merge writes (one shared file, or one per shard), each with the first
+    sequence of each of its parts. A part is a run of consecutive sequences; a merge of
+    files between which another writer's big files lie gets several parts per shard."""
+    by_shard: dict[int, list[SegmentInfo]] = {}
+    for source in sorted(merge.sources, key=lambda s: (s.shard, s.first_sequence)):
+        by_shard.setdefault(source.shard, []).append(source)
+    outputs = [sorted(by_shard)] if merge.shared else [[shard] for shard in sorted(by_shard)]
+    plans: list[tuple[tuple[Sequence[Part], Callable[[], pa.Table]], list[int]]] = []
+    for shards in outputs:
+        parts: list[Part] = []
+        firsts: list[int] = []
+        sources: list[SegmentInfo] = []
+        for shard in shards:
+            for run in _runs(by_shard[shard]):
+                rows = sum(entry.events for entry in run)
+                parts.append(Part(shard, sum(p.rows for p in parts), rows))
+                firsts.append(run[0].first_sequence)
+                sources.extend(run)
+        plans.append(((parts, functools.partial(_merged_rows, storage, tuple(sources))), firsts))
+    return plans

@@ -19,8 +19,12 @@ def filled_log(
     per_commit: int = 40,
     shards: int = 2,
     storage_options: dict[str, Any] | None = None,
+    *,
+    auto_compact: bool = True,
 ) -> ReplicationLog:
-    log = ReplicationLog.create(url, shards, storage_options=storage_options)
+    log = ReplicationLog.create(
+        url, shards, storage_options=storage_options, auto_compact=auto_compact
+    )
     for c in range(commits):
         log.append(
             [{"key": f"k{i % 7}", "data": {"n": c * per_commit + i}} for i in range(per_commit)]
@@ -55,3 +59,11 @@ def backdate(log: ReplicationLog, relative: str, seconds: float) -> None:
     path = log.storage.path(relative)
     stamp = time.time() - seconds
     os.utime(path, (stamp, stamp))
+
+
+def append_commits(log: ReplicationLog) -> int:
+    """How many of the log's commits are appends (writers' automatic merges commit too)."""
+    from replog.format import history
+
+    records = history.read_commits(log.storage, 1, log.refresh().version)
+    return sum(1 for record in records if record.operation == "append" and record.add)

@@ -273,6 +273,8 @@ class SinkCommitter:
                 exc,
             )
         crash_point("after_committed", batch.epoch)
+        if record is not None:
+            self.log.maintain()
         logger.info(
             "sink %s: committed epoch %d of query %s (%d events, log version %s)",
             self.sink_id,

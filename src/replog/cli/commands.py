@@ -21,6 +21,7 @@ from replog.cli.output import Output
 from replog.errors import InvalidOptionError, ManifestNotFoundError, ReplogError
 from replog.format.commits import Transaction, now_ms
 from replog.log import ReplicationLog
+from replog.merges import plan_full
 from replog.ops import compaction, recovery, retention, status, verify
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms
@@ -293,7 +294,7 @@ def cmd_recover(args: argparse.Namespace, out: Output) -> int:
 def cmd_compact(args: argparse.Namespace, out: Output) -> int:
     log = open_log(args)
     if args.dry_run:
-        merges = compaction.plan_compaction(log.refresh(), target_bytes=args.target_bytes)
+        merges = plan_full(log.refresh(), target_bytes=args.target_bytes)
         out.compacted(log.url, compaction.CompactionResult(tuple(merges), None), True)
         return 0
     out.compacted(log.url, compaction.compact(log, target_bytes=args.target_bytes), False)

@@ -17,9 +17,11 @@ from replog.format.gc import GcMark
 from replog.format.sealed import seal, unseal
 from replog.format.segments import SegmentInfo
 
-FORMAT_VERSION = 2
-"""Written by this replog. Version 2 added ``before``, commit tokens, fencing and source
-positions; version 1 logs stay readable and writable (FORMAT.md, "Versions")."""
+FORMAT_VERSION = 3
+"""Written by this replog. Version 3 added shared files (segment entries with an
+``offset``), the log id in commits and headers, and metadata retention; version 2 added
+``before``, commit tokens, fencing and source positions. Logs of versions 1 and 2 stay
+readable and writable (FORMAT.md, "Changes")."""
 
 META_DIR = "_replog"
 DESCRIPTOR_PATH = f"{META_DIR}/log.json"
@@ -32,6 +34,10 @@ DEFAULT_SHARDS = 8
 MAX_SHARDS = 4096
 DEFAULT_SNAPSHOT_INTERVAL = 100
 DEFAULT_CHECKPOINT_INTERVAL = 10
+DEFAULT_RETENTION_MS = 2 * 3_600_000
+"""How long commits, snapshots and files that left the log are kept (at least ``replog
+recover``'s default grace plus the clock skew it allows)."""
+MIN_RETENTION_MS = 1_000
 
 
 def now_ms() -> int:
@@ -45,6 +51,12 @@ def commit_path(version: int) -> str:
 def _int(value: Any, name: str) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise ValueError(f"{name} must be an integer, got {value!r}")
+    return value
+
+
+def _bool(value: Any, name: str) -> bool:
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be true or false, got {value!r}")
     return value
 
 
@@ -64,20 +76,26 @@ class LogDescriptor:
     snapshot_interval: int = DEFAULT_SNAPSHOT_INTERVAL
     checkpoint_interval: int = DEFAULT_CHECKPOINT_INTERVAL
     format_version: int = FORMAT_VERSION
+    retention_ms: int = DEFAULT_RETENTION_MS
+    """Commits, snapshots and files that left the log are deleted this long after."""
+    auto_compact: bool = True
+    """Writers merge small files after their commits (format 3; older logs: on too)."""
 
     def to_bytes(self) -> bytes:
-        return seal(
-            {
-                "format_version": self.format_version,
-                "shards": self.shards,
-                "log_id": self.log_id,
-                "created_ms": self.created_ms,
-                "snapshot_interval": self.snapshot_interval,
-                "checkpoint_interval": self.checkpoint_interval,
-                "routing": "fnv1a64-utf8-mod-shards",
-                "segment_format": "arrow-ipc-file",
-            }
-        )
+        document: dict[str, Any] = {
+            "format_version": self.format_version,
+            "shards": self.shards,
+            "log_id": self.log_id,
+            "created_ms": self.created_ms,
+            "snapshot_interval": self.snapshot_interval,
+            "checkpoint_interval": self.checkpoint_interval,
+            "routing": "fnv1a64-utf8-mod-shards",
+            "segment_format": "arrow-ipc-file",
+        }
+        if self.format_version >= 3:
+            document["retention_ms"] = self.retention_ms
+            document["auto_compact"] = self.auto_compact
+        return seal(document)
 
     @classmethod
     def from_bytes(cls, data: bytes, path: str) -> LogDescriptor:
@@ -94,9 +112,13 @@ class LogDescriptor:
                     body.get("checkpoint_interval", snapshot_interval), "checkpoint_interval"
                 ),
                 format_version=_int(body["format_version"], "format_version"),
+                retention_ms=_int(body.get("retention_ms", DEFAULT_RETENTION_MS), "retention_ms"),
+                auto_compact=_bool(body.get("auto_compact", True), "auto_compact"),
             )
         except (KeyError, ValueError) as exc:
             raise CorruptionError(path, f"malformed log descriptor: {exc}") from exc
+        if descriptor.retention_ms < MIN_RETENTION_MS:
+            raise CorruptionError(path, f"retention_ms {descriptor.retention_ms} is too short")
         if not 1 <= descriptor.shards <= MAX_SHARDS or descriptor.snapshot_interval < 1:
             raise CorruptionError(path, "shards or snapshot_interval out of range")
         if descriptor.snapshot_interval % descriptor.checkpoint_interval:
@@ -191,12 +213,61 @@ class WriterInfo:
         )
 
 
+PART_FIELDS = (
+    "shard",
+    "first_sequence",
+    "last_sequence",
+    "offset",
+    "bytes",
+    "min_timestamp_ms",
+    "max_timestamp_ms",
+)
+"""The members of a part, in the order a format 3 commit lists them."""
+
+
+def files_to_json(entries: tuple[SegmentInfo, ...]) -> list[dict[str, Any]]:
+    """Segment entries as format 3 writes them: one object per file (consecutive entries
+    of one file share it), each entry a part ``[shard, first_sequence, ...]``."""
+    files: list[dict[str, Any]] = []
+    for entry in entries:
+        part = [getattr(entry, name) for name in PART_FIELDS]
+        if files and files[-1]["path"] == entry.path and files[-1]["sha256"] == entry.sha256:
+            files[-1]["parts"].append(part)
+        else:
+            files.append({"path": entry.path, "sha256": entry.sha256, "parts": [part]})
+    return files
+
+
+def files_from_json(items: list[Any]) -> tuple[SegmentInfo, ...]:
+    """Segment entries from a commit: format 3 files with parts, or format 2 entries."""
+    entries = []
+    for item in items:
+        if "parts" not in item:  # format 1 and 2: one flat entry per segment
+            entries.append(SegmentInfo.from_json(item))
+            continue
+        for part in item["parts"]:
+            if not isinstance(part, list) or len(part) != len(PART_FIELDS):
+                raise ValueError(f"a part must list {', '.join(PART_FIELDS)}, got {part!r}")
+            entries.append(
+                SegmentInfo.from_json(
+                    {
+                        "path": item["path"],
+                        "sha256": item["sha256"],
+                        **dict(zip(PART_FIELDS, part, strict=True)),
+                    }
+                )
+            )
+    return tuple(entries)
+
+
 @dataclass(frozen=True)
 class CommitRecord:
     """``_replog/commits/<version>.json``: one atomic change to the log.
 
     ``token`` is random and unique to the record, so a writer that cannot tell whether its
     put-if-absent landed recognises its own record when it reads the version back.
+    ``log_id`` names the log it was written to (empty in records of formats 1 and 2), so
+    a process that still holds a log deleted and re-created at its URL notices.
     """
 
     version: int
@@ -208,6 +279,7 @@ class CommitRecord:
     low_watermarks: dict[int, int] = field(default_factory=dict)
     writer: WriterInfo | None = None
     gc: GcMark | None = None
+    log_id: str = ""
 
     @classmethod
     def after(
@@ -221,7 +293,8 @@ class CommitRecord:
         writer: WriterInfo | None = None,
         gc: GcMark | None = None,
     ) -> CommitRecord:
-        """The record that follows ``version``: the one way replog builds a commit."""
+        """The record that follows ``version``: the one way replog builds a commit (the
+        log stamps its id on it when it commits)."""
         return cls(
             version=version + 1,
             timestamp_ms=now_ms(),
@@ -238,11 +311,12 @@ class CommitRecord:
         document: dict[str, Any] = {
             "format_version": FORMAT_VERSION,
             "version": self.version,
+            "log_id": self.log_id,
             "timestamp_ms": self.timestamp_ms,
             "operation": self.operation,
             "token": self.token,
-            "add": [segment.to_json() for segment in self.add],
-            "remove": [segment.to_json() for segment in self.remove],
+            "add": files_to_json(self.add),
+            "remove": files_to_json(self.remove),
             "low_watermarks": {str(s): seq for s, seq in sorted(self.low_watermarks.items())},
             "writer": self.writer.to_json() if self.writer else None,
         }
@@ -261,14 +335,15 @@ class CommitRecord:
                 timestamp_ms=_int(body["timestamp_ms"], "timestamp_ms"),
                 operation=_str(body["operation"], "operation"),
                 token=_str(body.get("token", ""), "token"),
-                add=tuple(SegmentInfo.from_json(item) for item in body.get("add", [])),
-                remove=tuple(SegmentInfo.from_json(item) for item in body.get("remove", [])),
+                add=files_from_json(body.get("add", [])),
+                remove=files_from_json(body.get("remove", [])),
                 low_watermarks={
                     int(s): _int(seq, "low watermark")
                     for s, seq in body.get("low_watermarks", {}).items()
                 },
                 writer=WriterInfo.from_json(writer) if writer is not None else None,
                 gc=GcMark.from_json(gc) if gc is not None else None,
+                log_id=_str(body.get("log_id", ""), "log_id"),
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise CorruptionError(path, f"malformed commit record: {exc}") from exc

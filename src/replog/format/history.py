@@ -13,34 +13,38 @@ falling back to an older one (or to the commits from version 1), with a warning.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
-from typing import Any
+import time
 
 import pyarrow as pa
 from pyarrow import ipc
 
 from replog.errors import (
     CorruptionError,
+    LogNotFoundError,
+    LogRecreatedError,
     MissingFileError,
     StorageError,
     UnsupportedFormatError,
 )
 from replog.format.commits import (
-    FORMAT_VERSION,
+    DESCRIPTOR_PATH,
     META_DIR,
     CommitRecord,
     LogDescriptor,
     commit_path,
 )
+from replog.format.headers import ChangesEntry, SnapshotHeader
 from replog.format.lanes import (
     Lanes,
     SegmentChanges,
     apply_segments,
     segments_from_table,
     segments_table,
+    tombstones_from_table,
 )
-from replog.format.sealed import seal, unseal
-from replog.format.segments import sha256_hex
+from replog.format.segments import SegmentInfo, sha256_hex
 from replog.format.state import LogState, SinkMark, Snapshots
 from replog.storage import Storage
 from replog.storage.pointer import ForwardPointer, probe_forward
@@ -98,23 +102,77 @@ def read_commits(storage: Storage, first: int, last: int) -> list[CommitRecord]:
     return [record for record in records if record is not None]
 
 
+class BaseMissing(Exception):  # noqa: N818 (a signal, not an error)
+    """The commit a state was built up to is gone although the log is the same: retention
+    removed it while this state was idle. The caller loads the state afresh."""
+
+
+def check_identity(storage: Storage, log_id: str) -> None:
+    """Raise if the descriptor at ``storage`` no longer names ``log_id``: the log was
+    deleted (:class:`LogNotFoundError`) or deleted and re-created
+    (:class:`LogRecreatedError`)."""
+    data = storage.read_optional(DESCRIPTOR_PATH)
+    if data is None:
+        raise LogNotFoundError(
+            f"{storage.url!r}: the log this process opened was deleted (no {DESCRIPTOR_PATH}); "
+            f"nothing was written"
+        )
+    found = LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH)).log_id
+    if log_id and found != log_id:
+        raise LogRecreatedError(storage.path(DESCRIPTOR_PATH), found, log_id)
+
+
+def _check_base(storage: Storage, state: LogState, base: CommitRecord | None) -> None:
+    """After finding no commit past ``state.version``: make sure the log is still the one
+    the state was built from (``base``: commit ``state.version`` as read now). A log
+    deleted and re-created with fewer commits would otherwise look idle, and a writer
+    would commit on top of it."""
+    if state.version == 0:
+        check_identity(storage, state.log_id)
+        return
+    if base is None:
+        check_identity(storage, state.log_id)  # raises if it is another log
+        raise BaseMissing(state.version)
+    if base.log_id and state.log_id and base.log_id != state.log_id:
+        raise LogRecreatedError(storage.path(commit_path(base.version)), base.log_id, state.log_id)
+
+
 def catch_up(
-    storage: Storage, state: LogState, *, limit: int | None = None, window: int = 1
+    storage: Storage,
+    state: LogState,
+    *,
+    limit: int | None = None,
+    window: int = 1,
+    check_base: bool = True,
 ) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
     and more may follow. On remote storage reads ``window`` commits at once, then twice as
     many while all exist (in parallel); elsewhere one at a time, stopping at the first
-    that does not exist."""
+    that does not exist.
+
+    With ``check_base``, finding nothing new also checks that the log is the one the state
+    was built from (one more small read, in parallel on remote storage): raises
+    :class:`LogRecreatedError` or :class:`LogNotFoundError` if not, and
+    :class:`BaseMissing` if retention removed the state's commits meanwhile.
+    """
     parallel = storage.is_remote
     window = window if parallel else 1
     applied = 0
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
         first = state.version + 1
-        versions = range(first, first + count)
-        records = storage.map(lambda v: read_commit(storage, v), versions, threads=count)
+        versions = list(range(first, first + count))
+        with_base = check_base and applied == 0 and parallel and state.version > 0
+        if with_base:
+            versions.insert(0, state.version)
+        records = storage.map(lambda v: read_commit(storage, v), versions, threads=len(versions))
+        base = records.pop(0) if with_base else None
         for record in records:
             if record is None:
+                if check_base and applied == 0:
+                    if not with_base and state.version > 0:
+                        base = read_commit(storage, state.version)
+                    _check_base(storage, state, base)
                 return True
             state.apply(record)
             applied += 1
@@ -150,21 +208,39 @@ def _put_once(storage: Storage, relative: str, data: bytes) -> bytes:
 _UNUSABLE = (CorruptionError, FileNotFoundError, StorageError)
 
 
-def _write_changes(storage: Storage, snapshots: Snapshots, state: LogState) -> dict[str, Any]:
+def _write_changes(storage: Storage, snapshots: Snapshots, state: LogState) -> ChangesEntry:
     """Write the changes file of ``state``'s version; the header's entry naming it."""
     changes = state.changes()
     table_sha256 = snapshots.table_sha256(changes.table_version)
     data = _put_once(storage, changes_path(state.version), _ipc_bytes(changes.to_table()))
-    return {
-        "table_version": changes.table_version,
-        "table_sha256": table_sha256,
-        "sha256": sha256_hex(data),
-    }
+    return ChangesEntry(changes.table_version, table_sha256, sha256_hex(data))
 
 
-def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogState) -> None:
-    """Write the checkpoint for ``state`` when its version is due: the segment table or
-    the changes since it, then the header, then the hint.
+def _header(state: LogState, descriptor: LogDescriptor) -> SnapshotHeader:
+    """The header of ``state`` (without its table digest or changes entry)."""
+    return SnapshotHeader(
+        version=state.version,
+        timestamp_ms=state.timestamp_ms,
+        shards=descriptor.shards,
+        heads=tuple(state.heads),
+        lows=tuple(state.lows),
+        sinks={name: mark.to_json() for name, mark in state.sinks.items()},
+        total_bytes=state.total_bytes,
+        segment_count=state.segment_count,
+        gc_marks=tuple(state.gc_marks),
+        gc_known_since=state.gc_known_since,
+        log_id=descriptor.log_id,
+        retained_from=state.retained_from,
+    )
+
+
+def write_checkpoint(
+    storage: Storage, descriptor: LogDescriptor, state: LogState, *, now_ms: int | None = None
+) -> None:
+    """Write the checkpoint for ``state`` when its version is due: the segment table (with
+    the tombstones of the segments removed since the table before) or the changes since
+    it, then the header, then the hint; after a table, expire what is older than the
+    log's retention (:func:`expire`).
 
     Best effort for the caller: a missing checkpoint only makes the next open read more
     commits. Every file is written put-if-absent; one already there is fine.
@@ -172,28 +248,19 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
     version = state.version
     if not _is_due(version, descriptor.checkpoint_interval):
         return
-    header: dict[str, Any] = {
-        "format_version": FORMAT_VERSION,
-        "version": version,
-        "timestamp_ms": state.timestamp_ms,
-        "shards": descriptor.shards,
-        "heads": state.heads_json(),
-        "lows": state.lows_json(),
-        "sinks": {name: mark.to_json() for name, mark in sorted(state.sinks.items())},
-        "bytes": state.total_bytes,
-        "segment_count": state.segment_count,
-        "gc_marks": [[version, cutoff] for version, cutoff in state.gc_marks],
-        "gc_known_since": state.gc_known_since,
-    }
+    header = _header(state, descriptor)
     snapshots = state.snapshots
-    if _is_due(version, descriptor.snapshot_interval):
-        data = _put_once(storage, table_path(version), _ipc_bytes(segments_table(state.segments)))
-        header["table_sha256"] = sha256_hex(data)
+    at_table = _is_due(version, descriptor.snapshot_interval)
+    if at_table:
+        tombstones = state.changes().tombstones if snapshots is not None else []
+        table = segments_table(state.segments, tombstones)
+        data = _put_once(storage, table_path(version), _ipc_bytes(table))
+        header = dataclasses.replace(header, table_sha256=sha256_hex(data))
         if snapshots is not None:
-            snapshots.remember_table(version, header["table_sha256"])
+            snapshots.remember_table(version, sha256_hex(data))
     elif snapshots is not None:
         try:
-            header["changes"] = _write_changes(storage, snapshots, state)
+            header = dataclasses.replace(header, changes=_write_changes(storage, snapshots, state))
         except _UNUSABLE as exc:  # e.g. the table below was never written (a crash)
             logger.warning(
                 "checkpoint %d of %s has no changes file (%s): readers will take its "
@@ -202,7 +269,7 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
                 storage.url,
                 exc,
             )
-    sealed = seal(header)
+    sealed = header.to_bytes()
     copy: bytes | None = sealed
     try:
         storage.put_if_absent(header_path(version), sealed)
@@ -211,6 +278,72 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
     pointer = snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)
     pointer.advance(version, copy=copy)
     logger.debug("wrote checkpoint of %s at version %d", storage.url, version)
+    if at_table and isinstance(snapshots, LogSnapshots):
+        expire(snapshots, state, now_ms=time.time() * 1000 if now_ms is None else now_ms)
+
+
+EXPIRE_STEPS = 2
+"""Tables a writer of a table expires at most (one per table written keeps up; two catch
+up after a pause)."""
+
+
+def expired_files(descriptor: LogDescriptor, retained: int, table: int) -> list[str]:
+    """The metadata files a log needs no more once table ``table`` is its oldest: commits
+    up to it, and the headers, tables and changes files below it (from ``retained``)."""
+    checkpoints = range(retained - retained % descriptor.checkpoint_interval, table,
+                        descriptor.checkpoint_interval)  # fmt: skip
+    files = [commit_path(v) for v in range(retained + 1, table + 1)]
+    for version in checkpoints:
+        if version > 0:
+            files.append(header_path(version))
+            is_table = version % descriptor.snapshot_interval == 0
+            files.append(table_path(version) if is_table else changes_path(version))
+    return files
+
+
+def expire(snapshots: LogSnapshots, state: LogState, *, now_ms: float) -> None:
+    """Delete what is older than the log's retention, a table at a time (best effort).
+
+    The oldest retained table moves to the next table whose header is older than the
+    retention, while the newest two tables stay: its tombstones (segments removed between
+    the two tables) have their files deleted unless a live segment still names them, and
+    the commits, headers, tables and changes files below it are deleted. Readers never
+    need them: a state comes from the newest header, and a reader whose commits are gone
+    loads it afresh. Costs what it deletes, never a listing.
+    """
+    descriptor, storage = snapshots.descriptor, snapshots.storage
+    interval = descriptor.snapshot_interval
+    cutoff = now_ms - descriptor.retention_ms
+    retained = state.retained_from
+    candidate = retained - retained % interval + interval
+    for _ in range(EXPIRE_STEPS):
+        if candidate > state.version - interval:
+            return
+        try:
+            header = snapshots.header(candidate)
+            tombstones = snapshots.tombstones(candidate) if header.timestamp_ms <= cutoff else []
+        except _UNUSABLE as exc:
+            logger.debug("not expiring past table %d of %s: %s", candidate, storage.url, exc)
+            return
+        if header.timestamp_ms > cutoff:
+            return
+        live = state.live_paths()
+        doomed = [path for path in dict.fromkeys(t.path for t in tombstones) if path not in live]
+        try:
+            storage.delete_many([*doomed, *expired_files(descriptor, retained, candidate)])
+        except (StorageError, OSError) as exc:
+            logger.warning("could not expire %s below version %d: %s", storage.url, candidate, exc)
+            return
+        logger.info(
+            "expired %s below version %d: %d removed segment files, commits %d..%d",
+            storage.url,
+            candidate,
+            len(doomed),
+            retained + 1,
+            candidate,
+        )
+        state.retained_from = retained = candidate
+        candidate += interval
 
 
 class LogSnapshots:
@@ -220,7 +353,7 @@ class LogSnapshots:
     def __init__(self, storage: Storage, descriptor: LogDescriptor) -> None:
         self.storage = storage
         self.descriptor = descriptor
-        self._headers: dict[int, dict[str, Any]] = {}
+        self._headers: dict[int, SnapshotHeader] = {}
         self._table_sha256: dict[int, str | None] = {0: None}
         self.hint = hint(storage)
 
@@ -231,31 +364,32 @@ class LogSnapshots:
     def has_header(self, version: int) -> bool:
         return self.storage.exists(header_path(version))
 
-    def header(self, version: int) -> dict[str, Any]:
+    def header(self, version: int) -> SnapshotHeader:
+        """Header ``version``, checked to belong to this log."""
         if version not in self._headers:
             relative = header_path(version)
             data = self.storage.read(relative)
-            self._remember_header(
-                version, unseal(data, self.storage.path(relative), max_version=FORMAT_VERSION)
-            )
+            self._remember_header(SnapshotHeader.from_bytes(data, self.storage.path(relative)))
         return self._headers[version]
 
     def offer_header(self, version: int, copy: bytes) -> None:
         """Take the hint's copy of header ``version`` instead of reading the file, if its
         seal holds and it is that version's (otherwise the file is read when needed)."""
         try:
-            body = unseal(copy, self.storage.path(SNAPSHOT_HINT_PATH), max_version=FORMAT_VERSION)
+            header = SnapshotHeader.from_bytes(copy, self.storage.path(SNAPSHOT_HINT_PATH))
         except (CorruptionError, UnsupportedFormatError) as exc:
             logger.debug("ignoring the hint's copy of header %d: %s", version, exc)
             return
-        if body.get("version") == version:
-            self._remember_header(version, body)
+        if header.version == version:
+            self._remember_header(header)
 
-    def _remember_header(self, version: int, body: dict[str, Any]) -> None:
-        self._headers[version] = body
-        changes = body.get("changes")
-        if isinstance(changes, dict) and "table_sha256" in changes:
-            self._table_sha256.setdefault(changes["table_version"], changes["table_sha256"])
+    def _remember_header(self, header: SnapshotHeader) -> None:
+        path = self.storage.path(header_path(header.version))
+        if header.log_id and header.log_id != self.descriptor.log_id:
+            raise LogRecreatedError(path, header.log_id, self.descriptor.log_id)
+        self._headers[header.version] = header
+        if header.changes is not None:
+            self._table_sha256.setdefault(header.changes.table_version, header.changes.table_sha256)
 
     def remember_table(self, version: int, sha256: str) -> None:
         self._table_sha256[version] = sha256
@@ -264,46 +398,65 @@ class LogSnapshots:
         """The checksum of the segment table at ``version`` (None for the empty log's), as
         its header or a later header's changes entry records it."""
         if version not in self._table_sha256:
-            body = self.header(version)
-            # Format 1 named it segments_sha256.
-            self._table_sha256[version] = body.get("table_sha256", body.get("segments_sha256"))
+            self._table_sha256[version] = self.header(version).table_sha256
         return self._table_sha256[version]
 
     def state(self, version: int) -> LogState:
         """The state at header ``version`` (segments and changes loaded on demand)."""
         path = self.storage.path(header_path(version))
-        body = self.header(version)
+        header = self.header(version)
         shards = self.descriptor.shards
+        if header.version != version or header.shards != shards:
+            raise CorruptionError(
+                path, "malformed snapshot header: version or shard count differs from its "
+                "name and the log"
+            )  # fmt: skip
         try:
-            if int(body["version"]) != version or int(body["shards"]) != shards:
-                raise ValueError("version or shard count differs from its name and the log")
-            marks_known = "gc_marks" in body
-            return LogState(
-                shards=shards,
-                version=version,
-                heads=[int(body["heads"][str(s)]) for s in range(shards)],
-                lows=[int(body["lows"][str(s)]) for s in range(shards)],
-                sinks={name: SinkMark.from_json(mark) for name, mark in body["sinks"].items()},
-                total_bytes=int(body["bytes"]),
-                segment_count=int(body["segment_count"]),
-                timestamp_ms=int(body["timestamp_ms"]),
-                # A header written before gc marks: any mark may lie below it.
-                gc_marks=[(int(v), int(c)) for v, c in body["gc_marks"]] if marks_known else (),
-                gc_known_since=int(body["gc_known_since"]) if marks_known else version,
-                snapshots=self,
-            )
+            sinks = {name: SinkMark.from_json(dict(mark)) for name, mark in header.sinks.items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptionError(path, f"malformed snapshot header: {exc}") from exc
+        return LogState(
+            shards=shards,
+            version=version,
+            heads=list(header.heads),
+            lows=list(header.lows),
+            sinks=sinks,
+            total_bytes=header.total_bytes,
+            segment_count=header.segment_count,
+            timestamp_ms=header.timestamp_ms,
+            gc_marks=header.gc_marks,
+            gc_known_since=header.gc_known_since,
+            snapshots=self,
+            log_id=self.descriptor.log_id,
+            retained_from=header.retained_from,
+        )
+
+    def _table(self, version: int) -> pa.Table:
+        data = self._checked(table_path(version), self.table_sha256(version), "segment table")
+        try:
+            return ipc.open_file(pa.BufferReader(data)).read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise CorruptionError(
+                self.storage.path(table_path(version)), f"unreadable segment table: {exc}"
+            ) from exc
 
     def table(self, version: int) -> Lanes:
         """The segment table at ``version`` (a multiple of the table interval; 0 is the
         empty log), checked against its header."""
         if version == 0:
             return [[] for _ in range(self.descriptor.shards)]
-        data = self._checked(table_path(version), self.table_sha256(version), "segment table")
+        table = self._table(version)
         try:
-            table = ipc.open_file(pa.BufferReader(data)).read_all()
             return segments_from_table(table, self.descriptor.shards)
+        except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
+            raise CorruptionError(
+                self.storage.path(table_path(version)), f"unreadable segment table: {exc}"
+            ) from exc
+
+    def tombstones(self, version: int) -> list[SegmentInfo]:
+        """The segments table ``version`` records as removed since the table before it."""
+        try:
+            return tombstones_from_table(self._table(version))
         except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
             raise CorruptionError(
                 self.storage.path(table_path(version)), f"unreadable segment table: {exc}"
@@ -312,15 +465,15 @@ class LogSnapshots:
     def changes_file(self, version: int) -> SegmentChanges | None:
         """The changes file of header ``version``, checked against the header; None if the
         header has none (written before changes files existed)."""
-        entry = self.header(version).get("changes")
+        entry = self.header(version).changes
         if entry is None:
             return None
         relative = changes_path(version)
-        data = self._checked(relative, entry.get("sha256"), "changes file")
+        data = self._checked(relative, entry.sha256, "changes file")
         table_version = version - version % self.table_interval
         try:
-            if int(entry["table_version"]) != table_version:
-                raise ValueError(f"is based on version {entry['table_version']}")
+            if entry.table_version != table_version:
+                raise ValueError(f"is based on version {entry.table_version}")
             table = ipc.open_file(pa.BufferReader(data)).read_all()
             return SegmentChanges.from_table(table, table_version)
         except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
@@ -392,9 +545,21 @@ class LogSnapshots:
         )
 
 
+def _newest_listed_header(snapshots: LogSnapshots) -> int:
+    """The newest header found by listing (repair: only when the hint is gone and the
+    headers from the start were expired)."""
+    versions = [
+        int(name.removesuffix(".json"))
+        for name in snapshots.storage.listdir(SNAPSHOTS_DIR)
+        if name.endswith(".json") and name.removesuffix(".json").isdigit()
+    ]
+    return max(versions, default=0)
+
+
 def _hinted_header(snapshots: LogSnapshots) -> int:
     """The header version the hint names (not probed past: see :func:`load_state`).
-    Without a usable hint, gallop forward over existing headers."""
+    Without a usable hint, gallop forward over existing headers; if none is found that
+    way (retention removed the first ones), list them."""
     interval = snapshots.descriptor.checkpoint_interval
     entry = snapshots.hint.read_entry()
     start = None
@@ -407,6 +572,8 @@ def _hinted_header(snapshots: LogSnapshots) -> int:
         while snapshots.has_header(start + step):
             start += step
             step *= 2
+        if start == 0 and not snapshots.storage.exists(commit_path(1)):
+            start = _newest_listed_header(snapshots)
     return start - start % interval
 
 
@@ -434,13 +601,23 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     read at once (in parallel on remote storage). The hint is not probed past first: it
     lags only after a crash or a slow writer, a full window reveals that, and only then
     are newer headers looked for.
+
+    Raises :class:`CorruptionError` if every header that retention kept is unusable and
+    the commits before them are gone (the log cannot be rebuilt: restore the files).
     """
     snapshots = LogSnapshots(storage, descriptor)
     interval = descriptor.checkpoint_interval
-    state = _usable_state(snapshots, _hinted_header(snapshots))
+    hinted = _hinted_header(snapshots)
+    state = _usable_state(snapshots, hinted)
     if state is None:
-        state = LogState(shards=descriptor.shards, snapshots=snapshots)
-    while not catch_up(storage, state, limit=interval, window=interval):
+        state = LogState(shards=descriptor.shards, snapshots=snapshots, log_id=descriptor.log_id)
+        if hinted > 0 and not storage.exists(commit_path(1)):
+            raise CorruptionError(
+                storage.path(header_path(hinted)),
+                "no usable snapshot header, and the commits from version 1 were removed "
+                "by retention: the log cannot be rebuilt (restore the snapshot files)",
+            )
+    while not catch_up(storage, state, limit=interval, window=interval, check_base=False):
         newest = probe_forward(
             state.version - state.version % interval, interval, snapshots.has_header
         )
@@ -456,5 +633,6 @@ def check_snapshot(storage: Storage, descriptor: LogDescriptor, version: int) ->
     snapshots.state(version)
     if _is_due(version, descriptor.snapshot_interval):
         snapshots.table(version)
+        snapshots.tombstones(version)
     else:
         snapshots.changes_file(version)

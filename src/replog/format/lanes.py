@@ -1,10 +1,15 @@
 """Live segments per shard ("lanes"), the segment table that stores them, and the changes
 since a table that let a checkpoint skip the commits in between.
 
-A segment table (every ``snapshot_interval`` versions) lists every live segment. Between
-tables, each snapshot header comes with a *changes* file: the segments added and removed
-since the table. Live segments at a header are its table plus its changes, so neither a
-reader nor the writer of the next table has to read the commits in between.
+A segment table (every ``snapshot_interval`` versions) lists every live segment, and the
+segments removed since the table before it (*tombstones*: their files are deleted once
+the table is older than the log's retention). Between tables, each snapshot header comes
+with a *changes* file: the segments added and removed since the table. Live segments at
+a header are its table plus its changes, so neither a reader nor the writer of the next
+table has to read the commits in between.
+
+Applying a commit costs in proportion to its own entries: an entry is found by binary
+search on its first sequence, and a run of removed entries goes in one slice deletion.
 """
 
 from __future__ import annotations
@@ -33,10 +38,20 @@ SEGMENT_TABLE_SCHEMA = pa.schema(
         pa.field("max_timestamp_ms", pa.int64(), nullable=False),
     ]
 )
-"""Columns of a segment table; rows ordered by shard, then first sequence."""
+"""Columns of a segment entry in tables and changes files of format 2 (no ``offset``)."""
 
-CHANGES_SCHEMA = SEGMENT_TABLE_SCHEMA.append(pa.field("removed", pa.bool_(), nullable=False))
-"""Columns of a changes file: segment entries, each flagged added (false) or removed."""
+ENTRY_SCHEMA = SEGMENT_TABLE_SCHEMA.append(pa.field("offset", pa.int64(), nullable=False))
+"""Columns of a segment entry in format 3."""
+
+TABLE_SCHEMA = ENTRY_SCHEMA.append(pa.field("change", pa.string(), nullable=False))
+"""A format 3 segment table: ``change`` is ``live`` or ``removed`` (a tombstone)."""
+
+CHANGES_SCHEMA_V2 = SEGMENT_TABLE_SCHEMA.append(pa.field("removed", pa.bool_(), nullable=False))
+CHANGES_SCHEMA = TABLE_SCHEMA
+"""A format 3 changes file: ``change`` is ``added`` (since the table, live), ``removed``
+(an entry of the table, gone) or ``dropped`` (added since the table and gone again)."""
+
+LIVE, REMOVED, ADDED, DROPPED = "live", "removed", "added", "dropped"
 
 
 def _first_sequence(segment: SegmentInfo) -> int:
@@ -51,48 +66,116 @@ def _insert(lanes: Lanes, segment: SegmentInfo) -> None:
         bisect.insort(lane, segment, key=_first_sequence)
 
 
-def _remove(lanes: Lanes, segment: SegmentInfo, where: str) -> None:
-    lane = lanes[segment.shard]
-    kept = [s for s in lane if s.path != segment.path]
-    if len(kept) == len(lane):
-        raise CorruptionError(where, f"removes {segment.path}, which is not a live segment")
-    lanes[segment.shard] = kept
+def index_of(lane: list[SegmentInfo], segment: SegmentInfo) -> int | None:
+    """Where the live entry ``segment`` names is in ``lane`` (None if it is not live)."""
+    index = bisect.bisect_left(lane, segment.first_sequence, key=_first_sequence)
+    while index < len(lane) and lane[index].first_sequence == segment.first_sequence:
+        if lane[index].key == segment.key:
+            return index
+        index += 1
+    return None
+
+
+def _remove_all(lanes: Lanes, removed: Iterable[SegmentInfo], where: str) -> None:
+    """Remove live entries (each must be live, else the record at ``where`` is corrupt),
+    deleting each lane's runs of consecutive entries in one slice."""
+    found: dict[int, list[int]] = {}
+    for segment in removed:
+        index = index_of(lanes[segment.shard], segment)
+        if index is None:
+            raise CorruptionError(where, f"removes {segment.path}, which is not a live segment")
+        found.setdefault(segment.shard, []).append(index)
+    for shard, indices in found.items():
+        lane = lanes[shard]
+        indices.sort(reverse=True)
+        stop = start = indices[0]
+        for index in indices[1:]:
+            if index == start - 1:
+                start = index
+                continue
+            del lane[start : stop + 1]
+            stop = start = index
+        del lane[start : stop + 1]
 
 
 def apply_segments(lanes: Lanes, commit: CommitRecord) -> None:
-    """Apply a commit's adds and removes; a remove must name a live segment (same path),
-    else the record is corrupt."""
-    for segment in commit.remove:
-        _remove(lanes, segment, commit_path(commit.version))
+    """Apply a commit's adds and removes; a remove must name a live segment (same file
+    and offset), else the record is corrupt."""
+    _remove_all(lanes, commit.remove, commit_path(commit.version))
     for segment in commit.add:
         _insert(lanes, segment)
 
 
-def _rows(segments: Iterable[SegmentInfo]) -> list[dict[str, object]]:
-    ordered = sorted(segments, key=lambda s: (s.shard, s.first_sequence, s.path))
-    return [segment.to_json() for segment in ordered]
+def _rows(segments: Iterable[SegmentInfo], change: str) -> list[dict[str, object]]:
+    ordered = sorted(segments, key=lambda s: (s.shard, s.first_sequence, s.path, s.offset))
+    return [{**segment.to_json(), "change": change} for segment in ordered]
 
 
-def segments_table(lanes: Lanes) -> pa.Table:
-    return pa.Table.from_pylist(
-        _rows(segment for lane in lanes for segment in lane), schema=SEGMENT_TABLE_SCHEMA
-    )
+def segments_table(lanes: Lanes, tombstones: Iterable[SegmentInfo] = ()) -> pa.Table:
+    """A format 3 segment table: the live segments, then the tombstones."""
+    rows = [
+        *_rows((segment for lane in lanes for segment in lane), LIVE),
+        *_rows(tombstones, REMOVED),
+    ]
+    return pa.Table.from_pylist(rows, schema=TABLE_SCHEMA)
+
+
+def _entries(table: pa.Table) -> list[SegmentInfo]:
+    """The entries of a checksum-verified table or changes file (its schema types them)."""
+    names = ENTRY_SCHEMA.names if "offset" in table.column_names else SEGMENT_TABLE_SCHEMA.names
+    return [SegmentInfo(**row) for row in table.select(names).to_pylist()]
+
+
+def _changes(table: pa.Table) -> list[str]:
+    """Each row's change (format 2 changes files flag removals with ``removed``)."""
+    if "change" in table.column_names:
+        return [str(change) for change in table.column("change").to_pylist()]
+    if "removed" in table.column_names:
+        return [REMOVED if gone else ADDED for gone in table.column("removed").to_pylist()]
+    return [LIVE] * table.num_rows
+
+
+def _where(table: pa.Table, change: str) -> pa.Table:
+    """The rows of a table whose change is ``change``, as slices (no compute kernel:
+    Spark's per-query planner process would pay ~30 ms to import one)."""
+    changes = _changes(table)
+    unknown = set(changes) - {LIVE, REMOVED}
+    if unknown:
+        raise ValueError(f"unknown change {sorted(unknown)} in a segment table")
+    runs: list[tuple[int, int]] = []
+    for index, found in enumerate(changes):
+        if found != change:
+            continue
+        if runs and runs[-1][1] == index:
+            runs[-1] = (runs[-1][0], index + 1)
+        else:
+            runs.append((index, index + 1))
+    if not runs:
+        return table.slice(0, 0)
+    return pa.concat_tables([table.slice(start, stop - start) for start, stop in runs])
 
 
 def segments_from_table(table: pa.Table, shards: int) -> Lanes:
+    """The live segments of a segment table (of format 2 or 3)."""
     lanes: Lanes = [[] for _ in range(shards)]
-    for row in table.select(SEGMENT_TABLE_SCHEMA.names).to_pylist():
-        lanes[row["shard"]].append(SegmentInfo.from_json(row))
+    for segment in _entries(_where(table, LIVE)):
+        lanes[segment.shard].append(segment)
     for lane in lanes:
         lane.sort(key=_first_sequence)
     return lanes
 
 
+def tombstones_from_table(table: pa.Table) -> list[SegmentInfo]:
+    """The segments a table records as removed since the table before it."""
+    return _entries(_where(table, REMOVED))
+
+
 class SegmentChanges:
     """Segments added and removed since the segment table at :attr:`table_version`.
 
-    Version 0 stands for the empty log (no table file). A segment added and removed
-    again after the table appears in neither list.
+    Version 0 stands for the empty log (no table file). ``removed`` holds entries of the
+    table that are gone; ``dropped`` those added after the table and gone again. Both
+    are what the next table lists as tombstones.
     """
 
     def __init__(
@@ -100,53 +183,63 @@ class SegmentChanges:
         table_version: int,
         added: Iterable[SegmentInfo] = (),
         removed: Iterable[SegmentInfo] = (),
+        dropped: Iterable[SegmentInfo] = (),
     ) -> None:
         self.table_version = table_version
-        self.added = {segment.path: segment for segment in added}
-        self.removed = {segment.path: segment for segment in removed}
+        self.added = {segment.key: segment for segment in added}
+        self.removed = {segment.key: segment for segment in removed}
+        self.dropped = {segment.key: segment for segment in dropped}
 
     def __repr__(self) -> str:
         return (
-            f"SegmentChanges(table_version={self.table_version}, "
-            f"added={len(self.added)}, removed={len(self.removed)})"
+            f"SegmentChanges(table_version={self.table_version}, added={len(self.added)}, "
+            f"removed={len(self.removed)}, dropped={len(self.dropped)})"
         )
 
     def copy(self) -> SegmentChanges:
-        return SegmentChanges(self.table_version, self.added.values(), self.removed.values())
+        return SegmentChanges(
+            self.table_version,
+            self.added.values(),
+            self.removed.values(),
+            self.dropped.values(),
+        )
+
+    @property
+    def tombstones(self) -> list[SegmentInfo]:
+        """Every segment removed since the table."""
+        return [*self.removed.values(), *self.dropped.values()]
 
     def apply(self, commit: CommitRecord) -> None:
         for segment in commit.remove:
-            if self.added.pop(segment.path, None) is None:
-                self.removed[segment.path] = segment
+            if self.added.pop(segment.key, None) is None:
+                self.removed[segment.key] = segment
+            else:
+                self.dropped[segment.key] = segment
         for segment in commit.add:
-            self.added[segment.path] = segment
+            self.added[segment.key] = segment
 
     def applied_to(self, table: Lanes, where: str) -> Lanes:
         """The live segments: ``table`` (the lanes of table :attr:`table_version`) with
         these changes applied; a removed segment missing from it is corruption at ``where``."""
         lanes = [list(lane) for lane in table]
-        for segment in self.removed.values():
-            _remove(lanes, segment, where)
+        _remove_all(lanes, self.removed.values(), where)
         for segment in self.added.values():
             _insert(lanes, segment)
         return lanes
 
     def to_table(self) -> pa.Table:
         rows = [
-            *({**row, "removed": False} for row in _rows(self.added.values())),
-            *({**row, "removed": True} for row in _rows(self.removed.values())),
+            *_rows(self.added.values(), ADDED),
+            *_rows(self.removed.values(), REMOVED),
+            *_rows(self.dropped.values(), DROPPED),
         ]
         return pa.Table.from_pylist(rows, schema=CHANGES_SCHEMA)
 
     @classmethod
     def from_table(cls, table: pa.Table, table_version: int) -> SegmentChanges:
-        removed = table.column("removed").to_pylist()
-        segments = [
-            SegmentInfo.from_json(row)
-            for row in table.select(SEGMENT_TABLE_SCHEMA.names).to_pylist()
-        ]
-        return cls(
-            table_version,
-            added=(s for s, gone in zip(segments, removed, strict=True) if not gone),
-            removed=(s for s, gone in zip(segments, removed, strict=True) if gone),
-        )
+        kinds: dict[str, list[SegmentInfo]] = {ADDED: [], REMOVED: [], DROPPED: []}
+        for segment, change in zip(_entries(table), _changes(table), strict=True):
+            if change not in kinds:
+                raise ValueError(f"unknown change {change!r} in a changes file")
+            kinds[change].append(segment)
+        return cls(table_version, kinds[ADDED], kinds[REMOVED], kinds[DROPPED])

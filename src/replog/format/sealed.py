@@ -56,10 +56,11 @@ def checksum(document: dict[str, Any]) -> str:
 
 
 def seal(document: dict[str, Any]) -> bytes:
-    """``document`` with its checksum added, as pretty, person-readable JSON bytes."""
+    """``document`` with its checksum added, as one line of compact JSON (a small commit's
+    record is read by every reader of the log: a third of its size was indentation)."""
     body = {name: value for name, value in document.items() if name != CHECKSUM_FIELD}
     sealed = {**body, CHECKSUM_FIELD: checksum(body)}
-    return (json.dumps(sealed, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    return canonical_json(sealed) + b"\n"
 
 
 def unseal(

@@ -17,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from replog.errors import CorruptionError, FencedError
+from replog.errors import CorruptionError, FencedError, LogRecreatedError
 from replog.format.commits import APPEND, COMPACT, TRUNCATE, CommitRecord, WriterInfo, commit_path
 from replog.format.gc import MAX_KEPT_MARKS, StagedFiles, StagingStart, judge
-from replog.format.lanes import Lanes, SegmentChanges, apply_segments
+from replog.format.lanes import Lanes, SegmentChanges, apply_segments, index_of
 from replog.format.segments import SegmentInfo
 
 logger = logging.getLogger(__name__)
@@ -158,13 +158,20 @@ class LogState:
         gc_marks: Sequence[tuple[int, int]] = (),
         gc_known_since: int = 0,
         snapshots: Snapshots | None = None,
+        log_id: str = "",
+        retained_from: int = 0,
     ) -> None:
         """``snapshots`` loads what a state at ``version`` > 0 needs beyond its header;
         without it the state starts empty at version 0 and keeps no commits for
         checkpoints (as ``verify`` builds it). ``gc_marks``: the newest gc marks at or
         below ``version`` as ``(version, cut-off)``, complete after ``gc_known_since``
-        (a header written before marks existed gives none, known since its version)."""
+        (a header written before marks existed gives none, known since its version).
+        ``log_id``: the log's id, which every commit applied must name (if it names
+        one). ``retained_from``: commits and snapshots older than this version may have
+        been deleted by retention."""
         self.shards = shards
+        self.log_id = log_id
+        self.retained_from = retained_from
         self.version = version
         self.heads = heads or [0] * shards
         self.lows = lows or [1] * shards
@@ -192,6 +199,8 @@ class LogState:
             raise CorruptionError(
                 path, f"holds version {commit.version}, expected {self.version + 1}"
             )
+        if commit.log_id and self.log_id and commit.log_id != self.log_id:
+            raise LogRecreatedError(path, commit.log_id, self.log_id)
         for segment in (*commit.add, *commit.remove):
             if not 0 <= segment.shard < self.shards or segment.events < 1:
                 raise CorruptionError(
@@ -322,22 +331,19 @@ class LogState:
         return self._snapshots
 
     def changes(self) -> SegmentChanges:
-        """Segments added and removed since the newest segment-table version at or below
-        this state's version (what a checkpoint between two tables records)."""
+        """Segments added and removed since the segment table the state is based on: at a
+        version between tables, what that version's changes file records; at a table
+        version (its commit applied last), the removals its table lists as tombstones."""
         if self._snapshots is None:
             raise ValueError("a state without snapshots keeps no changes")
         interval = self._snapshots.table_interval
-        table = self.version - self.version % interval
+        table = self._base - self._base % interval
         if self._base == table:
             changes = SegmentChanges(table)
-        elif self._base > table:
+        else:
             if self._base_changes is None:
                 self._base_changes = self._snapshots.changes(self._base)
             changes = self._base_changes.copy()
-        else:
-            # Only at a table version whose commit this state applied last: the table
-            # itself, not changes, is what a checkpoint writes there.
-            raise ValueError(f"changes at table version {self.version} are the table itself")
         for commit in self._since_base:
             changes.apply(commit)
         return changes
@@ -370,6 +376,10 @@ class LogState:
                 f"table or changes file is damaged; run 'replog verify'",
             )
         return result
+
+    def is_live(self, segment: SegmentInfo) -> bool:
+        """Whether ``segment`` is a live entry (same file and rows) of this state."""
+        return index_of(self.segments[segment.shard], segment) is not None
 
     def live_paths(self) -> set[str]:
         return {segment.path for lane in self.segments for segment in lane}

@@ -19,7 +19,7 @@ from replog.checkpoints.store import ManifestStore, manifest_name
 from replog.errors import CorruptionError, ReplogError
 from replog.format import history
 from replog.format.commits import COMMITS_DIR, commit_path
-from replog.format.segments import SegmentInfo, read_stored
+from replog.format.segments import SegmentInfo, read_file
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 
@@ -82,9 +82,9 @@ def _commits(log: ReplicationLog, problems: list[Problem]) -> tuple[int, LogStat
         if name.endswith(".json") and name.removesuffix(".json").isdigit()
     ]
     last = max(versions, default=0)
-    state = LogState(shards=log.shards)
+    state, first = _replay_start(log, min(versions, default=1) - 1, problems)
     broken = False
-    for version in range(1, last + 1):
+    for version in range(first, last + 1):
         path = log.storage.path(commit_path(version))
         try:
             record = history.read_commit(log.storage, version)
@@ -96,6 +96,28 @@ def _commits(log: ReplicationLog, problems: list[Problem]) -> tuple[int, LogStat
             problems.append(_problem(exc, path))
             broken = True  # later commits are still checked for their checksums
     return last, state
+
+
+def _replay_start(
+    log: ReplicationLog, retained: int, problems: list[Problem]
+) -> tuple[LogState, int]:
+    """Where replaying the commits starts: version 0, or the oldest table retention kept
+    (``retained``: the version below the oldest commit on storage)."""
+    if retained > 0:
+        snapshots = history.LogSnapshots(log.storage, log.descriptor)
+        try:
+            if retained % log.descriptor.snapshot_interval:
+                raise CorruptionError(
+                    log.storage.path(commit_path(retained)),
+                    "commit is missing, and no segment table at its version stands for it "
+                    "(retention keeps every commit after its oldest table)",
+                )
+            state = snapshots.state(retained)
+            state.segments  # noqa: B018 (loads the table: the replay needs its segments)
+            return state, retained + 1
+        except (ReplogError, OSError) as exc:
+            problems.append(_problem(exc, log.storage.path(history.header_path(retained))))
+    return LogState(shards=log.shards, log_id=log.log_id), 1
 
 
 def _snapshots(log: ReplicationLog, problems: list[Problem]) -> int:
@@ -120,14 +142,14 @@ def _checkpointed_segments(log: ReplicationLog, state: LogState, problems: list[
         reader = history.load_state(log.storage, log.descriptor)
         if reader.version != state.version:
             return  # a broken commit stopped the replay: reported already
-        found = {s.path: s for lane in reader.segments for s in lane}
+        found = {s.key: s for lane in reader.segments for s in lane}
     except (ReplogError, OSError):
         return  # unreadable snapshot files: reported by _snapshots
-    expected = {s.path: s for lane in state.segments for s in lane}
+    expected = {s.key: s for lane in state.segments for s in lane}
     if found == expected:
         return
-    missing = sorted(set(expected) - set(found))
-    extra = sorted(set(found) - set(expected))
+    missing = sorted({path for path, _ in set(expected) - set(found)})
+    extra = sorted({path for path, _ in set(found) - set(expected)})
     problems.append(
         Problem(
             log.storage.path(history.SNAPSHOTS_DIR),
@@ -140,18 +162,34 @@ def _checkpointed_segments(log: ReplicationLog, state: LogState, problems: list[
 
 
 def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> int:
-    live: list[SegmentInfo] = [segment for lane in state.segments for segment in lane]
+    """Check every live file once (a shared file holds several entries): its checksum,
+    and that it holds the rows each of its entries names."""
+    by_file: dict[str, list[SegmentInfo]] = {}
+    for lane in state.segments:
+        for segment in lane:
+            by_file.setdefault(segment.path, []).append(segment)
 
-    def check(segment: SegmentInfo) -> Problem | None:
+    def check(entries: list[SegmentInfo]) -> Problem | None:
         try:
-            read_stored(log.storage, segment)
+            table = read_file(log.storage, entries[0])
+            for entry in entries[1:]:
+                if entry.sha256 != entries[0].sha256:
+                    raise CorruptionError(
+                        log.storage.path(entry.path), "its entries record different checksums"
+                    )
+                if table.num_rows < entry.offset + entry.events:
+                    raise CorruptionError(
+                        log.storage.path(entry.path),
+                        f"holds {table.num_rows} events, its commit needs "
+                        f"{entry.offset + entry.events}",
+                    )
         except (ReplogError, OSError) as exc:
-            return _problem(exc, log.storage.path(segment.path))
+            return _problem(exc, log.storage.path(entries[0].path))
         return None
 
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        problems.extend(p for p in pool.map(check, live) if p is not None)
-    return len(live)
+        problems.extend(p for p in pool.map(check, by_file.values()) if p is not None)
+    return len(by_file)
 
 
 def _manifests(store: ManifestStore, problems: list[Problem]) -> int:

@@ -43,7 +43,7 @@ from replog import offsets as positions
 from replog import planning
 from replog.checkpoints import consumers
 from replog.format.events import SPARK_SCHEMA_DDL
-from replog.format.segments import read_segment
+from replog.format.segments import read_segments
 from replog.log import ReplicationLog
 from replog.offsets import Offsets, SparkOffset
 from replog.planning import ReadTask
@@ -76,9 +76,10 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     (``plan_data_source_read.py``): it reads nothing."""
     if not isinstance(partition, ReplogPartition):
         return
-    for task in partition.tasks:
-        for segment in task.segments:
-            yield from read_segment(partition.storage, segment, task.first, task.last)
+    wanted = [
+        (segment, task.first, task.last) for task in partition.tasks for segment in task.segments
+    ]
+    yield from read_segments(partition.storage, wanted)
 
 
 def _start_offsets(log: ReplicationLog, options: SourceOptions, consumer: str | None) -> Offsets:
