@@ -64,6 +64,9 @@ from replog.storage import Storage
 logger = logging.getLogger(__name__)
 
 MAX_COMMIT_ATTEMPTS = 200
+READ_VERIFY_S = 1.0
+"""A reader checks that the log at its URL is still its log at most this often while
+nothing new arrives (a writer checks before every commit)."""
 CHECK_THREADS = 8
 
 
@@ -135,6 +138,9 @@ class ReplicationLog:
         self.auto_compact = descriptor.auto_compact if auto_compact is None else auto_compact
         self._state: LogState | None = None
         self._files = DecodedFiles()
+        """Files this object read (checked against their digests), for its reads."""
+        self._written = DecodedFiles(max_bytes=16 * 1024 * 1024)
+        """Rows of the files this object wrote lately: its merges take them from here."""
 
     # -- opening ----------------------------------------------------------------------
 
@@ -264,18 +270,23 @@ class ReplicationLog:
 
     # -- state ------------------------------------------------------------------------
 
-    def refresh(self) -> LogState:
+    def refresh(self, *, verify_within: float = READ_VERIFY_S) -> LogState:
         """The current state, reading only what was committed since the last call.
 
         Raises :class:`~replog.errors.LogRecreatedError` (or ``LogNotFoundError``) if the
-        log this object opened was deleted (and another created) at its URL.
+        log this object opened was deleted (and another created) at its URL: checked at
+        every refresh that finds nothing new, unless it was for this version less than
+        ``verify_within`` seconds ago (writers check every time: 0).
         """
         if self._state is None:
             self._state = history.load_state(self.storage, self.descriptor)
             return self._state
         try:
             caught_up = history.catch_up(
-                self.storage, self._state, limit=self.descriptor.snapshot_interval
+                self.storage,
+                self._state,
+                limit=self.descriptor.snapshot_interval,
+                verify_within=verify_within,
             )
         except history.BaseMissing:  # retention removed what this idle state was built on
             caught_up = False
@@ -328,7 +339,7 @@ class ReplicationLog:
         if table.num_rows == 0:
             return None
         writer = transaction.writer() if transaction is not None else None
-        state = self.refresh()  # fresh before staging: see commit_staged
+        state = self.refresh(verify_within=0)  # fresh before staging: see commit_staged
         if writer is not None and state.holds(writer):
             logger.info("%s: transaction %s is already in the log; skipped", self.url, transaction)
             return None
@@ -351,7 +362,9 @@ class ReplicationLog:
     ) -> list[StagedSegment]:
         """Route validated rows to shards and write them as segment files (not yet visible)."""
         self.storage.require_writable()
-        return segments.stage(self.storage, self.shards, table, max_events=max_events)
+        return segments.stage(
+            self.storage, self.shards, table, max_events=max_events, written=self._written
+        )
 
     def discard_staged(self, staged: Iterable[StagedSegment | SegmentInfo]) -> None:
         """Delete staged files that no commit names (the caller must know that)."""
@@ -450,18 +463,21 @@ class ReplicationLog:
             return None
         try:
             merge = merge_plans.plan_auto(self.state())
-            return None if merge is None else self.merge([merge])
+            return None if merge is None else self.merge([merge], refreshed=True)
         except (CommitConflictError, StagingCollectedError) as exc:
             logger.debug("%s: automatic merge dropped: %s", self.url, exc)
         except (ReplogError, OSError) as exc:
             logger.warning("%s: automatic merge failed (the commit stands): %s", self.url, exc)
         return None
 
-    def merge(self, merges: Sequence[Merge], *, leased: bool = False) -> CommitRecord | None:
+    def merge(
+        self, merges: Sequence[Merge], *, leased: bool = False, refreshed: bool = False
+    ) -> CommitRecord | None:
         """Rewrite each merge's segments as larger files in one ``compact`` commit:
         sequences, heads and events do not change. The files replaced stay on storage
         until retention (or ``replog recover``) deletes them: a reader may have planned a
-        task on them. ``leased``: the caller holds a staging lease (long merges).
+        task on them. ``leased``: the caller holds a staging lease (long merges);
+        ``refreshed``: as for :meth:`commit`.
 
         Raises :class:`CommitConflictError` (deleting what it wrote) if a source left the
         log meanwhile (another compaction or a truncation): plan again.
@@ -472,10 +488,10 @@ class ReplicationLog:
         plans: list[tuple[Sequence[Part], Callable[[], pa.Table]]] = []
         firsts: list[int] = []
         for merge in merges:
-            for plan, placed in _merge_plans(self.storage, merge):
+            for plan, placed in _merge_plans(self.storage, merge, self._written):
                 plans.append(plan)
                 firsts.extend(placed)
-        staged = segments.write_files(self.storage, plans)
+        staged = segments.write_files(self.storage, plans, self._written)
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
         removed = tuple(source for merge in merges for source in merge.sources)
 
@@ -491,7 +507,7 @@ class ReplicationLog:
 
         attempt = CommitAttempt()
         try:
-            return self.commit(build, attempt=attempt)
+            return self.commit(build, attempt=attempt, refreshed=refreshed)
         except BaseException:
             self.discard_after(attempt, merged)
             raise
@@ -531,7 +547,7 @@ class ReplicationLog:
         """
         attempt = attempt if attempt is not None else CommitAttempt()
         for tries in range(MAX_COMMIT_ATTEMPTS):
-            state = self.state() if refreshed and tries == 0 else self.refresh()
+            state = self.state() if refreshed and tries == 0 else self.refresh(verify_within=0)
             record = build(state)
             if record is None:
                 return None
@@ -653,20 +669,34 @@ def _runs(entries: Sequence[SegmentInfo]) -> list[list[SegmentInfo]]:
     return runs
 
 
-def _merged_rows(storage: Storage, sources: Sequence[SegmentInfo]) -> pa.Table:
+def _merged_rows(
+    storage: Storage, sources: Sequence[SegmentInfo], files: dict[str, pa.Table]
+) -> pa.Table:
     """The rows of ``sources`` in order, in large record batches (a merge of many small
-    files must not keep their tiny batches: readers convert batch by batch)."""
-    files = DecodedFiles()
-    tables = [segments.read_stored(storage, source, files) for source in sources]
+    files must not keep their tiny batches: readers convert batch by batch). ``files``
+    holds decoded files (this writer's recent ones); others are read once each."""
+    cache = DecodedFiles()
+    tables = []
+    for source in sources:
+        table = files.get(source.path)
+        if table is None:
+            table = segments.read_file(storage, source, cache)
+        tables.append(segments.entry_rows(table, source))
     return pa.concat_tables(tables).combine_chunks()
 
 
 def _merge_plans(
-    storage: Storage, merge: Merge
+    storage: Storage, merge: Merge, written: DecodedFiles
 ) -> list[tuple[tuple[Sequence[Part], Callable[[], pa.Table]], list[int]]]:
     """The files a merge writes (one shared file, or one per shard), each with the first
     sequence of each of its parts. A part is a run of consecutive sequences; a merge of
-    files between which another writer's big files lie gets several parts per shard."""
+    files between which another writer's big files lie gets several parts per shard.
+    Sources this writer wrote lately are taken from ``written`` instead of storage."""
+    known = {}
+    for source in merge.sources:
+        table = written.get(source)
+        if table is not None:
+            known[source.path] = table
     by_shard: dict[int, list[SegmentInfo]] = {}
     for source in sorted(merge.sources, key=lambda s: (s.shard, s.first_sequence)):
         by_shard.setdefault(source.shard, []).append(source)
@@ -679,8 +709,13 @@ def _merge_plans(
         for shard in shards:
             for run in _runs(by_shard[shard]):
                 rows = sum(entry.events for entry in run)
-                parts.append(Part(shard, sum(p.rows for p in parts), rows))
+                stamps = (
+                    min(entry.min_timestamp_ms for entry in run),
+                    max(entry.max_timestamp_ms for entry in run),
+                )
+                parts.append(Part(shard, sum(p.rows for p in parts), rows, stamps))
                 firsts.append(run[0].first_sequence)
                 sources.extend(run)
-        plans.append(((parts, functools.partial(_merged_rows, storage, tuple(sources))), firsts))
+        rows_of = functools.partial(_merged_rows, storage, tuple(sources), known)
+        plans.append(((parts, rows_of), firsts))
     return plans

@@ -238,6 +238,9 @@ def files_to_json(entries: tuple[SegmentInfo, ...]) -> list[dict[str, Any]]:
     return files
 
 
+_INT = {int}
+
+
 def files_from_json(items: list[Any]) -> tuple[SegmentInfo, ...]:
     """Segment entries from a commit: format 3 files with parts, or format 2 entries."""
     entries = []
@@ -245,18 +248,18 @@ def files_from_json(items: list[Any]) -> tuple[SegmentInfo, ...]:
         if "parts" not in item:  # format 1 and 2: one flat entry per segment
             entries.append(SegmentInfo.from_json(item))
             continue
+        path, sha256 = _str(item["path"], "path"), _str(item["sha256"], "sha256")
         for part in item["parts"]:
-            if not isinstance(part, list) or len(part) != len(PART_FIELDS):
+            if (
+                type(part) is not list
+                or len(part) != len(PART_FIELDS)
+                or {*map(type, part)} != _INT
+            ):
                 raise ValueError(f"a part must list {', '.join(PART_FIELDS)}, got {part!r}")
-            entries.append(
-                SegmentInfo.from_json(
-                    {
-                        "path": item["path"],
-                        "sha256": item["sha256"],
-                        **dict(zip(PART_FIELDS, part, strict=True)),
-                    }
-                )
-            )
+            shard, first, last, offset, size, low, high = part
+            if offset < 0 or size < 0:
+                raise ValueError(f"a part has a negative offset or size: {part!r}")
+            entries.append(SegmentInfo(path, shard, first, last, size, sha256, low, high, offset))
     return tuple(entries)
 
 

@@ -19,27 +19,34 @@ from replog.format.sealed import seal, unseal
 
 @dataclass(frozen=True)
 class ChangesEntry:
-    """Names a header's changes file: the segments changed since table ``table_version``
-    (whose digest is ``table_sha256``; None for version 0, the empty log)."""
+    """Names a header's changes file: the segments changed by the commits after version
+    ``since`` (the previous checkpoint; in format 2 the table below itself), on top of
+    table ``table_version`` (whose digest is ``table_sha256``; None for version 0, the
+    empty log)."""
 
     table_version: int
     table_sha256: str | None
     sha256: str
+    since: int
 
     def to_json(self) -> dict[str, Any]:
         return {
             "table_version": self.table_version,
             "table_sha256": self.table_sha256,
             "sha256": self.sha256,
+            "since_version": self.since,
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> ChangesEntry:
         table_sha256 = data["table_sha256"]
+        table_version = int(data["table_version"])
         return cls(
-            table_version=int(data["table_version"]),
+            table_version=table_version,
             table_sha256=None if table_sha256 is None else str(table_sha256),
             sha256=str(data["sha256"]),
+            # Format 2 changes files hold everything since the table.
+            since=int(data.get("since_version", table_version)),
         )
 
 

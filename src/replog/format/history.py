@@ -14,8 +14,10 @@ falling back to an older one (or to the commits from version 1), with a warning.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import time
+from typing import Any
 
 import pyarrow as pa
 from pyarrow import ipc
@@ -122,19 +124,23 @@ def check_identity(storage: Storage, log_id: str) -> None:
         raise LogRecreatedError(storage.path(DESCRIPTOR_PATH), found, log_id)
 
 
-def _check_base(storage: Storage, state: LogState, base: CommitRecord | None) -> None:
+def _check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
     """After finding no commit past ``state.version``: make sure the log is still the one
-    the state was built from (``base``: commit ``state.version`` as read now). A log
-    deleted and re-created with fewer commits would otherwise look idle, and a writer
-    would commit on top of it."""
+    the state was built from (``base``: commit ``state.version`` as read now, only its
+    ``log_id`` looked at). A log deleted and re-created with fewer commits would
+    otherwise look idle, and a writer would commit on top of it."""
     if state.version == 0:
         check_identity(storage, state.log_id)
         return
     if base is None:
         check_identity(storage, state.log_id)  # raises if it is another log
         raise BaseMissing(state.version)
-    if base.log_id and state.log_id and base.log_id != state.log_id:
-        raise LogRecreatedError(storage.path(commit_path(base.version)), base.log_id, state.log_id)
+    try:
+        found = json.loads(base).get("log_id", "")
+    except (ValueError, AttributeError):
+        found = ""  # damage is for the full read of the record to report
+    if found and state.log_id and found != state.log_id:
+        raise LogRecreatedError(storage.path(commit_path(state.version)), found, state.log_id)
 
 
 def catch_up(
@@ -143,37 +149,52 @@ def catch_up(
     *,
     limit: int | None = None,
     window: int = 1,
-    check_base: bool = True,
+    verify_within: float | None = 0.0,
 ) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
     and more may follow. On remote storage reads ``window`` commits at once, then twice as
     many while all exist (in parallel); elsewhere one at a time, stopping at the first
     that does not exist.
 
-    With ``check_base``, finding nothing new also checks that the log is the one the state
-    was built from (one more small read, in parallel on remote storage): raises
+    Finding nothing new also checks that the log is the one the state was built from
+    (one more small read, in parallel on remote storage), unless ``verify_within`` is None
+    or that was checked for this version less than ``verify_within`` seconds ago: raises
     :class:`LogRecreatedError` or :class:`LogNotFoundError` if not, and
     :class:`BaseMissing` if retention removed the state's commits meanwhile.
     """
     parallel = storage.is_remote
     window = window if parallel else 1
+    verify = verify_within is not None and not (
+        state.verified is not None
+        and state.verified[0] == state.version
+        and time.monotonic() - state.verified[1] < verify_within
+    )
     applied = 0
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
         first = state.version + 1
         versions = list(range(first, first + count))
-        with_base = check_base and applied == 0 and parallel and state.version > 0
-        if with_base:
-            versions.insert(0, state.version)
-        records = storage.map(lambda v: read_commit(storage, v), versions, threads=len(versions))
+        with_base = verify and applied == 0 and parallel and state.version > 0
+
+        def get(version: int, base: int = state.version if with_base else -1) -> Any:
+            """Commit ``version``; the raw bytes of the ``base`` one (only its id matters)."""
+            if version == base:
+                return storage.read_optional(commit_path(version))
+            return read_commit(storage, version)
+
+        ahead = [state.version] if with_base else []
+        records = storage.map(get, ahead + versions, threads=len(ahead) + len(versions))
         base = records.pop(0) if with_base else None
         for record in records:
             if record is None:
-                if check_base and applied == 0:
+                if verify and applied == 0:
                     if not with_base and state.version > 0:
-                        base = read_commit(storage, state.version)
+                        base = storage.read_optional(commit_path(state.version))
+                    assert not isinstance(base, CommitRecord)
                     _check_base(storage, state, base)
+                    state.verified = (state.version, time.monotonic())
                 return True
+            assert isinstance(record, CommitRecord)
             state.apply(record)
             applied += 1
         if parallel:
@@ -190,7 +211,7 @@ def _is_due(version: int, interval: int) -> bool:
 
 def _ipc_bytes(table: pa.Table) -> bytes:
     sink = pa.BufferOutputStream()
-    with ipc.new_file(sink, table.schema) as writer:
+    with ipc.new_file(sink, table.schema, options=ipc.IpcWriteOptions(compression="lz4")) as writer:
         writer.write_table(table)
     return bytes(sink.getvalue())
 
@@ -208,12 +229,21 @@ def _put_once(storage: Storage, relative: str, data: bytes) -> bytes:
 _UNUSABLE = (CorruptionError, FileNotFoundError, StorageError)
 
 
-def _write_changes(storage: Storage, snapshots: Snapshots, state: LogState) -> ChangesEntry:
-    """Write the changes file of ``state``'s version; the header's entry naming it."""
+def _write_changes(
+    storage: Storage, snapshots: Snapshots, state: LogState, interval: int
+) -> ChangesEntry:
+    """Write the changes file of ``state``'s version: the segments added and removed
+    since the table below, and as dropped the other segments the commits since the
+    previous checkpoint removed (with the table's removed ones, every segment removed
+    between two checkpoints is named once: what expiry deletes). Returns the header's
+    entry naming it."""
     changes = state.changes()
-    table_sha256 = snapshots.table_sha256(changes.table_version)
-    data = _put_once(storage, changes_path(state.version), _ipc_bytes(changes.to_table()))
-    return ChangesEntry(changes.table_version, table_sha256, sha256_hex(data))
+    since = state.version - interval
+    recent = state.changes_since(since).tombstones
+    dropped = [segment for segment in recent if segment.key not in changes.removed]
+    table = changes.since
+    data = _put_once(storage, changes_path(state.version), _ipc_bytes(changes.to_table(dropped)))
+    return ChangesEntry(table, snapshots.table_sha256(table), sha256_hex(data), since)
 
 
 def _header(state: LogState, descriptor: LogDescriptor) -> SnapshotHeader:
@@ -251,8 +281,11 @@ def write_checkpoint(
     header = _header(state, descriptor)
     snapshots = state.snapshots
     at_table = _is_due(version, descriptor.snapshot_interval)
+    interval = descriptor.checkpoint_interval
     if at_table:
-        tombstones = state.changes().tombstones if snapshots is not None else []
+        tombstones = []
+        if snapshots is not None:
+            tombstones = state.changes_since(version - interval).tombstones
         table = segments_table(state.segments, tombstones)
         data = _put_once(storage, table_path(version), _ipc_bytes(table))
         header = dataclasses.replace(header, table_sha256=sha256_hex(data))
@@ -260,7 +293,8 @@ def write_checkpoint(
             snapshots.remember_table(version, sha256_hex(data))
     elif snapshots is not None:
         try:
-            header = dataclasses.replace(header, changes=_write_changes(storage, snapshots, state))
+            changes = _write_changes(storage, snapshots, state, interval)
+            header = dataclasses.replace(header, changes=changes)
         except _UNUSABLE as exc:  # e.g. the table below was never written (a crash)
             logger.warning(
                 "checkpoint %d of %s has no changes file (%s): readers will take its "
@@ -305,11 +339,12 @@ def expire(snapshots: LogSnapshots, state: LogState, *, now_ms: float) -> None:
     """Delete what is older than the log's retention, a table at a time (best effort).
 
     The oldest retained table moves to the next table whose header is older than the
-    retention, while the newest two tables stay: its tombstones (segments removed between
-    the two tables) have their files deleted unless a live segment still names them, and
-    the commits, headers, tables and changes files below it are deleted. Readers never
-    need them: a state comes from the newest header, and a reader whose commits are gone
-    loads it afresh. Costs what it deletes, never a listing.
+    retention, while the newest two tables stay. The segments removed in between (the
+    tombstones of the changes files below it and of its table) have their files
+    deleted unless a live segment still names them, and the commits, headers, tables
+    and changes files below it are deleted. Readers never need them: a state comes from
+    the newest header, and a reader whose commits are gone loads it afresh. Costs what
+    it deletes, never a listing.
     """
     descriptor, storage = snapshots.descriptor, snapshots.storage
     interval = descriptor.snapshot_interval
@@ -320,12 +355,11 @@ def expire(snapshots: LogSnapshots, state: LogState, *, now_ms: float) -> None:
         if candidate > state.version - interval:
             return
         try:
-            header = snapshots.header(candidate)
-            tombstones = snapshots.tombstones(candidate) if header.timestamp_ms <= cutoff else []
+            if snapshots.header(candidate).timestamp_ms > cutoff:
+                return
+            tombstones = snapshots.tombstones_between(retained, candidate)
         except _UNUSABLE as exc:
             logger.debug("not expiring past table %d of %s: %s", candidate, storage.url, exc)
-            return
-        if header.timestamp_ms > cutoff:
             return
         live = state.live_paths()
         doomed = [path for path in dict.fromkeys(t.path for t in tombstones) if path not in live]
@@ -463,8 +497,9 @@ class LogSnapshots:
             ) from exc
 
     def changes_file(self, version: int) -> SegmentChanges | None:
-        """The changes file of header ``version``, checked against the header; None if the
-        header has none (written before changes files existed)."""
+        """The changes file of header ``version`` (added and removed since the table
+        below; dropped since the checkpoint before), checked against the header; None if
+        the header has none (written before changes files existed)."""
         entry = self.header(version).changes
         if entry is None:
             return None
@@ -472,14 +507,36 @@ class LogSnapshots:
         data = self._checked(relative, entry.sha256, "changes file")
         table_version = version - version % self.table_interval
         try:
-            if entry.table_version != table_version:
-                raise ValueError(f"is based on version {entry.table_version}")
+            if entry.table_version != table_version or not table_version <= entry.since < version:
+                raise ValueError(f"is based on version {entry.table_version} since {entry.since}")
             table = ipc.open_file(pa.BufferReader(data)).read_all()
             return SegmentChanges.from_table(table, table_version)
         except (pa.ArrowInvalid, KeyError, TypeError, ValueError, IndexError) as exc:
             raise CorruptionError(
                 self.storage.path(relative), f"unreadable changes file: {exc}"
             ) from exc
+
+    def tombstones_between(self, older: int, table: int) -> list[SegmentInfo]:
+        """Segments removed by the commits after table ``older`` up to table ``table``:
+        the table's tombstones (its last interval), the older table's segments the last
+        changes file before it says are removed, and the dropped segments of every
+        changes file in between. Checkpoints without a readable changes file contribute
+        none (their files are left to ``recover``)."""
+        found = self.tombstones(table)
+        interval = self.descriptor.checkpoint_interval
+        last = table - interval
+        for version in range(older + interval, table, interval):
+            try:
+                changes = self.changes_file(version)
+            except _UNUSABLE as exc:
+                logger.debug("no tombstones from checkpoint %d: %s", version, exc)
+                continue
+            if changes is None:
+                continue
+            found.extend(changes.dropped.values())
+            if version == last:
+                found.extend(changes.removed.values())
+        return found
 
     def _checked(self, relative: str, expected: object, what: str) -> bytes:
         try:
@@ -500,9 +557,9 @@ class LogSnapshots:
             try:
                 changes = self.changes_file(version)
                 if changes is not None:
-                    return changes.applied_to(
-                        self.table(table_version), self.storage.path(changes_path(version))
-                    )
+                    lanes = self.table(table_version)
+                    changes.apply_to(lanes, self.storage.path(changes_path(version)))
+                    return lanes
             except _UNUSABLE as exc:
                 self._fallback(f"snapshot {version}'s segments", exc)
         return self._segments_from_commits(version)
@@ -617,7 +674,7 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
                 "no usable snapshot header, and the commits from version 1 were removed "
                 "by retention: the log cannot be rebuilt (restore the snapshot files)",
             )
-    while not catch_up(storage, state, limit=interval, window=interval, check_base=False):
+    while not catch_up(storage, state, limit=interval, window=interval, verify_within=None):
         newest = probe_forward(
             state.version - state.version % interval, interval, snapshots.has_header
         )

@@ -106,9 +106,21 @@ def apply_segments(lanes: Lanes, commit: CommitRecord) -> None:
         _insert(lanes, segment)
 
 
-def _rows(segments: Iterable[SegmentInfo], change: str) -> list[dict[str, object]]:
+def _rows(segments: Iterable[SegmentInfo], change: str) -> list[tuple[SegmentInfo, str]]:
     ordered = sorted(segments, key=lambda s: (s.shard, s.first_sequence, s.path, s.offset))
-    return [{**segment.to_json(), "change": change} for segment in ordered]
+    return [(segment, change) for segment in ordered]
+
+
+def entries_table(rows: list[tuple[SegmentInfo, str]], schema: pa.Schema) -> pa.Table:
+    """Entries with their change as a table, built column by column (a shared file's
+    entries repeat its path and digest: the files are written LZ4-compressed)."""
+    columns = []
+    for field in schema:
+        if field.name == "change":
+            columns.append(pa.array([change for _, change in rows], type=field.type))
+        else:
+            columns.append(pa.array([getattr(e, field.name) for e, _ in rows], type=field.type))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def segments_table(lanes: Lanes, tombstones: Iterable[SegmentInfo] = ()) -> pa.Table:
@@ -117,13 +129,15 @@ def segments_table(lanes: Lanes, tombstones: Iterable[SegmentInfo] = ()) -> pa.T
         *_rows((segment for lane in lanes for segment in lane), LIVE),
         *_rows(tombstones, REMOVED),
     ]
-    return pa.Table.from_pylist(rows, schema=TABLE_SCHEMA)
+    return entries_table(rows, TABLE_SCHEMA)
 
 
 def _entries(table: pa.Table) -> list[SegmentInfo]:
     """The entries of a checksum-verified table or changes file (its schema types them)."""
-    names = ENTRY_SCHEMA.names if "offset" in table.column_names else SEGMENT_TABLE_SCHEMA.names
-    return [SegmentInfo(**row) for row in table.select(names).to_pylist()]
+    columns = [table.column(name).to_pylist() for name in SEGMENT_TABLE_SCHEMA.names]
+    if "offset" in table.column_names:
+        columns.append(table.column("offset").to_pylist())
+    return [SegmentInfo(*values) for values in zip(*columns, strict=True)]
 
 
 def _changes(table: pa.Table) -> list[str]:
@@ -171,42 +185,39 @@ def tombstones_from_table(table: pa.Table) -> list[SegmentInfo]:
 
 
 class SegmentChanges:
-    """Segments added and removed since the segment table at :attr:`table_version`.
-
-    Version 0 stands for the empty log (no table file). ``removed`` holds entries of the
-    table that are gone; ``dropped`` those added after the table and gone again. Both
-    are what the next table lists as tombstones.
+    """Segments added and removed by the commits after version :attr:`since` (a table or
+    a checkpoint): ``added`` are still live at the end, ``removed`` were live at
+    :attr:`since`, ``dropped`` were added and removed again. Removed and dropped segments
+    are the *tombstones* of the interval: their files may be deleted once it is older
+    than the log's retention.
     """
 
     def __init__(
         self,
-        table_version: int,
+        since: int,
         added: Iterable[SegmentInfo] = (),
         removed: Iterable[SegmentInfo] = (),
         dropped: Iterable[SegmentInfo] = (),
     ) -> None:
-        self.table_version = table_version
+        self.since = since
         self.added = {segment.key: segment for segment in added}
         self.removed = {segment.key: segment for segment in removed}
         self.dropped = {segment.key: segment for segment in dropped}
 
     def __repr__(self) -> str:
         return (
-            f"SegmentChanges(table_version={self.table_version}, added={len(self.added)}, "
+            f"SegmentChanges(since={self.since}, added={len(self.added)}, "
             f"removed={len(self.removed)}, dropped={len(self.dropped)})"
         )
 
     def copy(self) -> SegmentChanges:
         return SegmentChanges(
-            self.table_version,
-            self.added.values(),
-            self.removed.values(),
-            self.dropped.values(),
+            self.since, self.added.values(), self.removed.values(), self.dropped.values()
         )
 
     @property
     def tombstones(self) -> list[SegmentInfo]:
-        """Every segment removed since the table."""
+        """Every segment removed in the interval."""
         return [*self.removed.values(), *self.dropped.values()]
 
     def apply(self, commit: CommitRecord) -> None:
@@ -218,28 +229,28 @@ class SegmentChanges:
         for segment in commit.add:
             self.added[segment.key] = segment
 
-    def applied_to(self, table: Lanes, where: str) -> Lanes:
-        """The live segments: ``table`` (the lanes of table :attr:`table_version`) with
-        these changes applied; a removed segment missing from it is corruption at ``where``."""
-        lanes = [list(lane) for lane in table]
+    def apply_to(self, lanes: Lanes, where: str) -> None:
+        """Apply these changes to ``lanes`` (the live segments at :attr:`since`), in
+        place; a removed segment they do not hold is corruption at ``where``."""
         _remove_all(lanes, self.removed.values(), where)
         for segment in self.added.values():
             _insert(lanes, segment)
-        return lanes
 
-    def to_table(self) -> pa.Table:
+    def to_table(self, dropped: Iterable[SegmentInfo] | None = None) -> pa.Table:
+        """The changes file: these changes' added and removed segments, and ``dropped``
+        (default: these changes' own) as the dropped ones."""
         rows = [
             *_rows(self.added.values(), ADDED),
             *_rows(self.removed.values(), REMOVED),
-            *_rows(self.dropped.values(), DROPPED),
+            *_rows(self.dropped.values() if dropped is None else dropped, DROPPED),
         ]
-        return pa.Table.from_pylist(rows, schema=CHANGES_SCHEMA)
+        return entries_table(rows, CHANGES_SCHEMA)
 
     @classmethod
-    def from_table(cls, table: pa.Table, table_version: int) -> SegmentChanges:
+    def from_table(cls, table: pa.Table, since: int) -> SegmentChanges:
         kinds: dict[str, list[SegmentInfo]] = {ADDED: [], REMOVED: [], DROPPED: []}
         for segment, change in zip(_entries(table), _changes(table), strict=True):
             if change not in kinds:
                 raise ValueError(f"unknown change {change!r} in a changes file")
             kinds[change].append(segment)
-        return cls(table_version, kinds[ADDED], kinds[REMOVED], kinds[DROPPED])
+        return cls(since, kinds[ADDED], kinds[REMOVED], kinds[DROPPED])

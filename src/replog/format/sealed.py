@@ -30,37 +30,38 @@ from replog.errors import CorruptionError, UnsupportedFormatError
 CHECKSUM_FIELD = "checksum"
 
 
-def _check_no_floats(value: Any, where: str) -> None:
-    if isinstance(value, float):
-        raise TypeError(f"sealed records hold integers only; {where} is {value!r}")
-    if isinstance(value, dict):
-        for name, item in value.items():
-            _check_no_floats(item, f"{where}.{name}")
-    elif isinstance(value, list | tuple):
-        for index, item in enumerate(value):
-            _check_no_floats(item, f"{where}[{index}]")
+def _no_float(text: str) -> float:
+    raise TypeError(f"sealed records hold integers only; found {text}")
 
 
-def canonical_json(document: dict[str, Any]) -> bytes:
-    """The canonical form defined above, as ASCII bytes."""
-    _check_no_floats(document, "record")
+def _dumps(document: dict[str, Any]) -> bytes:
+    """The canonical form of a document known to hold no floats."""
     return json.dumps(
         document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False
     ).encode("ascii")
 
 
+def canonical_json(document: dict[str, Any]) -> bytes:
+    """The canonical form defined above, as ASCII bytes."""
+    encoded = _dumps(document)
+    json.loads(encoded, parse_float=_no_float)  # a float would seal a non-canonical form
+    return encoded
+
+
+def _body(document: dict[str, Any]) -> dict[str, Any]:
+    return {name: value for name, value in document.items() if name != CHECKSUM_FIELD}
+
+
 def checksum(document: dict[str, Any]) -> str:
     """SHA-256 (lower-case hex) of ``document``'s canonical form without its checksum."""
-    body = {name: value for name, value in document.items() if name != CHECKSUM_FIELD}
-    return hashlib.sha256(canonical_json(body)).hexdigest()
+    return hashlib.sha256(canonical_json(_body(document))).hexdigest()
 
 
 def seal(document: dict[str, Any]) -> bytes:
     """``document`` with its checksum added, as one line of compact JSON (a small commit's
     record is read by every reader of the log: a third of its size was indentation)."""
-    body = {name: value for name, value in document.items() if name != CHECKSUM_FIELD}
-    sealed = {**body, CHECKSUM_FIELD: checksum(body)}
-    return canonical_json(sealed) + b"\n"
+    body = _body(document)
+    return _dumps({**body, CHECKSUM_FIELD: checksum(body)}) + b"\n"
 
 
 def unseal(
@@ -76,7 +77,9 @@ def unseal(
     (which might seal differently) is reported as "upgrade", not as corruption.
     """
     try:
-        document = json.loads(data)
+        document = json.loads(data, parse_float=_no_float)
+    except TypeError as exc:  # a float in a record: not something replog sealed
+        raise CorruptionError(path, f"not a sealed record: {exc}") from exc
     except ValueError as exc:
         raise CorruptionError(path, f"not valid JSON ({len(data)} bytes): {exc}") from exc
     if not isinstance(document, dict):
@@ -88,10 +91,8 @@ def unseal(
             f"{max_version} - upgrade pyspark-replog"
         )
     recorded = document.get(CHECKSUM_FIELD)
-    try:
-        actual = checksum(document)
-    except TypeError as exc:  # a float in a record: not something replog sealed
-        raise CorruptionError(path, f"not a sealed record: {exc}") from exc
+    body = _body(document)
+    actual = hashlib.sha256(_dumps(body)).hexdigest()  # parsed without floats: canonical
     if recorded != actual:
         raise CorruptionError(path, f"checksum mismatch: recorded {recorded}, computed {actual}")
-    return {name: value for name, value in document.items() if name != CHECKSUM_FIELD}
+    return body

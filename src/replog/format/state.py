@@ -172,6 +172,9 @@ class LogState:
         self.shards = shards
         self.log_id = log_id
         self.retained_from = retained_from
+        self.verified: tuple[int, float] | None = None
+        """(version, monotonic time) when the log at the URL was last found to be this
+        state's log, at this version."""
         self.version = version
         self.heads = heads or [0] * shards
         self.lows = lows or [1] * shards
@@ -331,9 +334,9 @@ class LogState:
         return self._snapshots
 
     def changes(self) -> SegmentChanges:
-        """Segments added and removed since the segment table the state is based on: at a
-        version between tables, what that version's changes file records; at a table
-        version (its commit applied last), the removals its table lists as tombstones."""
+        """Segments added and removed since the segment table below this state's version
+        (what a checkpoint between two tables records); only a state whose version is
+        not a table version (or is one whose commit it applied last) keeps them."""
         if self._snapshots is None:
             raise ValueError("a state without snapshots keeps no changes")
         interval = self._snapshots.table_interval
@@ -346,6 +349,20 @@ class LogState:
             changes = self._base_changes.copy()
         for commit in self._since_base:
             changes.apply(commit)
+        return changes
+
+    def changes_since(self, version: int) -> SegmentChanges:
+        """Segments added and removed by the commits after ``version`` (a checkpoint at
+        most one interval back: what the next checkpoint's changes file or its table's
+        tombstones record)."""
+        if self._snapshots is None:
+            raise ValueError("a state without snapshots keeps no changes")
+        if version < self._base:
+            raise ValueError(f"commits after {version} are not held (based on {self._base})")
+        changes = SegmentChanges(version)
+        for commit in self._since_base:
+            if commit.version > version:
+                changes.apply(commit)
         return changes
 
     def covering(self, shard: int, first: int, last: int) -> list[SegmentInfo]:
