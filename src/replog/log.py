@@ -20,6 +20,7 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,6 +65,12 @@ from replog.storage import Storage
 logger = logging.getLogger(__name__)
 
 MAX_COMMIT_ATTEMPTS = 200
+RACE_BACKOFF_MAX_S = 0.02
+"""A writer that lost a commit race waits at most this long (at random) before it reads
+the winner's commit and tries the next version: the chain of versions is the log's
+throughput, and a long back-off leaves it idle."""
+FRESH_S = 1.0
+"""A writer whose state was checked this recently stages without reading the log first."""
 READ_VERIFY_S = 1.0
 """A reader checks that the log at its URL is still its log at most this often while
 nothing new arrives (a writer checks before every commit)."""
@@ -99,9 +106,13 @@ class LogInfo:
     heads: dict[int, int]
     lows: dict[int, int]
     segments: int
+    files: int
     bytes: int
     sinks: dict[str, dict[str, Any]]
     last_commit_ms: int
+    retention_ms: int
+    retained_from: int
+    auto_compact: bool
 
     @property
     def events(self) -> int:
@@ -118,9 +129,13 @@ class LogInfo:
             "lows": {str(s): low for s, low in self.lows.items()},
             "events": self.events,
             "segments": self.segments,
+            "files": self.files,
             "bytes": self.bytes,
             "sinks": self.sinks,
             "last_commit_ms": self.last_commit_ms,
+            "retention_ms": self.retention_ms,
+            "retained_from": self.retained_from,
+            "auto_compact": self.auto_compact,
         }
 
 
@@ -339,15 +354,28 @@ class ReplicationLog:
         if table.num_rows == 0:
             return None
         writer = transaction.writer() if transaction is not None else None
-        state = self.refresh(verify_within=0)  # fresh before staging: see commit_staged
-        if writer is not None and state.holds(writer):
-            logger.info("%s: transaction %s is already in the log; skipped", self.url, transaction)
-            return None
-        since = StagingStart(state.version, now_ms())
-        staged = self.stage(table, max_events=segment_max_events)
+        known = self._state
+        recent = known is not None and known.verified_within(FRESH_S)
+        if writer is not None or not recent:
+            known = self.refresh(verify_within=0)  # a transaction must not stage needlessly
+            if writer is not None and known.holds(writer):
+                logger.info("%s: %s is already in the log; skipped", self.url, transaction)
+                return None
+        assert known is not None
+        # A version known before staging (maybe a little stale: only ever more cautious).
+        since = StagingStart(known.version, now_ms())
+        staged = self._stage_and_refresh(table, segment_max_events)
+        if self.state().gc_version > since.version:
+            # A collection began at a version the stale start does not rule out: stage
+            # again from the fresh state rather than be refused (nothing was committed).
+            self.discard_staged(staged)
+            since = StagingStart(self.state().version, now_ms())
+            staged = self.stage(table, max_events=segment_max_events)
         attempt = CommitAttempt()
         try:
-            record = self.commit_staged(staged, writer=writer, attempt=attempt, since=since)
+            record = self.commit_staged(
+                staged, writer=writer, attempt=attempt, since=since, refreshed=True
+            )
         except BaseException:
             self.discard_after(attempt, staged)
             raise
@@ -356,6 +384,32 @@ class ReplicationLog:
         else:
             self.maintain()
         return record
+
+    def _stage_and_refresh(self, table: pa.Table, max_events: int) -> list[StagedSegment]:
+        """Stage ``table`` and bring the state up to date for the commit that follows (a
+        writer checks the log's identity before every commit). On remote storage both go
+        out at once: the commit then waits for one round trip less."""
+        if not self.storage.is_remote:
+            staged = self.stage(table, max_events=max_events)
+            try:
+                self.refresh(verify_within=0)
+            except BaseException:
+                self.discard_staged(staged)
+                raise
+            return staged
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            refreshing = pool.submit(self.refresh, verify_within=0)
+            try:
+                staged = self.stage(table, max_events=max_events)
+            except BaseException:
+                refreshing.exception()  # let it finish before the error goes up
+                raise
+            try:
+                refreshing.result()
+            except BaseException:
+                self.discard_staged(staged)
+                raise
+        return staged
 
     def stage(
         self, table: pa.Table, *, max_events: int = segments.MAX_SEGMENT_EVENTS
@@ -457,12 +511,16 @@ class ReplicationLog:
 
     def maintain(self) -> CommitRecord | None:
         """After a commit: merge one full tier of small files (:func:`merges.plan_auto`),
-        if this writer auto-compacts. Best effort: the caller's commit has landed
-        whatever happens here; a merge that loses a race to another is dropped."""
-        if not self.auto_compact:
+        if this writer auto-compacts and its commit's version is a multiple of
+        :data:`merges.CHECK_INTERVAL` (as checkpoints, one writer per version: writers
+        sharing a log do not all merge the same files). Best effort: the caller's commit
+        has landed whatever happens here; a merge that loses a race to another is
+        dropped."""
+        state = self.state()
+        if not self.auto_compact or state.version % merge_plans.CHECK_INTERVAL:
             return None
         try:
-            merge = merge_plans.plan_auto(self.state())
+            merge = merge_plans.plan_auto(state)
             return None if merge is None else self.merge([merge], refreshed=True)
         except (CommitConflictError, StagingCollectedError) as exc:
             logger.debug("%s: automatic merge dropped: %s", self.url, exc)
@@ -559,10 +617,11 @@ class ReplicationLog:
             except FileExistsError:
                 attempt.in_doubt = False  # read back: another writer's record is there
                 logger.debug("lost the race for version %d; retrying", record.version)
-                time.sleep(random.uniform(0, min(0.2, 0.005 * 2 ** min(tries, 6))))
+                time.sleep(random.uniform(0, min(RACE_BACKOFF_MAX_S, 0.001 * 2**tries)))
                 continue
             attempt.landed, attempt.in_doubt = record, False
             state.apply(record)
+            state.verified = (record.version, time.monotonic())  # its own commit: its log
             self._checkpoint(state)
             return record
         raise CommitConflictError(
@@ -577,9 +636,23 @@ class ReplicationLog:
             logger.warning("could not write the checkpoint at version %d: %s", state.version, exc)
 
     def added_since(self, version: int, paths: Iterable[str]) -> set[str]:
-        """Which of ``paths`` a commit after ``version`` added (reads those commits)."""
+        """Which of ``paths`` a commit after ``version`` added (reads those commits).
+
+        If retention deleted commits after ``version`` (a write that began longer ago
+        than the retention), it cannot be told: every path counts as added, so callers
+        keep the files (``replog recover`` collects them if no commit names them)."""
         wanted = set(paths)
-        current = self.refresh().version
+        state = self.refresh()
+        if version < state.retained_from:
+            logger.warning(
+                "%s: commits after version %d were deleted by retention; the %d files of a "
+                "write that began then are kept for 'replog recover'",
+                self.url,
+                version,
+                len(wanted),
+            )
+            return wanted
+        current = state.version
         found: set[str] = set()
         for record in history.read_commits(self.storage, version + 1, current):
             found.update(segment.path for segment in record.add if segment.path in wanted)
@@ -649,12 +722,16 @@ class ReplicationLog:
             heads=dict(enumerate(state.heads)),
             lows=dict(enumerate(state.lows)),
             segments=state.segment_count,
+            files=len(state.live_paths()),
             bytes=state.total_bytes,
             sinks={
                 name: {"query_id": m.query_id, "epoch": m.epoch, "version": m.version}
                 for name, m in sorted(state.sinks.items())
             },
             last_commit_ms=state.timestamp_ms,
+            retention_ms=self.descriptor.retention_ms,
+            retained_from=state.retained_from,
+            auto_compact=self.auto_compact,
         )
 
 

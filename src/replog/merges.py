@@ -28,6 +28,8 @@ TIER_BASE_BYTES = 16 * 1024
 """Files below this size are tier 0; tier n + 1 holds files ``fan_in`` times larger."""
 GRADUATE_BYTES = 8 * 1024 * 1024
 """Shared files that together hold this much are merged into a file per shard."""
+CHECK_INTERVAL = 4
+"""The writer of every version divisible by this looks for a full tier to merge."""
 
 
 @dataclass(frozen=True)

@@ -297,7 +297,8 @@ class SinkCommitter:
                 batch.epoch,
             )
             manifest = self._load()
-            if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch:
+            held = self.log.state().holds(WriterInfo(self.sink_id, batch.query_id, batch.epoch))
+            if held and manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch:
                 self.store.save(
                     self._status(
                         manifest, batch.query_id, batch.epoch, SinkCommitStatus.committed()

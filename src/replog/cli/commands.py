@@ -50,7 +50,11 @@ def open_log(args: argparse.Namespace) -> ReplicationLog:
 
 def cmd_create(args: argparse.Namespace, out: Output) -> int:
     log = ReplicationLog.create(
-        args.url, args.shards, storage_options=storage_options(args.fs_option)
+        args.url,
+        args.shards,
+        storage_options=storage_options(args.fs_option),
+        retention_ms=duration_ms(args.retention, "--retention"),
+        auto_compact=args.auto_compact,
     )
     out.created(log.info())
     return 0

@@ -94,7 +94,11 @@ class Output:
         self.line(f"shards     {info.shards}")
         self.line(f"version    {info.version}")
         self.line(f"events     {info.events}")
-        self.line(f"segments   {info.segments} ({info.bytes:,} bytes)")
+        self.line(f"segments   {info.segments} in {info.files} files ({info.bytes:,} bytes)")
+        self.line(
+            f"retention  {info.retention_ms / 3_600_000:g} h (history kept from version "
+            f"{info.retained_from}); automatic merges {'on' if info.auto_compact else 'off'}"
+        )
         for shard, head in info.heads.items():
             low = info.lows[shard]
             held = f"sequences {low}..{head}" if head >= low else "empty"

@@ -35,6 +35,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("create", commands.cmd_create, help="create an empty log")
     p.add_argument("url")
     p.add_argument("--shards", type=int, default=8, help="number of shards (default 8)")
+    p.add_argument(
+        "--retention",
+        default="2h",
+        help="how long commits, snapshots and the files of merged or truncated segments "
+        "are kept before writers delete them (default 2h; at least recover's --grace)",
+    )
+    p.add_argument(
+        "--no-auto-compact",
+        dest="auto_compact",
+        action="store_false",
+        help="writers do not merge small files after their commits (run 'replog compact')",
+    )
 
     p = command(
         "append",

@@ -354,6 +354,8 @@ class CommitRecord:
             raise CorruptionError(path, f"unknown commit operation {record.operation!r}")
         if record.operation == APPEND and record.remove:
             raise CorruptionError(path, "an append commit removes segments")
+        if record.operation == TRUNCATE and record.add:
+            raise CorruptionError(path, "a truncate commit adds segments")
         if record.gc is not None and (record.operation != APPEND or record.add):
             raise CorruptionError(path, "a gc mark must be an append of no segments")
         return record

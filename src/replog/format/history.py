@@ -31,6 +31,7 @@ from replog.errors import (
     UnsupportedFormatError,
 )
 from replog.format.commits import (
+    COMMITS_DIR,
     DESCRIPTOR_PATH,
     META_DIR,
     CommitRecord,
@@ -164,11 +165,7 @@ def catch_up(
     """
     parallel = storage.is_remote
     window = window if parallel else 1
-    verify = verify_within is not None and not (
-        state.verified is not None
-        and state.verified[0] == state.version
-        and time.monotonic() - state.verified[1] < verify_within
-    )
+    verify = verify_within is not None and not state.verified_within(verify_within)
     applied = 0
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
@@ -615,8 +612,7 @@ def _newest_listed_header(snapshots: LogSnapshots) -> int:
 
 def _hinted_header(snapshots: LogSnapshots) -> int:
     """The header version the hint names (not probed past: see :func:`load_state`).
-    Without a usable hint, gallop forward over existing headers; if none is found that
-    way (retention removed the first ones), list them."""
+    Without a usable hint, gallop forward over existing headers."""
     interval = snapshots.descriptor.checkpoint_interval
     entry = snapshots.hint.read_entry()
     start = None
@@ -629,8 +625,6 @@ def _hinted_header(snapshots: LogSnapshots) -> int:
         while snapshots.has_header(start + step):
             start += step
             step *= 2
-        if start == 0 and not snapshots.storage.exists(commit_path(1)):
-            start = _newest_listed_header(snapshots)
     return start - start % interval
 
 
@@ -651,6 +645,31 @@ def _usable_state(snapshots: LogSnapshots, version: int, floor: int = 0) -> LogS
     return None
 
 
+def _repair_start(snapshots: LogSnapshots) -> LogState | None:
+    """Where to start when the hinted headers are unusable and commit 1 is gone: the hint
+    named a header retention deleted (a slow writer moved it back), or every retained
+    header is damaged. Lists the snapshots (a repair path) for the newest usable header;
+    None for a log that has no commit yet. Raises :class:`CorruptionError` if the log
+    has commits but cannot be rebuilt."""
+    newest = _newest_listed_header(snapshots)
+    state = _usable_state(snapshots, newest)
+    if state is not None:
+        logger.warning(
+            "the snapshot hint of %s named no usable header; found header %d by listing",
+            snapshots.storage.url,
+            state.version,
+        )
+        return state
+    storage = snapshots.storage
+    if newest > 0 or storage.listdir(COMMITS_DIR):
+        raise CorruptionError(
+            storage.path(SNAPSHOTS_DIR),
+            "no usable snapshot header, and the commits from version 1 were removed by "
+            "retention: the log cannot be rebuilt (restore the snapshot files)",
+        )
+    return None
+
+
 def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     """The log's current state, from the newest usable header and the commits after it.
 
@@ -664,16 +683,11 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     """
     snapshots = LogSnapshots(storage, descriptor)
     interval = descriptor.checkpoint_interval
-    hinted = _hinted_header(snapshots)
-    state = _usable_state(snapshots, hinted)
+    state = _usable_state(snapshots, _hinted_header(snapshots))
+    if state is None and not storage.exists(commit_path(1)):
+        state = _repair_start(snapshots)
     if state is None:
         state = LogState(shards=descriptor.shards, snapshots=snapshots, log_id=descriptor.log_id)
-        if hinted > 0 and not storage.exists(commit_path(1)):
-            raise CorruptionError(
-                storage.path(header_path(hinted)),
-                "no usable snapshot header, and the commits from version 1 were removed "
-                "by retention: the log cannot be rebuilt (restore the snapshot files)",
-            )
     while not catch_up(storage, state, limit=interval, window=interval, verify_within=None):
         newest = probe_forward(
             state.version - state.version % interval, interval, snapshots.has_header

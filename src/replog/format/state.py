@@ -13,6 +13,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -192,6 +193,14 @@ class LogState:
         self._since_base: list[CommitRecord] = []
         self._base_changes: SegmentChanges | None = None
         self._segments: Lanes | None = [[] for _ in range(shards)] if version == 0 else None
+
+    def verified_within(self, seconds: float) -> bool:
+        """Whether this version was found to be this log's less than ``seconds`` ago."""
+        return (
+            self.verified is not None
+            and self.verified[0] == self.version
+            and time.monotonic() - self.verified[1] < seconds
+        )
 
     # -- advancing --------------------------------------------------------------------
 
