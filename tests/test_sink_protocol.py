@@ -165,6 +165,25 @@ def test_an_abort_while_the_log_commit_is_in_doubt_keeps_the_files(log: Replicat
     assert event_ids(log) == expected(30) and verify(ReplicationLog.open(log.url)).ok
 
 
+def test_a_second_commit_of_a_batch_whose_first_landed_unseen_keeps_its_files(
+    log: ReplicationLog,
+) -> None:
+    """Spark calls commit again with the same messages after CommitOutcomeUnknownError;
+    the first call had landed. The second takes the replay path: it must not delete the
+    files the landed commit names."""
+    committer = SinkCommitter(log, "s")
+    committer.commit(batch(log, "q", 0, 0, 10))
+    attempt = batch(log, "q", 1, 10, 10)
+    storage = log.storage.child("")
+    storage.__class__ = SilentCommits
+    storage.retry = RetryPolicy(attempts=2, first_delay_s=0.0)
+    with pytest.raises(CommitOutcomeUnknownError):
+        SinkCommitter(ReplicationLog.from_storage(storage), "s").commit(attempt)
+    assert committer.commit(attempt) is Outcome.REPLAYED
+    assert all(log.storage.exists(p) for p in attempt.paths)
+    assert event_ids(log) == expected(20) and verify(ReplicationLog.open(log.url)).ok
+
+
 def test_an_abort_of_an_epoch_that_never_reached_the_log_cleans_up(log: ReplicationLog) -> None:
     committer = SinkCommitter(log, "s")
     attempt = batch(log, "q", 0, 0, 10)

@@ -223,3 +223,32 @@ def test_group_commit_tells_each_caller_its_own_outcome(tmp_path: Path) -> None:
         assert good.result() is not None and once.result() is not None
         assert again.result() is None  # version 1 of "app" was already in
     assert len(check_log(ReplicationLog.open(log.url))) == 20
+
+
+def test_a_sinks_positions_outlive_its_expired_commit(tmp_path: Path) -> None:
+    """A replaced checkpoint resumes after what a linked sink wrote, from the positions in
+    the sink's last commit. Retention may delete that commit (the sink idle, other writers
+    busy): the positions live on with the sink's mark, or a micro-batch would be doubled."""
+    from replog.checkpoints import consumers
+    from replog.checkpoints.consumers import SinkLink
+    from replog.checkpoints.sinks import Batch, SinkCommitter
+    from replog.format.commits import SourcePosition
+    from replog.format.events import events_from_records
+
+    source = ReplicationLog.create(str(tmp_path / "a"), 2)
+    for n in range(3):
+        source.append(ten(n))
+    target = ReplicationLog.create(str(tmp_path / "b"), 2, snapshot_interval=20, retention_ms=1000)
+    position = SourcePosition(source.log_id, "mirror", {0: 11, 1: 13})
+    consumers.write_link(source.storage, "mirror", SinkLink(target.url, target.log_id, "to-b"))
+    staged = target.stage(events_from_records(ten(0)))
+    SinkCommitter(target, "to-b").commit(Batch("q", 0, tuple(staged), sources=(position,)))
+    sink_version = target.refresh().version
+    for n in range(30):
+        target.append(ten(n, prefix="other"))
+    time.sleep(1.1)
+    for n in range(60):
+        target.append(ten(n, prefix="more"))
+    assert not target.storage.exists(commit_path(sink_version))  # expired
+    resumed = consumers.resume_offsets(source, "mirror", {})
+    assert resumed is not None and resumed.offsets == {0: 11, 1: 13}

@@ -280,10 +280,17 @@ def sink_positions(
     mark = target.refresh().sinks.get(link.sink_id)
     if mark is None:
         return None
-    record = read_commit(target.storage, mark.version)
-    if record is None or record.writer is None:
-        return None
-    for source in record.writer.sources:
+    sources = mark.sources
+    if not sources:  # a mark of a log written before marks kept them: its commit does
+        record = read_commit(target.storage, mark.version)
+        if record is None and mark.version <= target.state().retained_from:
+            raise ReplogError(
+                f"sink {link.sink_id!r} in {link.log_url}: its last commit (version "
+                f"{mark.version}) was deleted by retention before its positions were kept "
+                f"with its mark; resume from explicit startingOffsets"
+            )
+        sources = () if record is None or record.writer is None else record.writer.sources
+    for source in sources:
         if source.log_id == log.log_id and source.consumer == consumer:
             return dict(source.offsets)
     return None

@@ -200,7 +200,10 @@ class SinkCommitter:
         state = self.log.refresh()  # once: every check below reads this state
         _, manifest = self.resolve_pending(self._load())
         if state.holds(writer):
-            self.log.discard_staged(batch.staged)  # no commit can name them: never put
+            # Another attempt's commit holds the epoch, or this very attempt's (a commit
+            # called again after an unknown outcome): delete only what no commit names.
+            named = self.log.added_since(batch.since_version, batch.paths) if batch.staged else ()
+            self.log.discard_staged(s for s in batch.staged if s.path not in named)
             if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch or (
                 manifest.sink_query_ids.get(self.sink_id) != batch.query_id
             ):

@@ -225,16 +225,22 @@ PART_FIELDS = (
 """The members of a part, in the order a format 3 commit lists them."""
 
 
-def files_to_json(entries: tuple[SegmentInfo, ...]) -> list[dict[str, Any]]:
-    """Segment entries as format 3 writes them: one object per file (consecutive entries
-    of one file share it), each entry a part ``[shard, first_sequence, ...]``."""
+def files_to_json(entries: tuple[SegmentInfo, ...], *, ordered: bool) -> list[dict[str, Any]]:
+    """Segment entries as format 3 writes them: one object per file, each entry a part
+    ``[shard, first_sequence, ...]``. ``ordered``: the list order of the entries counts
+    (``add``: sequences follow it), so only consecutive entries of a file share an
+    object; otherwise (``remove``) every entry of a file does."""
     files: list[dict[str, Any]] = []
+    by_file: dict[tuple[str, str], dict[str, Any]] = {}
     for entry in entries:
         part = [getattr(entry, name) for name in PART_FIELDS]
-        if files and files[-1]["path"] == entry.path and files[-1]["sha256"] == entry.sha256:
-            files[-1]["parts"].append(part)
-        else:
-            files.append({"path": entry.path, "sha256": entry.sha256, "parts": [part]})
+        identity = (entry.path, entry.sha256)
+        group = by_file.get(identity)
+        if group is None or (ordered and group is not files[-1]):
+            group = {"path": entry.path, "sha256": entry.sha256, "parts": []}
+            files.append(group)
+            by_file[identity] = group
+        group["parts"].append(part)
     return files
 
 
@@ -318,8 +324,8 @@ class CommitRecord:
             "timestamp_ms": self.timestamp_ms,
             "operation": self.operation,
             "token": self.token,
-            "add": files_to_json(self.add),
-            "remove": files_to_json(self.remove),
+            "add": files_to_json(self.add, ordered=True),
+            "remove": files_to_json(self.remove, ordered=False),
             "low_watermarks": {str(s): seq for s, seq in sorted(self.low_watermarks.items())},
             "writer": self.writer.to_json() if self.writer else None,
         }

@@ -19,7 +19,15 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from replog.errors import CorruptionError, FencedError, LogRecreatedError
-from replog.format.commits import APPEND, COMPACT, TRUNCATE, CommitRecord, WriterInfo, commit_path
+from replog.format.commits import (
+    APPEND,
+    COMPACT,
+    TRUNCATE,
+    CommitRecord,
+    SourcePosition,
+    WriterInfo,
+    commit_path,
+)
 from replog.format.gc import MAX_KEPT_MARKS, StagedFiles, StagingStart, judge
 from replog.format.lanes import Lanes, SegmentChanges, apply_segments, index_of
 from replog.format.segments import SegmentInfo
@@ -43,7 +51,8 @@ class SinkMark:
     (oldest first), so a replay is recognised even after another query wrote in between.
     ``runs`` holds the generation each recent run of the sink took it over with (oldest
     first); the run with the highest, :attr:`generation`, owns the sink, and a commit of
-    any older run is fenced.
+    any older run is fenced. ``sources`` are the source positions the latest commit
+    recorded: kept here, they outlive that commit's record (retention).
     """
 
     query_id: str
@@ -52,6 +61,7 @@ class SinkMark:
     generation: int = 0
     queries: tuple[tuple[str, int], ...] = ()
     runs: tuple[tuple[str, int], ...] = ()
+    sources: tuple[SourcePosition, ...] = ()
 
     def epoch_of(self, query_id: str) -> int | None:
         for query, epoch in self.queries:
@@ -90,10 +100,11 @@ class SinkMark:
             generation=max(writer.generation, self.generation),
             queries=tuple(queries[-MAX_QUERIES_PER_SINK:]),
             runs=tuple(runs[-MAX_QUERIES_PER_SINK:]),
+            sources=writer.sources,
         )
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        document: dict[str, Any] = {
             "query_id": self.query_id,
             "epoch": self.epoch,
             "version": self.version,
@@ -101,6 +112,9 @@ class SinkMark:
             "queries": [[query, epoch] for query, epoch in self.queries],
             "runs": [[run, generation] for run, generation in self.runs],
         }
+        if self.sources:
+            document["sources"] = [source.to_json() for source in self.sources]
+        return document
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SinkMark:
@@ -111,6 +125,7 @@ class SinkMark:
             generation=int(data.get("generation", 0)),
             queries=tuple((str(q), int(e)) for q, e in data.get("queries", [])),
             runs=tuple((str(r), int(g)) for r, g in data.get("runs", [])),
+            sources=tuple(SourcePosition.from_json(item) for item in data.get("sources", [])),
         )
 
 
