@@ -44,11 +44,11 @@ def _delay_pointer_writes(store: ManifestStore, monkeypatch: pytest.MonkeyPatch)
     held: list[tuple[str, bytes]] = []
     real = store.storage.write
 
-    def write(relative: str, data: bytes) -> None:
+    def write(relative: str, data: bytes, **options: bool) -> None:
         if relative == LATEST_POINTER:
             held.append((relative, data))
             return
-        real(relative, data)
+        real(relative, data, **options)
 
     monkeypatch.setattr(store.storage, "write", write)
     return held

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from replog.appender import GroupAppender
 from replog.errors import ReplogError
 from replog.format.commits import CommitRecord, Transaction
 from replog.format.events import EVENT_SCHEMA, OPERATIONS
@@ -28,6 +29,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EVENT_SCHEMA",
     "OPERATIONS",
+    "GroupAppender",
     "ReplicationLog",
     "ReplogError",
     "Transaction",
@@ -37,7 +39,7 @@ __all__ = [
     "read",
     "register",
 ]
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 
 def create_log(url: str, shards: int = 8, **storage_options: Any) -> ReplicationLog:

@@ -20,7 +20,8 @@ import random
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
@@ -156,6 +157,15 @@ class ReplicationLog:
         """Files this object read (checked against their digests), for its reads."""
         self._written = DecodedFiles(max_bytes=16 * 1024 * 1024)
         """Rows of the files this object wrote lately: its merges take them from here."""
+        self._background: ThreadPoolExecutor | None = None
+        """Merges and retention run in a thread of this object's own: a merge costs a few
+        commits' time, and deleting files ~0.1 ms each on local disk; either would stall
+        the commit that triggers it."""
+        self._merging: Future[CommitRecord | None] | None = None
+        self._merger: ReplicationLog | None = None
+        self._expiry: Future[int] | None = None
+        self._helper = False
+        """A background merger's log object: it schedules no background work itself."""
 
     # -- opening ----------------------------------------------------------------------
 
@@ -509,24 +519,42 @@ class ReplicationLog:
 
     # -- merging ----------------------------------------------------------------------
 
-    def maintain(self) -> CommitRecord | None:
-        """After a commit: merge one full tier of small files (:func:`merges.plan_auto`),
-        if this writer auto-compacts and its commit's version is a multiple of
-        :data:`merges.CHECK_INTERVAL` (as checkpoints, one writer per version: writers
-        sharing a log do not all merge the same files). Best effort: the caller's commit
-        has landed whatever happens here; a merge that loses a race to another is
-        dropped."""
+    def maintain(self) -> None:
+        """After a commit: merge one full tier of small files (:func:`merges.plan_auto`) in
+        the background, if this writer auto-compacts, its commit's version is a multiple
+        of :data:`merges.CHECK_INTERVAL` (as checkpoints, one writer per version: writers
+        sharing a log do not all merge the same files) and its last merge is done.
+
+        The merge runs in this object's background thread on a log object of its own, so
+        the caller's next commit does not wait for it (a merge of 8 files costs a few
+        commits' time). Best effort: a merge that loses a race to another writer is
+        dropped; :meth:`flush` waits for it."""
         state = self.state()
         if not self.auto_compact or state.version % merge_plans.CHECK_INTERVAL:
-            return None
+            return
+        if self._merging is not None and not self._merging.done():
+            return
+        merge = merge_plans.plan_auto(state)
+        if merge is not None:
+            self._merging = self._executor().submit(self._merge_quietly, merge)
+
+    def _merge_quietly(self, merge: Merge) -> CommitRecord | None:
+        if self._merger is None:
+            self._merger = ReplicationLog(self.storage, self.descriptor, auto_compact=False)
+            self._merger._written = self._written  # merges take this writer's recent files
+            self._merger._helper = True
         try:
-            merge = merge_plans.plan_auto(state)
-            return None if merge is None else self.merge([merge], refreshed=True)
+            return self._merger.merge([merge])
         except (CommitConflictError, StagingCollectedError) as exc:
             logger.debug("%s: automatic merge dropped: %s", self.url, exc)
         except (ReplogError, OSError) as exc:
             logger.warning("%s: automatic merge failed (the commit stands): %s", self.url, exc)
         return None
+
+    def _executor(self) -> ThreadPoolExecutor:
+        if self._background is None:
+            self._background = ThreadPoolExecutor(max_workers=1, thread_name_prefix="replog")
+        return self._background
 
     def merge(
         self, merges: Sequence[Merge], *, leased: bool = False, refreshed: bool = False
@@ -622,11 +650,48 @@ class ReplicationLog:
             attempt.landed, attempt.in_doubt = record, False
             state.apply(record)
             state.verified = (record.version, time.monotonic())  # its own commit: its log
+            self._absorb_expiry(state)
             self._checkpoint(state)
+            if record.version % self.descriptor.snapshot_interval == 0:
+                self._schedule_expiry(state)
             return record
         raise CommitConflictError(
             f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
         )
+
+    def _schedule_expiry(self, state: LogState) -> None:
+        """Expire what is older than the retention (:func:`history.expire`) in the
+        background, unless the last expiry is still running (the next table catches up)."""
+        if self._helper or (self._expiry is not None and not self._expiry.done()):
+            return
+        self._expiry = self._executor().submit(
+            history.expire,
+            history.LogSnapshots(self.storage, self.descriptor),
+            version=state.version,
+            retained_from=state.retained_from,
+            live=state.live_paths(),
+            now_ms=now_ms(),
+        )
+
+    def _absorb_expiry(self, state: LogState) -> None:
+        """Record in ``state`` how far the last finished expiry went (the next header
+        carries it)."""
+        expiry = self._expiry
+        if expiry is None or not expiry.done():
+            return
+        try:
+            state.retained_from = max(state.retained_from, expiry.result())
+        except Exception as exc:  # best effort, as the checkpoint is
+            logger.warning("%s: retention failed (it is tried again): %s", self.url, exc)
+        self._expiry = None
+
+    def flush(self) -> None:
+        """Wait for this object's background work (merges, retention) to finish."""
+        pending: list[Future[Any]] = [f for f in (self._merging, self._expiry) if f is not None]
+        if pending:
+            futures_wait(pending)
+        if self._state is not None:
+            self._absorb_expiry(self._state)
 
     def _checkpoint(self, state: LogState) -> None:
         """Best effort: the commit has landed whatever happens here."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import Counter
 
 from replog.storage import Storage
+from replog.storage.backends import Durability
 
 
 class CountingStorage(Storage):
@@ -41,9 +42,9 @@ class CountingStorage(Storage):
         self.requests.append(("create", path))
         super()._create_once(path, data, sync)
 
-    def _replace_once(self, path: str, data: bytes) -> None:
+    def _replace_once(self, path: str, data: bytes, durability: Durability) -> None:
         self.requests.append(("write", path))
-        super()._replace_once(path, data)
+        super()._replace_once(path, data, durability)
 
     def _delete_once(self, path: str) -> None:
         self.requests.append(("delete", path))

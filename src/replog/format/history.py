@@ -213,11 +213,11 @@ def _ipc_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue())
 
 
-def _put_once(storage: Storage, relative: str, data: bytes) -> bytes:
+def _put_once(storage: Storage, relative: str, data: bytes, *, best_effort: bool) -> bytes:
     """Write ``data`` put-if-absent; the bytes that are there afterwards (another writer's
     file for the same version, if it was first)."""
     try:
-        storage.put_if_absent(relative, data)
+        storage.put_if_absent(relative, data, best_effort=best_effort)
     except FileExistsError:
         return storage.read(relative)
     return data
@@ -239,7 +239,9 @@ def _write_changes(
     recent = state.changes_since(since).tombstones
     dropped = [segment for segment in recent if segment.key not in changes.removed]
     table = changes.since
-    data = _put_once(storage, changes_path(state.version), _ipc_bytes(changes.to_table(dropped)))
+    encoded = _ipc_bytes(changes.to_table(dropped))
+    # Best effort on disk: readers fall back past a changes file a crash tore.
+    data = _put_once(storage, changes_path(state.version), encoded, best_effort=True)
     return ChangesEntry(table, snapshots.table_sha256(table), sha256_hex(data), since)
 
 
@@ -261,13 +263,11 @@ def _header(state: LogState, descriptor: LogDescriptor) -> SnapshotHeader:
     )
 
 
-def write_checkpoint(
-    storage: Storage, descriptor: LogDescriptor, state: LogState, *, now_ms: int | None = None
-) -> None:
+def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogState) -> None:
     """Write the checkpoint for ``state`` when its version is due: the segment table (with
-    the tombstones of the segments removed since the table before) or the changes since
-    it, then the header, then the hint; after a table, expire what is older than the
-    log's retention (:func:`expire`).
+    the tombstones of the segments its last interval removed) or the changes since it,
+    then the header, then the hint. After a table, the writer expires what is older than
+    the log's retention (:func:`expire`).
 
     Best effort for the caller: a missing checkpoint only makes the next open read more
     commits. Every file is written put-if-absent; one already there is fine.
@@ -284,7 +284,8 @@ def write_checkpoint(
         if snapshots is not None:
             tombstones = state.changes_since(version - interval).tombstones
         table = segments_table(state.segments, tombstones)
-        data = _put_once(storage, table_path(version), _ipc_bytes(table))
+        # Durable: once retention deleted the commits below it, a table is irreplaceable.
+        data = _put_once(storage, table_path(version), _ipc_bytes(table), best_effort=False)
         header = dataclasses.replace(header, table_sha256=sha256_hex(data))
         if snapshots is not None:
             snapshots.remember_table(version, sha256_hex(data))
@@ -303,14 +304,12 @@ def write_checkpoint(
     sealed = header.to_bytes()
     copy: bytes | None = sealed
     try:
-        storage.put_if_absent(header_path(version), sealed)
+        storage.put_if_absent(header_path(version), sealed, best_effort=True)  # readers fall back
     except FileExistsError:  # another writer's header for this version: not ours to copy
         copy = None
     pointer = snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)
     pointer.advance(version, copy=copy)
     logger.debug("wrote checkpoint of %s at version %d", storage.url, version)
-    if at_table and isinstance(snapshots, LogSnapshots):
-        expire(snapshots, state, now_ms=time.time() * 1000 if now_ms is None else now_ms)
 
 
 EXPIRE_STEPS = 2
@@ -332,8 +331,12 @@ def expired_files(descriptor: LogDescriptor, retained: int, table: int) -> list[
     return files
 
 
-def expire(snapshots: LogSnapshots, state: LogState, *, now_ms: float) -> None:
-    """Delete what is older than the log's retention, a table at a time (best effort).
+def expire(
+    snapshots: LogSnapshots, *, version: int, retained_from: int, live: set[str], now_ms: float
+) -> int:
+    """Delete what is older than the log's retention, a table at a time (best effort), for
+    a writer at ``version`` whose state keeps history from ``retained_from`` and whose
+    live files are ``live``; returns the oldest version kept now.
 
     The oldest retained table moves to the next table whose header is older than the
     retention, while the newest two tables stay. The segments removed in between (the
@@ -341,30 +344,30 @@ def expire(snapshots: LogSnapshots, state: LogState, *, now_ms: float) -> None:
     deleted unless a live segment still names them, and the commits, headers, tables
     and changes files below it are deleted. Readers never need them: a state comes from
     the newest header, and a reader whose commits are gone loads it afresh. Costs what
-    it deletes, never a listing.
+    it deletes, never a listing. ``live`` may be older than the state it came from: a
+    removed segment never becomes live again, so it only ever keeps too much.
     """
     descriptor, storage = snapshots.descriptor, snapshots.storage
     interval = descriptor.snapshot_interval
     cutoff = now_ms - descriptor.retention_ms
-    retained = state.retained_from
+    retained = retained_from
     candidate = retained - retained % interval + interval
     for _ in range(EXPIRE_STEPS):
-        if candidate > state.version - interval:
-            return
+        if candidate > version - interval:
+            break
         try:
             if snapshots.header(candidate).timestamp_ms > cutoff:
-                return
+                break
             tombstones = snapshots.tombstones_between(retained, candidate)
         except _UNUSABLE as exc:
             logger.debug("not expiring past table %d of %s: %s", candidate, storage.url, exc)
-            return
-        live = state.live_paths()
+            break
         doomed = [path for path in dict.fromkeys(t.path for t in tombstones) if path not in live]
         try:
             storage.delete_many([*doomed, *expired_files(descriptor, retained, candidate)])
         except (StorageError, OSError) as exc:
             logger.warning("could not expire %s below version %d: %s", storage.url, candidate, exc)
-            return
+            break
         logger.info(
             "expired %s below version %d: %d removed segment files, commits %d..%d",
             storage.url,
@@ -373,8 +376,9 @@ def expire(snapshots: LogSnapshots, state: LogState, *, now_ms: float) -> None:
             retained + 1,
             candidate,
         )
-        state.retained_from = retained = candidate
+        retained = candidate
         candidate += interval
+    return retained
 
 
 class LogSnapshots:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -227,23 +228,32 @@ class DecodedFiles:
         self.max_bytes = max_bytes
         self._tables: OrderedDict[tuple[str, str], pa.Table] = OrderedDict()
         self._bytes = 0
+        self._lock = threading.Lock()  # a writer and its background merger share one
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"max_bytes": self.max_bytes}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["max_bytes"])  # type: ignore[misc]
 
     def get(self, segment: SegmentInfo | StagedSegment) -> pa.Table | None:
         key = (segment.path, segment.sha256)
-        table = self._tables.get(key)
-        if table is not None:
-            self._tables.move_to_end(key)
-        return table
+        with self._lock:
+            table = self._tables.get(key)
+            if table is not None:
+                self._tables.move_to_end(key)
+            return table
 
     def put(self, segment: SegmentInfo | StagedSegment, table: pa.Table) -> None:
         size = table.nbytes
         if size > self.max_bytes // 4:
             return
-        self._tables[(segment.path, segment.sha256)] = table
-        self._bytes += size
-        while self._bytes > self.max_bytes:
-            _, dropped = self._tables.popitem(last=False)
-            self._bytes -= dropped.nbytes
+        with self._lock:
+            self._tables[(segment.path, segment.sha256)] = table
+            self._bytes += size
+            while self._bytes > self.max_bytes:
+                _, dropped = self._tables.popitem(last=False)
+                self._bytes -= dropped.nbytes
 
 
 def read_file(

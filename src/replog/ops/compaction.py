@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from replog.errors import CommitConflictError
 from replog.format import leases
 from replog.format.commits import CommitRecord
 from replog.format.segments import MAX_SEGMENT_EVENTS
@@ -25,6 +26,9 @@ from replog.log import ReplicationLog
 from replog.merges import DEFAULT_TARGET_BYTES, Merge, plan_full
 
 logger = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+"""How often a compaction whose sources another writer merged first is planned again."""
 
 __all__ = ["DEFAULT_TARGET_BYTES", "CompactionResult", "Merge", "compact"]
 
@@ -61,15 +65,23 @@ def compact(
     commit.
 
     Appends that land meanwhile are fine (the commit is rebased onto them). If a
-    concurrent truncation or compaction removed a source, the merged files are deleted
-    and :class:`CommitConflictError` is raised: run it again.
+    concurrent truncation or merge removed a source (writers merge small files as they
+    commit), the merged files are deleted and the compaction planned again, up to
+    :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     """
-    merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
-    if not merges:
-        return CompactionResult((), None)
     lease = leases.acquire(log.storage, f"compaction of {log.url}")
     try:
-        record = log.merge(merges, leased=True)
+        for attempt in range(1, ATTEMPTS + 1):
+            merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
+            if not merges:
+                return CompactionResult((), None)
+            try:
+                record = log.merge(merges, leased=True)
+                break
+            except CommitConflictError:
+                if attempt == ATTEMPTS:
+                    raise
+                logger.info("%s: a source left the log during compaction; planning again", log.url)
     finally:
         _release(log, lease)
     logger.info(

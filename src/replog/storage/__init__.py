@@ -28,6 +28,7 @@ import fsspec
 
 from replog.errors import CommitOutcomeUnknownError, InvalidOptionError, StorageError
 from replog.storage import backends
+from replog.storage.backends import Durability
 
 logger = logging.getLogger(__name__)
 
@@ -213,27 +214,39 @@ class Storage:
         if not self.writable:
             raise backends.unsupported(self.fs, f"write to {self.url!r}")
 
-    def write(self, relative: str, data: bytes) -> None:
-        """Create or overwrite atomically (for files read as hints: pointers, GC notes)."""
+    def write(self, relative: str, data: bytes, *, best_effort: bool = False) -> None:
+        """Create or overwrite atomically (for files read as hints: pointers, GC notes).
+        ``best_effort``: without waiting for the disk (a crash may lose or tear it)."""
         self.require_writable()
         path = self.path(relative)
-        self._retrying("write", path, lambda: self._replace_once(path, data))
+        durability = Durability.BEST_EFFORT if best_effort else Durability.SYNC
+        self._retrying("write", path, lambda: self._replace_once(path, data, durability))
 
-    def put_if_absent(self, relative: str, data: bytes, *, sync: bool = True) -> None:
+    def put_if_absent(
+        self, relative: str, data: bytes, *, sync: bool = True, best_effort: bool = False
+    ) -> None:
         """Create ``relative`` holding ``data`` only if nothing is there, else ``FileExistsError``.
 
         Atomic: of concurrent callers for one name exactly one succeeds, and no reader sees
         partial content. An uncertain outcome is resolved by reading back: the write landed
         if the file holds exactly ``data``. Raises
         :class:`~replog.errors.CommitOutcomeUnknownError` if storage never lets that be
-        decided. ``sync=False`` defers the directory fsync to :meth:`sync`.
+        decided. ``sync=False`` defers the directory fsync to :meth:`sync`;
+        ``best_effort`` does not wait for the disk at all (files readers can do without).
         """
         self.require_writable()
         path = self.path(relative)
+        durability = (
+            Durability.BEST_EFFORT
+            if best_effort
+            else Durability.SYNC
+            if sync
+            else Durability.DEFERRED
+        )
         failure: BaseException | None = None
         for attempt in range(self.retry.attempts):
             try:
-                self._create_once(path, data, sync)
+                self._create_once(path, data, durability)
                 return
             except FileExistsError:
                 if self._holds(path, data):
@@ -326,11 +339,11 @@ class Storage:
     def _modified_once(self, path: str) -> int | None:
         return backends.modified_ms(self.fs, path)
 
-    def _create_once(self, path: str, data: bytes, sync: bool) -> None:
-        backends.create(self.fs, path, data, sync=sync)
+    def _create_once(self, path: str, data: bytes, durability: Durability) -> None:
+        backends.create(self.fs, path, data, durability)
 
-    def _replace_once(self, path: str, data: bytes) -> None:
-        backends.replace(self.fs, path, data)
+    def _replace_once(self, path: str, data: bytes, durability: Durability) -> None:
+        backends.replace(self.fs, path, data, durability)
 
     def _delete_once(self, path: str) -> None:
         backends.delete(self.fs, path)

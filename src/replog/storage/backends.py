@@ -18,6 +18,7 @@ import logging
 import os
 import threading
 import uuid
+from enum import Enum
 
 import fsspec
 from fsspec.implementations.local import LocalFileSystem
@@ -83,31 +84,41 @@ def fsync_directory(directory: str) -> None:
         os.close(descriptor)
 
 
-def _write_temporary(path: str, data: bytes) -> str:
+class Durability(Enum):
+    """How durable a write is when it returns (local disk; object stores always are)."""
+
+    SYNC = "sync"
+    """The file and its directory entry are on disk."""
+    DEFERRED = "deferred"
+    """The file is; its directory entry is made durable by a later :func:`sync_paths`
+    (writers that create many files before one commit)."""
+    BEST_EFFORT = "best_effort"
+    """Neither: a crash may lose or tear it. For files readers can do without (snapshot
+    headers and changes files, hints): they fall back past a damaged one."""
+
+
+def _write_temporary(path: str, data: bytes, durability: Durability) -> str:
     directory = os.path.dirname(path)
     os.makedirs(directory, exist_ok=True)
     tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
     with open(tmp, "wb") as handle:
         handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
+        if durability is not Durability.BEST_EFFORT:
+            handle.flush()
+            os.fsync(handle.fileno())
     return tmp
 
 
-def create(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, sync: bool) -> None:
-    """Create ``path`` holding ``data`` if nothing is there; else ``FileExistsError``.
-
-    ``sync=False`` leaves the directory fsync (local disk) to a later :func:`sync_paths`,
-    for writers that create many files before one commit.
-    """
+def create(fs: fsspec.AbstractFileSystem, path: str, data: bytes, durability: Durability) -> None:
+    """Create ``path`` holding ``data`` if nothing is there; else ``FileExistsError``."""
     kind = kind_of(fs)
     if kind == "local":
-        tmp = _write_temporary(path, data)
+        tmp = _write_temporary(path, data, durability)
         try:
             os.link(tmp, path)
         finally:
             os.unlink(tmp)
-        if sync:
+        if durability is Durability.SYNC:
             fsync_directory(os.path.dirname(path))
     elif kind == "memory":
         with _MEMORY_LOCK:
@@ -120,13 +131,14 @@ def create(fs: fsspec.AbstractFileSystem, path: str, data: bytes, *, sync: bool)
         raise unsupported(fs, "write")
 
 
-def replace(fs: fsspec.AbstractFileSystem, path: str, data: bytes) -> None:
+def replace(fs: fsspec.AbstractFileSystem, path: str, data: bytes, durability: Durability) -> None:
     """Create or overwrite ``path`` atomically (readers see the old or the new bytes)."""
     kind = kind_of(fs)
     if kind == "local":
-        tmp = _write_temporary(path, data)
+        tmp = _write_temporary(path, data, durability)
         os.replace(tmp, path)
-        fsync_directory(os.path.dirname(path))
+        if durability is Durability.SYNC:
+            fsync_directory(os.path.dirname(path))
     elif kind in ("memory", "s3"):
         fs.pipe_file(path, data)
     else:

@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from replog.storage import Storage
+from replog.storage.backends import Durability
 
 
 class SimulatedCrash(BaseException):
@@ -121,14 +122,14 @@ class FaultyStorage(Storage):
         self.injector.before("stat", path)
         return super()._modified_once(path)
 
-    def _create_once(self, path: str, data: bytes, sync: bool) -> None:
+    def _create_once(self, path: str, data: bytes, durability: Durability) -> None:
         self.injector.before("create", path)
-        super()._create_once(path, data, sync)
+        super()._create_once(path, data, durability)
         self.injector.after_write("create", path, create=True)
 
-    def _replace_once(self, path: str, data: bytes) -> None:
+    def _replace_once(self, path: str, data: bytes, durability: Durability) -> None:
         self.injector.before("write", path)
-        super()._replace_once(path, data)
+        super()._replace_once(path, data, durability)
         self.injector.after_write("write", path, create=False)
 
     def _delete_once(self, path: str) -> None:

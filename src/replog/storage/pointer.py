@@ -86,7 +86,8 @@ class ForwardPointer:
             document: dict[str, object] = {self.field: value}
             if copy is not None:
                 document[COPY_FIELD] = json.loads(copy)
-            self.storage.write(self.relative, json.dumps(document).encode())
+            # A hint: readers probe past a stale or torn one, so no waiting for the disk.
+            self.storage.write(self.relative, json.dumps(document).encode(), best_effort=True)
             self._known = value
 
 
