@@ -51,6 +51,8 @@ bench: $(STAMP) ## run the benchmarks (minutes; figures go to docs/BENCHMARKS.md
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_sink.py
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_latency.py
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_fixed.py
+	for section in python age spark s3 writers; do \
+	  PYSPARK_PYTHON=$(abspath $(PY)) $(PY) benchmarks/bench_commits.py $$section || exit 1; done
 	$(PY) benchmarks/fault_runs.py
 
 clean: ## remove build outputs and demo data

@@ -679,10 +679,11 @@ class ReplicationLog:
         expiry = self._expiry
         if expiry is None or not expiry.done():
             return
-        try:
+        failure = expiry.exception()  # best effort, as the checkpoint is
+        if failure is None:
             state.retained_from = max(state.retained_from, expiry.result())
-        except Exception as exc:  # best effort, as the checkpoint is
-            logger.warning("%s: retention failed (it is tried again): %s", self.url, exc)
+        else:
+            logger.warning("%s: retention failed (it is tried again): %s", self.url, failure)
         self._expiry = None
 
     def flush(self) -> None:
