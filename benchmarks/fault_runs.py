@@ -26,13 +26,13 @@ from collections import Counter
 
 from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.errors import ReplogError
-from replog.format.commits import now_ms
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage, SimulatedCrash
+from replog.timeutil import now_ms
 
 RATES = FaultRates(
     unavailable=0.04, reset=0.02, lost_response=0.04, retried_create=0.03, crash=0.01

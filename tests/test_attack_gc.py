@@ -25,12 +25,13 @@ from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
 from replog.checkpoints.store import LATEST_POINTER, ManifestStore
 from replog.errors import FencedError, MissingFileError, StagingCollectedError
 from replog.format import history
-from replog.format.commits import FORMAT_VERSION, now_ms
+from replog.format.commits import FORMAT_VERSION
 from replog.format.gc import CHECK_AFTER_MS, StagingStart
 from replog.format.segments import SHARDS_DIR
 from replog.log import ReplicationLog
 from replog.ops import garbage, recovery
 from replog.storage import Storage
+from replog.timeutil import now_ms
 
 # -- helpers ------------------------------------------------------------------------------
 

@@ -33,7 +33,7 @@ from support.storages import NoTimes, as_class
 
 from replog.errors import MissingFileError, StagingCollectedError
 from replog.format import history, leases
-from replog.format.commits import FORMAT_VERSION, now_ms
+from replog.format.commits import FORMAT_VERSION
 from replog.format.gc import StagingStart
 from replog.format.sealed import seal, unseal
 from replog.format.segments import SHARDS_DIR
@@ -43,6 +43,7 @@ from replog.ops.verify import verify
 from replog.spark import sink as spark_sink
 from replog.spark.sink import ReplogCommitMessage, ReplogSinkDataSource
 from replog.storage import Storage
+from replog.timeutil import now_ms
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("data", StringType())])
 MINUTE = 60_000

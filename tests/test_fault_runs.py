@@ -18,13 +18,13 @@ from support.logcheck import check_log
 
 from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.errors import ReplogError
-from replog.format.commits import now_ms
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy
 from replog.storage.faults import FaultInjector, FaultyStorage
+from replog.timeutil import now_ms
 
 FAST_RETRY = RetryPolicy(attempts=4, first_delay_s=0.0, max_delay_s=0.0)
 

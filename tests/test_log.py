@@ -29,7 +29,6 @@ from replog.format.commits import (
     FORMAT_VERSION,
     Transaction,
     commit_path,
-    now_ms,
 )
 from replog.format.gc import CHECK_AFTER_MS, CLOCK_SKEW_MS, StagingStart
 from replog.format.routing import shard_of
@@ -38,6 +37,7 @@ from replog.ops import garbage
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy, Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
+from replog.timeutil import now_ms
 
 
 @pytest.fixture(params=["memory", "local"])

@@ -23,12 +23,13 @@ from replog.errors import (
     StagingCollectedError,
 )
 from replog.format import history, leases
-from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path, now_ms
+from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path
 from replog.format.segments import read_segment
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status
 from replog.ops.verify import verify
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
+from replog.timeutil import now_ms
 
 
 def sink_batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int) -> Batch:

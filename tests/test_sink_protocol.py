@@ -11,12 +11,13 @@ from support.replication import leave_pending
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
 from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError
-from replog.format.commits import COMMITS_DIR, WriterInfo, now_ms
+from replog.format.commits import COMMITS_DIR, WriterInfo
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy, Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
+from replog.timeutil import now_ms
 
 
 def rows(start: int, count: int):

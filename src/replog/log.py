@@ -54,7 +54,6 @@ from replog.format.commits import (
     Transaction,
     WriterInfo,
     commit_path,
-    now_ms,
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.gc import StagedFiles, StagingStart
@@ -62,6 +61,7 @@ from replog.format.segments import DecodedFiles, Part, SegmentInfo, StagedSegmen
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
 from replog.storage import Storage
+from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 

@@ -1,11 +1,66 @@
-"""Times given by users: durations (``15m``) and instants in milliseconds since the epoch."""
+"""Time: the one clock replog reads, and times given by users (durations such as ``15m``,
+instants in milliseconds since the epoch).
+
+Every part of replog asks :func:`now_ms` / :func:`now_utc` for the time. Tests (and a
+process that must act as if its clock ran elsewhere) replace the clock for the code they
+run with :func:`use_clock`: the replacement holds for the calling context only (a
+``ContextVar``), so a collector and a writer in two threads can run on two clocks.
+"""
 
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from datetime import datetime, timezone
 
 from replog.errors import InvalidOptionError
+
+Clock = Callable[[], float]
+"""Seconds since the Unix epoch, as :func:`time.time` gives them."""
+
+
+
+class _ClockVar:
+    """The current clock, per context; pickles as a fresh one (``replog.register(spark)``
+    pickles replog's modules by value, and a ``ContextVar`` cannot be pickled)."""
+
+    def __init__(self) -> None:
+        self.var: ContextVar[Clock] = ContextVar("replog_clock", default=time.time)
+
+    def __reduce__(self) -> tuple[type[_ClockVar], tuple[()]]:
+        return (_ClockVar, ())
+
+
+_CLOCK = _ClockVar()
+
+
+def now_s() -> float:
+    """The time, in seconds since the epoch, on the current clock."""
+    return _CLOCK.var.get()()
+
+
+def now_ms() -> int:
+    """The time, in milliseconds since the epoch, on the current clock."""
+    return int(now_s() * 1000)
+
+
+def now_utc() -> datetime:
+    """The time as an aware UTC datetime, on the current clock."""
+    return datetime.fromtimestamp(now_s(), timezone.utc)
+
+
+@contextmanager
+def use_clock(clock: Clock) -> Iterator[None]:
+    """Run the block (in this context) with ``clock`` as replog's clock."""
+    token = _CLOCK.var.set(clock)
+    try:
+        yield
+    finally:
+        _CLOCK.var.reset(token)
+
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?$")
 _DURATION_UNITS = {"ms": 1, "s": 1_000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}

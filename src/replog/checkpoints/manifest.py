@@ -10,11 +10,11 @@ kept in :attr:`CheckpointManifest.extra` and written back.
 from __future__ import annotations
 
 import copy
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from replog.errors import CorruptionError
+from replog.timeutil import now_ms
 
 MANIFEST_VERSION = 1
 
@@ -130,7 +130,7 @@ class CheckpointManifest:
         (:meth:`~replog.checkpoints.store.ManifestStore.next_manifest` picks the id)."""
         successor = copy.deepcopy(self)
         successor.checkpoint_id = checkpoint_id
-        successor.timestamp_ms = int(time.time() * 1000)
+        successor.timestamp_ms = now_ms()
         return successor
 
     def to_json(self) -> dict[str, Any]:

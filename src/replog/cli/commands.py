@@ -19,12 +19,12 @@ from replog.checkpoints.manifest import CheckpointManifest
 from replog.checkpoints.store import ManifestStore
 from replog.cli.output import Output
 from replog.errors import InvalidOptionError, ManifestNotFoundError, ReplogError
-from replog.format.commits import Transaction, now_ms
+from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.ops import compaction, recovery, retention, status, verify
 from replog.storage import coerce_option_value
-from replog.timeutil import check_epoch_ms, duration_ms
+from replog.timeutil import check_epoch_ms, duration_ms, now_ms
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 

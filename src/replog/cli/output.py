@@ -15,7 +15,6 @@ from typing import IO, Any
 
 from replog.checkpoints.consumers import ConsumerPosition
 from replog.checkpoints.manifest import CheckpointManifest
-from replog.format.commits import now_ms
 from replog.ingest import AppendReport
 from replog.log import LogInfo
 from replog.ops.compaction import CompactionResult
@@ -23,6 +22,7 @@ from replog.ops.recovery import RecoveryReport
 from replog.ops.retention import TruncationPlan
 from replog.ops.status import ConsumerStatus, LogStatus
 from replog.ops.verify import VerifyReport
+from replog.timeutil import now_ms
 
 
 def event_json(row: Mapping[str, Any]) -> dict[str, Any]:

@@ -6,7 +6,6 @@ reader refuses a format version it does not know instead of misreading it.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -16,6 +15,7 @@ from replog.errors import CorruptionError
 from replog.format.gc import GcMark
 from replog.format.sealed import seal, unseal
 from replog.format.segments import SegmentInfo
+from replog.timeutil import now_ms
 
 FORMAT_VERSION = 3
 """Written by this replog. Version 3 added shared files (segment entries with an
@@ -38,10 +38,6 @@ DEFAULT_RETENTION_MS = 2 * 3_600_000
 """How long commits, snapshots and files that left the log are kept (at least ``replog
 recover``'s default grace plus the clock skew it allows)."""
 MIN_RETENTION_MS = 1_000
-
-
-def now_ms() -> int:
-    return int(time.time() * 1000)
 
 
 def commit_path(version: int) -> str:

@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from replog.errors import InvalidEventError
 from replog.format import jsontext
+from replog.timeutil import now_utc
 
 OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk")
 """The closed set of change operations."""
@@ -74,10 +75,6 @@ MAX_TIMESTAMP_US = 253_402_300_799_999_999
 """9999-12-31T23:59:59.999999Z, the last."""
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-
-def now_utc() -> datetime:
-    return datetime.now(timezone.utc)
 
 
 def _payload(value: Any, name: str, where: str) -> bytes | None:

@@ -16,8 +16,9 @@ import logging
 import uuid
 from dataclasses import asdict, dataclass
 
-from replog.format.commits import META_DIR, now_ms
+from replog.format.commits import META_DIR
 from replog.storage import Storage
+from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 

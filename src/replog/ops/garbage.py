@@ -27,12 +27,13 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from replog.format import leases
-from replog.format.commits import APPEND, META_DIR, CommitRecord, commit_path, now_ms
+from replog.format.commits import APPEND, META_DIR, CommitRecord, commit_path
 from replog.format.gc import CLOCK_SKEW_MS, GcMark
 from replog.format.history import read_commit
 from replog.format.segments import SEGMENT_SUFFIX, SHARDS_DIR
 from replog.format.state import LogState
 from replog.log import ReplicationLog
+from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 

@@ -16,9 +16,9 @@ from typing import Any
 
 from replog.checkpoints.sinks import PENDING_SEGMENTS, PendingResolution, SinkCommitter, list_sinks
 from replog.format import leases
-from replog.format.commits import now_ms
 from replog.log import ReplicationLog
 from replog.ops import garbage
+from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 

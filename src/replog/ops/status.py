@@ -12,10 +12,10 @@ from typing import Any
 
 from replog.checkpoints import consumers, sinks
 from replog.errors import ManifestNotFoundError
-from replog.format.commits import now_ms
 from replog.format.segments import read_segment
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
+from replog.timeutil import now_ms
 
 
 @dataclass(frozen=True)

@@ -41,14 +41,15 @@ from replog.checkpoints.sinks import Batch, SinkCommitter
 from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError, SinkProtocolError
 from replog.format import leases
-from replog.format.commits import SourcePosition, WriterInfo, now_ms
-from replog.format.events import IGNORED_COLUMNS, INPUT_COLUMNS, events_from_table, now_utc
+from replog.format.commits import SourcePosition, WriterInfo
+from replog.format.events import IGNORED_COLUMNS, INPUT_COLUMNS, events_from_table
 from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
 from replog.log import CommitAttempt, ReplicationLog
 from replog.offsets import SparkOffset
 from replog.spark.options import SinkOptions
 from replog.storage import Storage
+from replog.timeutil import now_ms, now_utc
 
 logger = logging.getLogger(__name__)
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import logging
 import os
 import socket
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -49,6 +48,7 @@ from replog.offsets import Offsets, SparkOffset
 from replog.planning import ReadTask
 from replog.spark.options import SourceOptions
 from replog.storage import Storage
+from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         self._recorded: Offsets | None = None
         self._initial: SparkOffset | None = None
         self._available_now_target: Offsets | None = None
-        self._last_trigger_ms = time.time() * 1000
+        self._last_trigger_ms = now_ms()
 
     def __getstate__(self) -> dict[str, Any]:  # executors need the options only
         return {"options": self.options, "owner": self.owner}
@@ -205,7 +205,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         end = self._offset(target, state.version, consumer)
         new_data = target != {shard: first.get(shard, 0) for shard in target}
         if new_data:
-            self._last_trigger_ms = time.time() * 1000
+            self._last_trigger_ms = now_ms()
         # Spark asks for latestOffset(start) once the batch ending at start is in its
         # commit log: start is processed. Its own initial offset is recorded only when a
         # batch follows (a derived consumer must not be left behind by a restart).
@@ -241,7 +241,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         if isinstance(limit, ReadAllAvailable):
             return False
         backlog = sum(target[shard] - first.get(shard, 0) for shard in target)
-        waited = time.time() * 1000 - self._last_trigger_ms
+        waited = now_ms() - self._last_trigger_ms
         return 0 < backlog < minimum and waited < self.options.max_trigger_delay_ms
 
     def reportLatestOffset(self) -> dict[str, Any]:
