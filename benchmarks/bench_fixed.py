@@ -37,8 +37,9 @@ def prepare(root: Path) -> dict[str, str]:
     from ceiling import SCHEMA_DDL
     from workload import workload
 
-    from replog.format.events import EVENT_SCHEMA, SPARK_SCHEMA_DDL
+    from replog.format.events import EVENT_SCHEMA
     from replog.log import ReplicationLog
+    from replog.spark.schema import SPARK_SCHEMA_DDL
 
     if SCHEMA_DDL != SPARK_SCHEMA_DDL:
         raise SystemExit("benchmarks/ceiling.py's SCHEMA_DDL no longer matches replog's schema")

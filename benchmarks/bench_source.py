@@ -28,9 +28,10 @@ from ceiling import SCHEMA_DDL, CeilingSource
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from workload import Run, bench_session, stream_run, workload
 
-from replog.format.events import EVENT_SCHEMA, SPARK_SCHEMA_DDL
+from replog.format.events import EVENT_SCHEMA
 from replog.log import ReplicationLog
 from replog.spark.options import SourceOptions
+from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.spark.source import ReplogStreamReader
 
 SHARDS = 8

@@ -23,8 +23,8 @@ from replog.checkpoints.consumers import OffsetCommitter, committed_position
 from replog.checkpoints.manifest import SinkCommitStatus
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
 from replog.checkpoints.store import LATEST_POINTER, ManifestStore
+from replog.core import history
 from replog.errors import FencedError, MissingFileError, StagingCollectedError
-from replog.format import history
 from replog.format.commits import FORMAT_VERSION
 from replog.format.gc import CHECK_AFTER_MS, StagingStart
 from replog.format.segments import SHARDS_DIR

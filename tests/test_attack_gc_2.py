@@ -31,8 +31,8 @@ from support.logs import filled_log, log_rows
 from support.recovering import commit_after_recover, commit_during_recover
 from support.storages import NoTimes, as_class
 
+from replog.core import history
 from replog.errors import MissingFileError, StagingCollectedError
-from replog.format import history, leases
 from replog.format.commits import FORMAT_VERSION
 from replog.format.gc import StagingStart
 from replog.format.sealed import seal, unseal
@@ -43,7 +43,7 @@ from replog.ops.verify import verify
 from replog.spark import sink as spark_sink
 from replog.spark.sink import ReplogCommitMessage, ReplogSinkDataSource
 from replog.storage import Storage
-from replog.timeutil import now_ms
+from replog.timeutil import now_ms, use_clock
 
 SCHEMA = StructType([StructField("key", StringType()), StructField("data", StringType())])
 MINUTE = 60_000
@@ -188,9 +188,7 @@ def test_a_leased_batch_write_is_refused_by_a_default_recover_that_deleted_nothi
     url = str(tmp_path / "log")
     filled_log(url, commits=1, shards=2)
     began = now_ms() - 55 * MINUTE
-    with monkeypatch.context() as m:  # the driver, 55 minutes ago
-        m.setattr(spark_sink, "now_ms", lambda: began)
-        m.setattr(leases, "now_ms", lambda: began)
+    with use_clock(lambda: began / 1000):  # the driver, 55 minutes ago
         writer = ReplogSinkDataSource({"path": url}).writer(schema=SCHEMA, overwrite=False)
     messages = [
         task_message(url, writer, epoch=0, start=500),
@@ -499,7 +497,6 @@ def test_a_lagging_writers_commit_hides_a_compaction_from_recover(
     clock skew."""
     from support.logs import backdate
 
-    from replog.format import commits
     from replog.ops import compaction
 
     url = str(tmp_path / "log")
@@ -512,8 +509,7 @@ def test_a_lagging_writers_commit_hides_a_compaction_from_recover(
     assert len(planned) == 3
 
     assert compaction.compact(ReplicationLog.open(url)).record is not None
-    with monkeypatch.context() as m:  # another host, its clock 6 minutes behind
-        m.setattr(commits, "now_ms", lambda: now_ms() - 6 * MINUTE)
+    with use_clock(lambda: time.time() - 6 * MINUTE / 1000):  # another host, 6 minutes behind
         ReplicationLog.open(url).append(log_rows(1, 100))
 
     report = recovery.recover(ReplicationLog.open(url), grace_ms=5 * MINUTE)

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from independent.format_reader import read_log
 
-from replog.format import history
+from replog.core import history
 from replog.log import ReplicationLog
 from replog.ops import compaction, retention
 

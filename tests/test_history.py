@@ -1,4 +1,4 @@
-"""Snapshots and the history behind them (replog.format.history): cheap, and damage-proof."""
+"""Snapshots and the history behind them (replog.core.history): cheap, and damage-proof."""
 
 import json
 import logging
@@ -8,7 +8,7 @@ import pytest
 from support.counting import CountingStorage, counting
 from support.logcheck import check_log
 
-from replog.format import history
+from replog.core import history
 from replog.format.commits import FORMAT_VERSION, commit_path
 from replog.format.lanes import Lanes, apply_segments
 from replog.format.sealed import seal, unseal

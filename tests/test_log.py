@@ -12,6 +12,7 @@ from support.counting import CountingStorage, counting
 from support.logcheck import check_key_order, check_log, run_concurrently
 from support.logs import append_commits
 
+from replog.core import history
 from replog.errors import (
     CommitOutcomeUnknownError,
     CorruptionError,
@@ -23,7 +24,6 @@ from replog.errors import (
     StagingCollectedError,
     UnsupportedFormatError,
 )
-from replog.format import history
 from replog.format.commits import (
     DESCRIPTOR_PATH,
     FORMAT_VERSION,

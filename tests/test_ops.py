@@ -15,6 +15,9 @@ from support.replication import leave_pending
 from support.storages import NoTimes
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
+from replog.core import history
+from replog.core import leases as lease_store
+from replog.core.files import read_segment
 from replog.errors import (
     CommitConflictError,
     CorruptionError,
@@ -22,9 +25,7 @@ from replog.errors import (
     RetentionError,
     StagingCollectedError,
 )
-from replog.format import history, leases
 from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path
-from replog.format.segments import read_segment
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status
 from replog.ops.verify import verify
@@ -118,7 +119,7 @@ def test_compaction_keeps_every_event_and_sequence(tmp_path: Path) -> None:
     tail = reopened.read_table(0, 17)  # resuming mid-way through a merged segment
     assert tail.column("sequence").to_pylist() == list(range(17, log.head()[0] + 1))
     assert compaction.compact(reopened).record is None
-    assert not leases.leases(log.storage)  # its lease was released
+    assert not lease_store.leases(log.storage)  # its lease was released
 
 
 def test_compaction_respects_target_size(tmp_path: Path) -> None:
@@ -242,7 +243,7 @@ def test_recover_spares_the_files_of_a_writer_that_outlives_the_grace(tmp_path: 
     """A batch job or compaction staging for longer than --grace holds a lease: its files
     stay until it commits, however old they are."""
     log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
-    lease = leases.acquire(log.storage, "a long batch job")
+    lease = lease_store.acquire(log.storage, "a long batch job")
     lease = dataclasses.replace(lease, acquired_ms=lease.acquired_ms - 7_300_000)  # 2 h ago
     log.storage.write(lease.relative, json.dumps(dataclasses.asdict(lease)).encode())
     staged = log.stage(log_rows(5))
@@ -251,7 +252,7 @@ def test_recover_spares_the_files_of_a_writer_that_outlives_the_grace(tmp_path: 
     report = recovery.recover(log, grace_ms=1000)
     assert report.garbage == [] and report.scan.kept_leased == 1
     assert log.commit_staged(staged) is not None
-    leases.release(log.storage, lease)
+    lease_store.release(log.storage, lease)
     assert verify(log).ok and len(check_log(log)) == 45
 
 

@@ -13,8 +13,8 @@ from support.logcheck import check_key_order, check_log
 from support.logs import append_commits, segment_files
 
 from replog.appender import GroupAppender
+from replog.core import history
 from replog.errors import InvalidEventError
-from replog.format import history
 from replog.format.commits import COMPACT, Transaction, commit_path
 from replog.log import ReplicationLog
 from replog.merges import FAN_IN, plan_auto

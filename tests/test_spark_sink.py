@@ -11,7 +11,7 @@ from support.logcheck import check_log, run_concurrently
 from support.replication import assert_exact_replica, fill_source
 
 from replog.checkpoints import consumers
-from replog.format import leases
+from replog.core import leases as lease_store
 from replog.log import ReplicationLog
 from replog.ops import garbage
 
@@ -32,7 +32,7 @@ def test_batch_write_appends_with_defaults(spark, tmp_path: Path) -> None:
     assert log.shards == 3 and len(rows) == 40
     assert {r["collection"] for r in rows} == {"orders"}
     assert sorted({r["operation"] for r in rows}) == ["insert", "update"]
-    assert not leases.leases(log.storage)  # the job's staging lease was released
+    assert not lease_store.leases(log.storage)  # the job's staging lease was released
 
 
 def test_batch_writes_with_a_transaction_are_idempotent(spark, tmp_path: Path) -> None:
@@ -99,7 +99,7 @@ def test_invalid_operation_value_aborts_and_leaves_nothing(spark, tmp_path: Path
     log = ReplicationLog.open(target)
     assert log.refresh().version == 0
     assert garbage.scan(log, 0).garbage == []  # staged files of the good task: deleted
-    assert not leases.leases(log.storage)
+    assert not lease_store.leases(log.storage)
 
 
 def test_streaming_replication_is_exact_and_continuous(spark, tmp_path: Path) -> None:

@@ -45,6 +45,18 @@ def source_ids(log: ReplicationLog) -> list[str]:
     )
 
 
+def test_the_spark_schema_is_the_event_schema(spark) -> None:
+    """The DDL the source declares and the Arrow schema its batches carry agree."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+    from pyspark.sql.types import _parse_datatype_string
+
+    from replog.format.events import EVENT_SCHEMA
+    from replog.spark.schema import SPARK_SCHEMA_DDL
+
+    declared = _parse_datatype_string(SPARK_SCHEMA_DDL)
+    assert declared == from_arrow_schema(EVENT_SCHEMA)
+
+
 def test_schema_and_batch_read_without_register(spark, tmp_path: Path) -> None:
     log = ReplicationLog.create(str(tmp_path / "A"), 3)
     fill_source(log, commits=2, per_commit=50)

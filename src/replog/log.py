@@ -28,6 +28,8 @@ from typing import Any
 import pyarrow as pa
 
 from replog import merges as merge_plans
+from replog.core import fencing, files, history
+from replog.core.files import DecodedFiles
 from replog.errors import (
     CommitConflictError,
     DataLossError,
@@ -38,7 +40,7 @@ from replog.errors import (
     ReplogError,
     StagingCollectedError,
 )
-from replog.format import history, segments
+from replog.format import segments
 from replog.format.commits import (
     APPEND,
     COMPACT,
@@ -57,7 +59,7 @@ from replog.format.commits import (
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.gc import StagedFiles, StagingStart
-from replog.format.segments import DecodedFiles, Part, SegmentInfo, StagedSegment
+from replog.format.segments import Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
 from replog.storage import Storage
@@ -368,7 +370,7 @@ class ReplicationLog:
         recent = known is not None and known.verified_within(FRESH_S)
         if writer is not None or not recent:
             known = self.refresh(verify_within=0)  # a transaction must not stage needlessly
-            if writer is not None and known.holds(writer):
+            if writer is not None and fencing.holds(known, writer):
                 logger.info("%s: %s is already in the log; skipped", self.url, transaction)
                 return None
         assert known is not None
@@ -426,7 +428,7 @@ class ReplicationLog:
     ) -> list[StagedSegment]:
         """Route validated rows to shards and write them as segment files (not yet visible)."""
         self.storage.require_writable()
-        return segments.stage(
+        return files.stage(
             self.storage, self.shards, table, max_events=max_events, written=self._written
         )
 
@@ -481,9 +483,9 @@ class ReplicationLog:
         def build(state: LogState) -> CommitRecord | None:
             claimed = None
             if writer is not None:
-                if state.holds(writer):
+                if fencing.holds(state, writer):
                     return None
-                claimed = state.claim(writer)  # FencedError if a newer run owns the sink
+                claimed = fencing.claim(state, writer)  # FencedError if a newer run owns the sink
             self._guard_staged(state, staged, since, leased)
             heads = list(state.heads)
             added = []
@@ -577,7 +579,7 @@ class ReplicationLog:
             for plan, placed in _merge_plans(self.storage, merge, self._written):
                 plans.append(plan)
                 firsts.extend(placed)
-        staged = segments.write_files(self.storage, plans, self._written)
+        staged = files.write_files(self.storage, plans, self._written)
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
         removed = tuple(source for merge in merges for source in merge.sources)
 
@@ -745,7 +747,7 @@ class ReplicationLog:
         if first < state.lows[shard] and first <= last:
             raise DataLossError(shard, first, state.lows[shard])
         wanted = [(segment, first, last) for segment in state.covering(shard, first, last)]
-        return segments.read_segments(self.storage, wanted, self._files)
+        return files.read_segments(self.storage, wanted, self._files)
 
     def scan(
         self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None
@@ -765,7 +767,7 @@ class ReplicationLog:
             if first < state.lows[shard] and first <= last:
                 raise DataLossError(shard, first, state.lows[shard])
             wanted.extend((s, first, last) for s in state.covering(shard, first, last))
-        return segments.read_segments(self.storage, wanted, self._files)
+        return files.read_segments(self.storage, wanted, self._files)
 
     def read_all(
         self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None
@@ -813,17 +815,17 @@ def _runs(entries: Sequence[SegmentInfo]) -> list[list[SegmentInfo]]:
 
 
 def _merged_rows(
-    storage: Storage, sources: Sequence[SegmentInfo], files: dict[str, pa.Table]
+    storage: Storage, sources: Sequence[SegmentInfo], known: dict[str, pa.Table]
 ) -> pa.Table:
     """The rows of ``sources`` in order, in large record batches (a merge of many small
-    files must not keep their tiny batches: readers convert batch by batch). ``files``
+    files must not keep their tiny batches: readers convert batch by batch). ``known``
     holds decoded files (this writer's recent ones); others are read once each."""
     cache = DecodedFiles()
     tables = []
     for source in sources:
-        table = files.get(source.path)
+        table = known.get(source.path)
         if table is None:
-            table = segments.read_file(storage, source, cache)
+            table = files.read_file(storage, source, cache)
         tables.append(segments.entry_rows(table, source))
     return pa.concat_tables(tables).combine_chunks()
 

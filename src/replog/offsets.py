@@ -24,8 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from replog.core.files import read_stored
 from replog.errors import InvalidOptionError, LogIdentityError
-from replog.format.segments import read_stored
 from replog.format.state import LogState
 from replog.log import ReplicationLog
 

@@ -22,7 +22,6 @@ Clock = Callable[[], float]
 """Seconds since the Unix epoch, as :func:`time.time` gives them."""
 
 
-
 class _ClockVar:
     """The current clock, per context; pickles as a fresh one (``replog.register(spark)``
     pickles replog's modules by value, and a ``ContextVar`` cannot be pickled)."""

@@ -63,7 +63,7 @@ def backdate(log: ReplicationLog, relative: str, seconds: float) -> None:
 
 def append_commits(log: ReplicationLog) -> int:
     """How many of the log's commits are appends (writers' automatic merges commit too)."""
-    from replog.format import history
+    from replog.core import history
 
     records = history.read_commits(log.storage, 1, log.refresh().version)
     return sum(1 for record in records if record.operation == "append" and record.add)

@@ -27,6 +27,7 @@ from typing import Any
 
 from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint
 from replog.checkpoints.store import ManifestStore
+from replog.core.history import read_commit
 from replog.errors import (
     FencedError,
     InvalidOptionError,
@@ -36,7 +37,6 @@ from replog.errors import (
     ReplogError,
 )
 from replog.format.commits import META_DIR
-from replog.format.history import read_commit
 from replog.log import ReplicationLog
 from replog.offsets import Offsets
 from replog.storage import Storage

@@ -26,6 +26,7 @@ from enum import Enum
 from replog.checkpoints.consumers import check_name
 from replog.checkpoints.manifest import CheckpointManifest, SinkCommitStatus
 from replog.checkpoints.store import ManifestStore
+from replog.core import fencing
 from replog.crashpoints import crash_point
 from replog.format.commits import META_DIR, SourcePosition, WriterInfo
 from replog.format.gc import StagingStart
@@ -144,7 +145,7 @@ class SinkCommitter:
         if status is None or not status.is_pending:
             return None
         query_id = manifest.sink_query_ids[self.sink_id]
-        held = self.log.state().holds(WriterInfo(self.sink_id, query_id, manifest.epoch))
+        held = fencing.holds(self.log.state(), WriterInfo(self.sink_id, query_id, manifest.epoch))
         return PendingResolution(manifest.epoch, query_id, held)
 
     def resolve_pending(
@@ -199,7 +200,7 @@ class SinkCommitter:
         )
         state = self.log.refresh()  # once: every check below reads this state
         _, manifest = self.resolve_pending(self._load())
-        if state.holds(writer):
+        if fencing.holds(state, writer):
             # Another attempt's commit holds the epoch, or this very attempt's (a commit
             # called again after an unknown outcome): delete only what no commit names.
             named = self.log.added_since(batch.since_version, batch.paths) if batch.staged else ()
@@ -218,7 +219,7 @@ class SinkCommitter:
                 batch.epoch,
             )
             return Outcome.REPLAYED
-        state.claim(writer)  # a fenced run stops here, before writing anything
+        fencing.claim(state, writer)  # a fenced run stops here, before writing anything
         previous_query = manifest.sink_query_ids.get(self.sink_id)
         if previous_query not in (None, batch.query_id):
             logger.warning(
@@ -300,7 +301,9 @@ class SinkCommitter:
                 batch.epoch,
             )
             manifest = self._load()
-            held = self.log.state().holds(WriterInfo(self.sink_id, batch.query_id, batch.epoch))
+            held = fencing.holds(
+                self.log.state(), WriterInfo(self.sink_id, batch.query_id, batch.epoch)
+            )
             if held and manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch:
                 self.store.save(
                     self._status(

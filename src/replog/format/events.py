@@ -56,13 +56,6 @@ EVENT_SCHEMA = pa.schema(
     ]
 )
 
-SPARK_SCHEMA_DDL = (
-    "shard INT NOT NULL, sequence BIGINT NOT NULL, event_id STRING NOT NULL, "
-    "timestamp TIMESTAMP NOT NULL, operation STRING NOT NULL, collection STRING, "
-    "key STRING NOT NULL, data BINARY NOT NULL, before BINARY, metadata STRING"
-)
-""":data:`EVENT_SCHEMA` as a Spark DDL string (kept next to it so the two agree)."""
-
 INPUT_COLUMNS = frozenset(
     {"data", "before", "key", "operation", "collection", "event_id", "timestamp", "metadata"}
 )

@@ -11,14 +11,13 @@ intervals of them), from which the next checkpoint's changes file is written.
 from __future__ import annotations
 
 import bisect
-import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from replog.errors import CorruptionError, FencedError, LogRecreatedError
+from replog.errors import CorruptionError, LogRecreatedError
 from replog.format.commits import (
     APPEND,
     COMPACT,
@@ -289,38 +288,6 @@ class LogState:
         if self._base < table < self.version:
             self._since_base = [c for c in self._since_base if c.version > table]
             self._base, self._base_changes = table, None
-
-    # -- the sink rules ------------------------------------------------------------------
-
-    def holds(self, writer: WriterInfo) -> bool:
-        """Whether the log already holds ``writer``'s epoch (or a later one of its query)."""
-        mark = self.sinks.get(writer.sink_id)
-        epoch = mark.epoch_of(writer.query_id) if mark else None
-        return epoch is not None and epoch >= writer.epoch
-
-    def claim(self, writer: WriterInfo) -> WriterInfo:
-        """``writer`` with the generation its run commits with; raises :class:`FencedError`
-        if a newer run owns the sink. A run new to the sink takes it over (generation + 1).
-        A run the mark no longer lists (it keeps the newest runs) is still fenced if it
-        says which generation it committed with before (``writer.generation``).
-        Writers without a run id (batch writes) are not fenced."""
-        mark = self.sinks.get(writer.sink_id)
-        if writer.run_id is None:
-            return writer
-        if mark is None:
-            return dataclasses.replace(writer, generation=1)
-        known = mark.generation_of(writer.run_id)
-        if known is None and writer.generation == 0:
-            return dataclasses.replace(writer, generation=mark.generation + 1)
-        if known is None:
-            known = writer.generation
-        if known < mark.generation:
-            raise FencedError(
-                f"sink {writer.sink_id!r}: run {writer.run_id} of query {writer.query_id} is "
-                f"fenced: run {mark.owner} (query {mark.query_id}) took the sink over with "
-                f"generation {mark.generation}; two live queries must not share a sinkId"
-            )
-        return dataclasses.replace(writer, generation=known)
 
     @property
     def gc_version(self) -> int:

@@ -18,6 +18,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from replog.core import leases as lease_store
 from replog.errors import CommitConflictError
 from replog.format import leases
 from replog.format.commits import CommitRecord
@@ -69,7 +70,7 @@ def compact(
     commit), the merged files are deleted and the compaction planned again, up to
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     """
-    lease = leases.acquire(log.storage, f"compaction of {log.url}")
+    lease = lease_store.acquire(log.storage, f"compaction of {log.url}")
     try:
         for attempt in range(1, ATTEMPTS + 1):
             merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
@@ -96,6 +97,6 @@ def compact(
 
 def _release(log: ReplicationLog, lease: leases.Lease) -> None:
     try:
-        leases.release(log.storage, lease)
+        lease_store.release(log.storage, lease)
     except Exception as exc:
         logger.warning("could not release staging lease %s: %s", lease.relative, exc)

@@ -26,10 +26,11 @@ import logging
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
+from replog.core import leases as lease_store
+from replog.core.history import read_commit
 from replog.format import leases
 from replog.format.commits import APPEND, META_DIR, CommitRecord, commit_path
 from replog.format.gc import CLOCK_SKEW_MS, GcMark
-from replog.format.history import read_commit
 from replog.format.segments import SEGMENT_SUFFIX, SHARDS_DIR
 from replog.format.state import LogState
 from replog.log import ReplicationLog
@@ -127,7 +128,7 @@ def scan(
     state = log.refresh()
     cutoff = now - grace_ms
     file_cutoff = cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms)
-    found_leases = leases.leases(log.storage)
+    found_leases = lease_store.leases(log.storage)
     live = [lease for lease in found_leases if lease.live(now)]
     result.expired_leases = [lease for lease in found_leases if not lease.live(now)]
     lease_cutoff = min((lease.acquired_ms for lease in live), default=None)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replog.checkpoints.sinks import PENDING_SEGMENTS, PendingResolution, SinkCommitter, list_sinks
-from replog.format import leases
+from replog.core import leases as lease_store
 from replog.log import ReplicationLog
 from replog.ops import garbage
 from replog.timeutil import now_ms
@@ -107,6 +107,6 @@ def recover(
         for relative in report.scan.garbage:
             log.storage.delete(relative)
         for lease in report.scan.expired_leases:
-            leases.release(log.storage, lease)
+            lease_store.release(log.storage, lease)
         logger.info("recover %s: deleted %d garbage files", log.url, len(report.scan.garbage))
     return report

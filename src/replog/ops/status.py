@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from replog.checkpoints import consumers, sinks
+from replog.core.files import read_segment
 from replog.errors import ManifestNotFoundError
-from replog.format.segments import read_segment
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms

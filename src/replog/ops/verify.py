@@ -16,10 +16,11 @@ from typing import Any
 from replog.checkpoints.consumers import consumer_store, list_consumers
 from replog.checkpoints.sinks import list_sinks, sink_store
 from replog.checkpoints.store import ManifestStore, manifest_name
+from replog.core import history
+from replog.core.files import read_file
 from replog.errors import CorruptionError, ReplogError
-from replog.format import history
 from replog.format.commits import COMMITS_DIR, commit_path
-from replog.format.segments import SegmentInfo, read_file
+from replog.format.segments import SegmentInfo
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 

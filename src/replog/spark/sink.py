@@ -38,6 +38,7 @@ from pyspark.sql.types import (
 
 from replog.checkpoints import consumers
 from replog.checkpoints.sinks import Batch, SinkCommitter
+from replog.core import leases as lease_store
 from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError, SinkProtocolError
 from replog.format import leases
@@ -355,7 +356,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         log = _target_log(self.options)
         staged = _staged(messages)
-        leases.mark(log.storage, self.lease, leases.COMMITTING)
+        lease_store.mark(log.storage, self.lease, leases.COMMITTING)
         attempt = CommitAttempt()
         try:
             record = log.commit_staged(
@@ -380,7 +381,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
 
     def _release(self, log: ReplicationLog) -> None:
         try:
-            leases.release(log.storage, self.lease)
+            lease_store.release(log.storage, self.lease)
         except Exception as exc:
             logger.warning("could not release staging lease %s: %s", self.lease.relative, exc)
 
@@ -391,7 +392,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
         if paths and log.added_since(self.since.version, paths):
             logger.warning("replog-sink: abort ignored: this write's commit is in %s", log.url)
             return
-        current = leases.read(log.storage, self.lease)
+        current = lease_store.read(log.storage, self.lease)
         if current is not None and current.state == leases.COMMITTING and staged:
             logger.warning(
                 "replog-sink: write aborted while its commit may still land; its %d staged "
@@ -400,7 +401,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
             )
             return
         log.discard_staged(staged)
-        leases.release(log.storage, self.lease)
+        lease_store.release(log.storage, self.lease)
 
 
 class ReplogSinkDataSource(DataSource):
@@ -425,5 +426,5 @@ class ReplogSinkDataSource(DataSource):
         if overwrite:
             raise InvalidOptionError("replog-sink is append-only: use mode('append')")
         options, log = self._open(schema, streaming=False)
-        lease = leases.acquire(log.storage, f"batch write into {log.url}")
+        lease = lease_store.acquire(log.storage, f"batch write into {log.url}")
         return ReplogBatchWriter(options, StagingStart(log.refresh().version, now_ms()), lease)

@@ -1,7 +1,7 @@
 """``spark.readStream.format("replog")`` and ``spark.read.format("replog")``.
 
 A thin adapter: offsets, planning and reading live in the core (:mod:`replog.offsets`,
-:mod:`replog.planning`, :func:`replog.format.segments.read_segment`). The driver-side
+:mod:`replog.planning`, :func:`replog.format.files.read_segment`). The driver-side
 reader keeps its :class:`ReplicationLog` (and so the log state) between micro-batches, so
 each batch reads only the commits made since the previous one.
 
@@ -41,12 +41,12 @@ from pyspark.sql.types import StructType
 from replog import offsets as positions
 from replog import planning
 from replog.checkpoints import consumers
-from replog.format.events import SPARK_SCHEMA_DDL
-from replog.format.segments import read_segments
+from replog.core.files import read_segments
 from replog.log import ReplicationLog
 from replog.offsets import Offsets, SparkOffset
 from replog.planning import ReadTask
 from replog.spark.options import SourceOptions
+from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.storage import Storage
 from replog.timeutil import now_ms
 
