@@ -22,6 +22,7 @@ import contextlib
 import json
 import pickle
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -52,11 +53,11 @@ MINUTE = 60_000
 
 
 @pytest.fixture
-def fresh_spark_caches(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test gets the sink module's per-process caches empty (a fresh driver)."""
-    monkeypatch.setattr(spark_sink, "_COMMITTING_LOGS", {})
-    monkeypatch.setattr(spark_sink, "_COMMITTERS", {})
-    monkeypatch.setattr(spark_sink, "_LINKED", set())
+def fresh_spark_caches() -> Iterator[None]:
+    """Each test gets the sink's per-process cache empty (a fresh driver)."""
+    spark_sink.PROCESS.clear()
+    yield
+    spark_sink.PROCESS.clear()
 
 
 def commit_process(source: ReplogSinkDataSource) -> spark_sink.ReplogStreamWriter:

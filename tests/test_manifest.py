@@ -23,8 +23,7 @@ def sample(checkpoint_id: int = 1) -> CheckpointManifest:
     manifest.sink_query_ids["s1"] = "q-1"
     manifest.source_names = ["replog:abc"]
     manifest.sink_names = ["s1", "s2"]
-    manifest.pipeline_hash = 12345
-    manifest.watermark = 99
+    manifest.pending_segments = {"s1": ["shards/shared/a.arrow", "shards/00000/b.arrow"]}
     return manifest
 
 
@@ -48,8 +47,15 @@ def test_json_round_trip() -> None:
 def test_older_manifest_loads_with_defaults() -> None:
     old = {"version": 1, "checkpoint_id": 3, "epoch": 2, "timestamp_ms": 5}
     manifest = CheckpointManifest.from_json(old)
-    assert manifest.sink_epochs == {} and manifest.watermark is None
+    assert manifest.sink_epochs == {} and manifest.pending_segments == {}
     assert manifest.validate() == []
+
+
+def test_fields_replog_0_3_wrote_but_never_set_are_kept_as_they_were() -> None:
+    old = {"version": 1, "checkpoint_id": 3, "epoch": 2, "timestamp_ms": 5,
+           "pipeline_hash": None, "watermark": None, "state_checksum": None}  # fmt: skip
+    manifest = CheckpointManifest.from_json(old)
+    assert manifest.to_json()["watermark"] is None and "pipeline_hash" in manifest.extra
 
 
 def test_newer_fields_survive_a_rewrite(store: ManifestStore) -> None:

@@ -8,8 +8,9 @@ import pytest
 
 from replog.errors import InvalidOptionError, LogIdentityError
 from replog.log import ReplicationLog
-from replog.offsets import SparkOffset, for_timestamp, parse_offsets_json, resolve
+from replog.offsets import for_timestamp, parse_offsets_json, resolve
 from replog.planning import cap_events
+from replog.spark.offsets import SparkOffset
 from replog.timeutil import check_epoch_ms
 
 T0 = 1_750_000_000_000  # 2025-06-15, epoch milliseconds

@@ -28,8 +28,9 @@ from typing import Any
 import pyarrow as pa
 
 from replog import merges as merge_plans
-from replog.core import fencing, files, history
+from replog.core import fencing, files, history, staging
 from replog.core.files import DecodedFiles
+from replog.core.staging import CommitAttempt
 from replog.errors import (
     CommitConflictError,
     DataLossError,
@@ -78,23 +79,6 @@ READ_VERIFY_S = 1.0
 """A reader checks that the log at its URL is still its log at most this often while
 nothing new arrives (a writer checks before every commit)."""
 CHECK_THREADS = 8
-
-
-@dataclass
-class CommitAttempt:
-    """What a caller may safely do with its staged files after a commit call.
-
-    ``landed`` is the record once it is on storage; ``in_doubt`` is set while a write may
-    have landed without its writer knowing (interrupted, or storage never answered).
-    Staged files may be deleted only when :attr:`safe_to_discard`.
-    """
-
-    landed: CommitRecord | None = None
-    in_doubt: bool = False
-
-    @property
-    def safe_to_discard(self) -> bool:
-        return self.landed is None and not self.in_doubt
 
 
 @dataclass(frozen=True)
@@ -383,14 +367,10 @@ class ReplicationLog:
             self.discard_staged(staged)
             since = StagingStart(self.state().version, now_ms())
             staged = self.stage(table, max_events=segment_max_events)
-        attempt = CommitAttempt()
-        try:
+        with staging.committing(self.storage, staged) as attempt:
             record = self.commit_staged(
                 staged, writer=writer, attempt=attempt, since=since, refreshed=True
             )
-        except BaseException:
-            self.discard_after(attempt, staged)
-            raise
         if record is None:  # the transaction landed meanwhile (another run of it)
             self.discard_staged(staged)
         else:
@@ -434,24 +414,7 @@ class ReplicationLog:
 
     def discard_staged(self, staged: Iterable[StagedSegment | SegmentInfo]) -> None:
         """Delete staged files that no commit names (the caller must know that)."""
-        for path in segments.file_paths(staged):
-            self.storage.delete(path)
-
-    def discard_after(
-        self, attempt: CommitAttempt, staged: Sequence[StagedSegment | SegmentInfo]
-    ) -> None:
-        """After a failed commit call: delete ``staged`` if it is certain no commit names
-        them; otherwise keep them (``replog recover`` collects them if unreferenced)."""
-        if attempt.safe_to_discard:
-            self.discard_staged(staged)
-        elif staged:
-            logger.warning(
-                "%s: keeping %d staged files: the commit %s; 'replog recover' deletes them "
-                "if no commit names them",
-                self.url,
-                len(staged),
-                "landed" if attempt.landed else "may have landed",
-            )
+        staging.discard(self.storage, staged)
 
     def commit_staged(
         self,
@@ -593,12 +556,8 @@ class ReplicationLog:
             self._guard_staged(state, merged, since, leased)
             return CommitRecord.after(state.version, COMPACT, add=merged, remove=removed)
 
-        attempt = CommitAttempt()
-        try:
+        with staging.committing(self.storage, merged) as attempt:
             return self.commit(build, attempt=attempt, refreshed=refreshed)
-        except BaseException:
-            self.discard_after(attempt, merged)
-            raise
 
     def check_staged(self, staged: Sequence[StagedSegment | SegmentInfo]) -> None:
         """Raise :class:`MissingFileError` if a staged file is gone (collected by a

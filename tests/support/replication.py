@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from replog.checkpoints.manifest import SinkCommitStatus
-from replog.checkpoints.sinks import PENDING_SEGMENTS
 from replog.log import ReplicationLog
 from support.logcheck import check_log
 
@@ -97,5 +96,5 @@ def leave_pending(committer, query: str, epoch: int, staged: list) -> None:
     pending.sink_names = sorted({*pending.sink_names, committer.sink_id})
     pending.sink_commit_statuses[committer.sink_id] = SinkCommitStatus.pending()
     pending.sink_query_ids[committer.sink_id] = query
-    pending.extra[PENDING_SEGMENTS] = {committer.sink_id: [s.path for s in staged]}
+    pending.pending_segments = {committer.sink_id: [s.path for s in staged]}
     committer.store.save(pending)

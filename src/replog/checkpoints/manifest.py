@@ -102,11 +102,12 @@ class CheckpointManifest:
     """replog's addition: the Spark query id each sink's epochs belong to."""
     source_names: list[str] = field(default_factory=list)
     sink_names: list[str] = field(default_factory=list)
-    pipeline_hash: int | None = None
-    watermark: int | None = None
-    state_checksum: str | None = None
+    pending_segments: dict[str, list[str]] = field(default_factory=dict)
+    """While a sink's epoch is Pending: the staged files it commits (``recover`` keeps
+    them until the epoch is resolved)."""
     extra: dict[str, Any] = field(default_factory=dict)
-    """Fields written by a newer replog, kept verbatim."""
+    """Fields this replog does not know (a newer replog's, or replog 0.3's unused
+    ``pipeline_hash``, ``watermark`` and ``state_checksum``), kept verbatim."""
 
     _KNOWN = (
         "version",
@@ -119,9 +120,7 @@ class CheckpointManifest:
         "sink_query_ids",
         "source_names",
         "sink_names",
-        "pipeline_hash",
-        "watermark",
-        "state_checksum",
+        "pending_segments",
         "checksum",
     )
 
@@ -149,11 +148,12 @@ class CheckpointManifest:
                 "sink_query_ids": dict(sorted(self.sink_query_ids.items())),
                 "source_names": sorted(self.source_names),
                 "sink_names": sorted(self.sink_names),
-                "pipeline_hash": self.pipeline_hash,
-                "watermark": self.watermark,
-                "state_checksum": self.state_checksum,
             }
         )
+        if self.pending_segments:
+            document["pending_segments"] = {
+                sink: list(paths) for sink, paths in sorted(self.pending_segments.items())
+            }
         return document
 
     @classmethod
@@ -176,9 +176,10 @@ class CheckpointManifest:
                 sink_query_ids={str(k): str(v) for k, v in data.get("sink_query_ids", {}).items()},
                 source_names=[str(n) for n in data.get("source_names", [])],
                 sink_names=[str(n) for n in data.get("sink_names", [])],
-                pipeline_hash=data.get("pipeline_hash"),
-                watermark=data.get("watermark"),
-                state_checksum=data.get("state_checksum"),
+                pending_segments={
+                    str(sink): [str(path) for path in paths]
+                    for sink, paths in data.get("pending_segments", {}).items()
+                },
                 extra={k: v for k, v in data.items() if k not in cls._KNOWN},
             )
         except (TypeError, ValueError, AttributeError) as exc:

@@ -26,18 +26,16 @@ from enum import Enum
 from replog.checkpoints.consumers import check_name
 from replog.checkpoints.manifest import CheckpointManifest, SinkCommitStatus
 from replog.checkpoints.store import ManifestStore
-from replog.core import fencing
+from replog.core import fencing, staging
 from replog.crashpoints import crash_point
-from replog.format.commits import META_DIR, SourcePosition, WriterInfo
+from replog.format.commits import META_DIR, CommitRecord, SourcePosition, WriterInfo
 from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
-from replog.log import CommitAttempt, ReplicationLog
+from replog.log import ReplicationLog
 
 logger = logging.getLogger(__name__)
 
 SINKS_DIR = f"{META_DIR}/sinks"
-PENDING_SEGMENTS = "pending_segments"
-"""Manifest field (per sink) listing the staged files of the Pending epoch."""
 
 
 def sink_store(log: ReplicationLog, sink_id: str) -> ManifestStore:
@@ -117,7 +115,7 @@ class SinkCommitter:
     ) -> CheckpointManifest:
         manifest = self.store.next_manifest(base)
         manifest.epoch = epoch
-        manifest.extra.pop(PENDING_SEGMENTS, None)
+        manifest.pending_segments = {}
         manifest.sink_commit_statuses[self.sink_id] = status
         manifest.sink_query_ids[self.sink_id] = query_id
         if status.is_committed:
@@ -157,7 +155,7 @@ class SinkCommitter:
         resolution = self._resolution(manifest)
         if resolution is None:
             return None, manifest
-        pending = manifest.extra.get(PENDING_SEGMENTS, {}).get(self.sink_id, [])
+        pending = manifest.pending_segments.get(self.sink_id, [])
         if resolution.committed:
             status = SinkCommitStatus.committed()
             logger.warning(
@@ -188,83 +186,107 @@ class SinkCommitter:
     # -- protocol -----------------------------------------------------------------------
 
     def commit(self, batch: Batch) -> Outcome:
-        """Commit ``batch`` exactly once."""
+        """Commit ``batch`` exactly once, by the six steps of the module docstring."""
         crash_point("staged", batch.epoch)
-        writer = WriterInfo(
+        writer = self._writer(batch)
+        state = self.log.refresh()  # once: every check below reads this state
+        _, manifest = self.resolve_pending(self._load())  # 1
+        if fencing.holds(state, writer):  # 2
+            return self._replayed(manifest, batch)
+        fencing.claim(state, writer)  # 3: a fenced run stops here, before writing anything
+        self._note_new_query(manifest, batch)
+        if not batch.staged:
+            return Outcome.EMPTY
+        pending = self._save_pending(manifest, batch)  # 4
+        record = self._commit_to_log(pending, batch, writer)  # 5
+        self._save_committed(pending, batch)  # 6
+        if record is not None:
+            self.log.maintain()
+        logger.info(
+            "sink %s: committed epoch %d of query %s (%d events, log version %s)",
+            self.sink_id,
+            batch.epoch,
+            batch.query_id,
+            batch.events,
+            record.version if record else "of an earlier attempt",
+        )
+        return Outcome.COMMITTED if record else Outcome.REPLAYED
+
+    def _writer(self, batch: Batch) -> WriterInfo:
+        """Who commits ``batch``: with the generation this process saw its run commit with
+        (a run the log's sink mark has forgotten is still fenced by it)."""
+        generation = self._generations.get(batch.run_id, 0) if batch.run_id else 0
+        return WriterInfo(
             self.sink_id,
             batch.query_id,
             batch.epoch,
             run_id=batch.run_id,
-            generation=self._generations.get(batch.run_id, 0) if batch.run_id else 0,
+            generation=generation,
             sources=batch.sources,
         )
-        state = self.log.refresh()  # once: every check below reads this state
-        _, manifest = self.resolve_pending(self._load())
-        if fencing.holds(state, writer):
-            # Another attempt's commit holds the epoch, or this very attempt's (a commit
-            # called again after an unknown outcome): delete only what no commit names.
-            named = self.log.added_since(batch.since_version, batch.paths) if batch.staged else ()
-            self.log.discard_staged(s for s in batch.staged if s.path not in named)
-            if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch or (
-                manifest.sink_query_ids.get(self.sink_id) != batch.query_id
-            ):
-                self.store.save(
-                    self._status(
-                        manifest, batch.query_id, batch.epoch, SinkCommitStatus.committed()
-                    )
-                )
-            logger.info(
-                "sink %s: epoch %d is already in the log (replay); skipped",
-                self.sink_id,
-                batch.epoch,
-            )
-            return Outcome.REPLAYED
-        fencing.claim(state, writer)  # a fenced run stops here, before writing anything
-        previous_query = manifest.sink_query_ids.get(self.sink_id)
-        if previous_query not in (None, batch.query_id):
+
+    def _replayed(self, manifest: CheckpointManifest, batch: Batch) -> Outcome:
+        """The log holds the epoch already: another attempt's commit, or this very
+        attempt's (a commit called again after an unknown outcome). Delete only the files
+        no commit names, and bring the manifest up to date."""
+        named = self.log.added_since(batch.since_version, batch.paths) if batch.staged else set()
+        self.log.discard_staged(s for s in batch.staged if s.path not in named)
+        if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch or (
+            manifest.sink_query_ids.get(self.sink_id) != batch.query_id
+        ):
+            committed = SinkCommitStatus.committed()
+            self.store.save(self._status(manifest, batch.query_id, batch.epoch, committed))
+        logger.info(
+            "sink %s: epoch %d is already in the log (replay); skipped", self.sink_id, batch.epoch
+        )
+        return Outcome.REPLAYED
+
+    def _note_new_query(self, manifest: CheckpointManifest, batch: Batch) -> None:
+        previous = manifest.sink_query_ids.get(self.sink_id)
+        if previous not in (None, batch.query_id):
             logger.warning(
                 "sink %s: now written by query %s (was %s): a new Spark checkpoint; its "
                 "epochs start a new lineage",
                 self.sink_id,
                 batch.query_id,
-                previous_query,
+                previous,
             )
-        if not batch.staged:
-            return Outcome.EMPTY
 
+    def _save_pending(self, manifest: CheckpointManifest, batch: Batch) -> CheckpointManifest:
+        """Step 4: the manifest says Pending(E) and names the staged files."""
         pending = self._status(manifest, batch.query_id, batch.epoch, SinkCommitStatus.pending())
-        pending.sink_epochs = dict(manifest.sink_epochs) if previous_query == batch.query_id else {}
-        pending.extra[PENDING_SEGMENTS] = {self.sink_id: batch.paths}
+        same_query = manifest.sink_query_ids.get(self.sink_id) == batch.query_id
+        pending.sink_epochs = dict(manifest.sink_epochs) if same_query else {}
+        pending.pending_segments = {self.sink_id: batch.paths}
         self.store.save(pending, provisional=True)  # Committed or Failed follows
         crash_point("after_pending", batch.epoch)
+        return pending
 
-        attempt = CommitAttempt()
-        try:
-            record = self.log.commit_staged(
-                batch.staged,
-                writer=writer,
-                attempt=attempt,
-                refreshed=True,
-                since=batch.since,
-            )
-        except BaseException as exc:
-            if attempt.safe_to_discard:  # certain: nothing of this attempt is in the log
-                self.log.discard_staged(batch.staged)
-                self.store.save(
-                    self._status(
-                        pending,
-                        batch.query_id,
-                        batch.epoch,
-                        SinkCommitStatus.failed(str(exc)[:500]),
-                    )
+    def _commit_to_log(
+        self, pending: CheckpointManifest, batch: Batch, writer: WriterInfo
+    ) -> CommitRecord | None:
+        """Step 5: the one log commit naming (S, Q, E). Failed: the manifest says so when
+        it is certain nothing landed (then the files go too); None: another attempt of
+        the epoch reached the log first (this attempt's files go)."""
+        with staging.committing(self.log.storage, batch.staged) as attempt:
+            try:
+                record = self.log.commit_staged(
+                    batch.staged, writer=writer, attempt=attempt, refreshed=True, since=batch.since
                 )
-            raise
-        if record is None:  # another attempt of this epoch reached the log first
+            except BaseException as exc:
+                if attempt.safe_to_discard:  # certain: nothing of this attempt is in the log
+                    failed = SinkCommitStatus.failed(str(exc)[:500])
+                    self.store.save(self._status(pending, batch.query_id, batch.epoch, failed))
+                raise
+        if record is None:
             self.log.discard_staged(batch.staged)
         elif record.writer is not None and record.writer.run_id is not None:
             self._generations[record.writer.run_id] = record.writer.generation
         crash_point("after_log_commit", batch.epoch)
+        return record
 
+    def _save_committed(self, pending: CheckpointManifest, batch: Batch) -> None:
+        """Step 6, bookkeeping: if it fails, step 1 of the next commit completes it."""
         done = self._status(pending, batch.query_id, batch.epoch, SinkCommitStatus.committed())
         try:
             self.store.save(done)
@@ -277,17 +299,6 @@ class SinkCommitter:
                 exc,
             )
         crash_point("after_committed", batch.epoch)
-        if record is not None:
-            self.log.maintain()
-        logger.info(
-            "sink %s: committed epoch %d of query %s (%d events, log version %s)",
-            self.sink_id,
-            batch.epoch,
-            batch.query_id,
-            batch.events,
-            record.version if record else "of an earlier attempt",
-        )
-        return Outcome.COMMITTED if record else Outcome.REPLAYED
 
     def abort(self, batch: Batch, reason: str) -> None:
         """Record Failed(reason) and delete the attempt's staged files, unless a commit
@@ -318,7 +329,7 @@ class SinkCommitter:
             and status.is_pending
             and manifest.epoch == batch.epoch
             and manifest.sink_query_ids.get(self.sink_id) == batch.query_id
-            and set(manifest.extra.get(PENDING_SEGMENTS, {}).get(self.sink_id, []))
+            and set(manifest.pending_segments.get(self.sink_id, []))
             == set(batch.paths)
         )
         if in_flight and batch.staged:

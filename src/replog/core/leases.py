@@ -7,6 +7,8 @@ import dataclasses
 import json
 import logging
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 
 from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, Lease
@@ -37,8 +39,39 @@ def read(storage: Storage, lease: Lease) -> Lease | None:
     return None if data is None else Lease(**json.loads(data))
 
 
+def renew(storage: Storage, lease: Lease, duration_ms: int = DEFAULT_LEASE_MS) -> Lease | None:
+    """Extend ``lease`` to ``duration_ms`` from now if less than half of that is left
+    (a long write's tasks call this as they start); None if it is gone (then the write
+    will be refused at its commit). Reads it once; writes it only when extended."""
+    current = read(storage, lease)
+    now = now_ms()
+    if current is None or current.expires_ms - now >= duration_ms // 2:
+        return current
+    renewed = dataclasses.replace(current, expires_ms=now + duration_ms)
+    storage.write(renewed.relative, json.dumps(asdict(renewed)).encode())
+    return renewed
+
+
 def release(storage: Storage, lease: Lease) -> None:
     storage.delete(lease.relative)
+
+
+def release_quietly(storage: Storage, lease: Lease) -> None:
+    """Release ``lease``, only warning if that fails (it then expires on its own)."""
+    try:
+        release(storage, lease)
+    except Exception as exc:
+        logger.warning("could not release staging lease %s: %s", storage.path(lease.relative), exc)
+
+
+@contextmanager
+def holding(storage: Storage, owner: str) -> Iterator[Lease]:
+    """A lease held for the block (released on the way out, whatever happens)."""
+    lease = acquire(storage, owner)
+    try:
+        yield lease
+    finally:
+        release_quietly(storage, lease)
 
 
 def leases(storage: Storage) -> list[Lease]:

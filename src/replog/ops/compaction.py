@@ -18,9 +18,8 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from replog.core import leases as lease_store
+from replog.core import leases
 from replog.errors import CommitConflictError
-from replog.format import leases
 from replog.format.commits import CommitRecord
 from replog.format.segments import MAX_SEGMENT_EVENTS
 from replog.log import ReplicationLog
@@ -70,8 +69,7 @@ def compact(
     commit), the merged files are deleted and the compaction planned again, up to
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     """
-    lease = lease_store.acquire(log.storage, f"compaction of {log.url}")
-    try:
+    with leases.holding(log.storage, f"compaction of {log.url}"):
         for attempt in range(1, ATTEMPTS + 1):
             merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
             if not merges:
@@ -83,8 +81,6 @@ def compact(
                 if attempt == ATTEMPTS:
                     raise
                 logger.info("%s: a source left the log during compaction; planning again", log.url)
-    finally:
-        _release(log, lease)
     logger.info(
         "compacted %s at version %s: %d segments merged into %d",
         log.url,
@@ -93,10 +89,3 @@ def compact(
         len(record.add) if record else 0,
     )
     return CompactionResult(tuple(merges), record)
-
-
-def _release(log: ReplicationLog, lease: leases.Lease) -> None:
-    try:
-        lease_store.release(log.storage, lease)
-    except Exception as exc:
-        logger.warning("could not release staging lease %s: %s", lease.relative, exc)

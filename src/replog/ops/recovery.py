@@ -14,7 +14,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-from replog.checkpoints.sinks import PENDING_SEGMENTS, PendingResolution, SinkCommitter, list_sinks
+from replog.checkpoints.sinks import PendingResolution, SinkCommitter, list_sinks
 from replog.core import leases as lease_store
 from replog.log import ReplicationLog
 from replog.ops import garbage
@@ -78,7 +78,7 @@ def recover(
             continue
         manifest, resolution = found
         if manifest.timestamp_ms > cutoff:
-            pending_files.update(manifest.extra.get(PENDING_SEGMENTS, {}).get(sink_id, []))
+            pending_files.update(manifest.pending_segments.get(sink_id, []))
             report.pending_too_recent[sink_id] = manifest.epoch
             logger.warning(
                 "sink %s: Pending epoch %d is younger than the grace period; left alone "

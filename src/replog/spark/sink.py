@@ -5,8 +5,9 @@ names the files with the Spark query id, run id and epoch. The driver runs the
 exactly-once protocol of :mod:`replog.checkpoints.sinks`, recording in the log commit the
 source positions the micro-batch covers (read from Spark's offset log).
 
-A batch write is one atomic append. With ``txnAppId``/``txnVersion`` it is idempotent:
-a version already committed for the app id is skipped (Delta's contract).
+A batch write is one atomic append (:mod:`replog.checkpoints.batches`). With
+``txnAppId``/``txnVersion`` it is idempotent: a version already committed for the app id
+is skipped (Delta's contract).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,17 +39,17 @@ from pyspark.sql.types import (
 )
 
 from replog.checkpoints import consumers
+from replog.checkpoints.batches import BatchCommitter, BatchWrite
 from replog.checkpoints.sinks import Batch, SinkCommitter
-from replog.core import leases as lease_store
+from replog.core import leases
 from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError, SinkProtocolError
-from replog.format import leases
-from replog.format.commits import SourcePosition, WriterInfo
+from replog.format.commits import SourcePosition
 from replog.format.events import IGNORED_COLUMNS, INPUT_COLUMNS, events_from_table
 from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
-from replog.log import CommitAttempt, ReplicationLog
-from replog.offsets import SparkOffset
+from replog.log import ReplicationLog
+from replog.spark.offsets import SparkOffset
 from replog.spark.options import SinkOptions
 from replog.storage import Storage
 from replog.timeutil import now_ms, now_utc
@@ -132,33 +134,63 @@ def _one(values: set[str | None], what: str) -> str | None:
     return known.pop() if known else None
 
 
-_COMMITTING_LOGS: dict[str, ReplicationLog] = {}
-"""Target logs this process has planned or committed to, with their state.
+class _CommitProcess:
+    """What Spark's long-lived driver-side Python processes keep between micro-batches.
 
-Spark runs every ``commit`` of a query in one long-lived driver-side Python process (one
-PID for all micro-batches, measured), on a fresh writer each time, and builds each
-micro-batch's writer in another long-lived one. Keeping the log here means each reads
-only the log commits made since its last micro-batch.
-"""
-_COMMITTERS: dict[tuple[int, str], SinkCommitter] = {}
-"""Each sink's committer, per target log object: it keeps the sink's newest manifest, so
-a micro-batch's commit only probes past it instead of re-reading it."""
-_LINKED: set[tuple[str, str, str]] = set()
-"""(source log id, consumer, target log id) links this process has written."""
+    Spark runs every ``commit`` of a query in one long-lived Python process (one PID for
+    all micro-batches, measured), on a fresh writer each time, and plans each
+    micro-batch's writer in another. Keeping the target log (with its state) and each
+    sink's committer (with its newest manifest) means a micro-batch reads only what was
+    committed since the last one. Bounded: the least recently used entries go first.
+    """
+
+    MAX_ENTRIES = 32
+
+    def __init__(self) -> None:
+        self.logs: OrderedDict[str, ReplicationLog] = OrderedDict()
+        self.committers: OrderedDict[tuple[str, str], SinkCommitter] = OrderedDict()
+        self.links: OrderedDict[tuple[str, str, str], None] = OrderedDict()
+
+    def target_log(self, options: SinkOptions) -> ReplicationLog:
+        """The sink's target log (created if absent), this process's copy while it is
+        still the same log."""
+        opened = ReplicationLog.open_or_create(
+            options.path, options.shards, storage_options=options.storage_options
+        )
+        key = json.dumps([options.path, options.storage_options], sort_keys=True, default=str)
+        cached = self.logs.get(key)
+        if cached is not None and cached.log_id == opened.log_id:
+            self.logs.move_to_end(key)
+            return cached  # refreshed before anything is decided
+        _remember(self.logs, key, opened)
+        return opened
+
+    def committer(self, log: ReplicationLog, sink_id: str) -> SinkCommitter:
+        key = (f"{log.url} {log.log_id}", sink_id)
+        committer = self.committers.get(key)
+        if committer is None or committer.log is not log:
+            committer = SinkCommitter(log, sink_id)
+        _remember(self.committers, key, committer)
+        return committer
+
+    def clear(self) -> None:
+        self.logs.clear()
+        self.committers.clear()
+        self.links.clear()
 
 
-def _target_log(options: SinkOptions) -> ReplicationLog:
-    """The sink's target log (created if absent), reusing this process's copy while it is
-    still the same log."""
-    opened = ReplicationLog.open_or_create(
-        options.path, options.shards, storage_options=options.storage_options
-    )
-    key = json.dumps([options.path, options.storage_options], sort_keys=True, default=str)
-    cached = _COMMITTING_LOGS.get(key)
-    if cached is not None and cached.log_id == opened.log_id:
-        return cached  # refreshed before anything is decided
-    _COMMITTING_LOGS[key] = opened
-    return opened
+def _remember(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
+    cache[key] = value
+    cache.move_to_end(key)
+    while len(cache) > _CommitProcess.MAX_ENTRIES:
+        cache.popitem(last=False)
+
+
+PROCESS = _CommitProcess()
+"""This process's cache (tests clear it to act as a fresh process)."""
+
+OFFSET_LOG_VERSION = "v1"
+"""The only format of Spark's offset log this sink reads (Spark 4.x writes ``v1``)."""
 
 
 def source_positions(options: SinkOptions, batch_id: int) -> list[tuple[SourcePosition, str]]:
@@ -175,8 +207,18 @@ def source_positions(options: SinkOptions, batch_id: int) -> list[tuple[SourcePo
             "cannot read Spark's offset log %s/%s: %s", options.checkpoint, relative, exc
         )
         return []
+    if data is None:
+        return []
+    lines = data.decode("utf-8", "replace").splitlines()
+    if not lines or lines[0] != OFFSET_LOG_VERSION:
+        raise SinkProtocolError(
+            f"Spark's offset log {options.checkpoint}/{relative} starts with "
+            f"{lines[0] if lines else 'nothing'!r}, not {OFFSET_LOG_VERSION!r}: a format this "
+            f"replog does not know (a newer Spark?); the sink cannot record which source "
+            f"positions the micro-batch covers"
+        )
     found = []
-    for line in (data or b"").decode("utf-8", "replace").splitlines()[2:]:
+    for line in lines[2:]:
         try:
             document = json.loads(line)
         except ValueError:
@@ -264,7 +306,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
         return self._since
 
     def _target(self) -> ReplicationLog:
-        return self._log if self._log is not None else _target_log(self.options)
+        return self._log if self._log is not None else PROCESS.target_log(self.options)
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
         return self._stage_all(iterator)
@@ -288,11 +330,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
 
     def _committer(self) -> SinkCommitter:
         assert self.options.sink_id is not None
-        log = self._target()
-        key = (id(log), self.options.sink_id)
-        if key not in _COMMITTERS:
-            _COMMITTERS[key] = SinkCommitter(log, self.options.sink_id)
-        return _COMMITTERS[key]
+        return PROCESS.committer(self._target(), self.options.sink_id)
 
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         batch = self._batch(messages, batchId)
@@ -309,7 +347,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
     def _link(self, target: ReplicationLog, position: SourcePosition, url: str) -> None:
         """Tell the source's consumer that this sink writes what it reads (once)."""
         key = (position.log_id, position.consumer, target.log_id)
-        if not url or key in _LINKED:
+        if not url or key in PROCESS.links:
             return
         link = consumers.SinkLink(target.url, target.log_id, self.options.sink_id or "")
         try:
@@ -326,7 +364,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
                 exc,
             )
             return
-        _LINKED.add(key)
+        _remember(PROCESS.links, key, None)
 
     def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         batch = self._batch(messages, batchId)
@@ -334,74 +372,27 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
 
 
 class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
-    """``df.write``: the whole job is one atomic append (idempotent with a transaction)."""
+    """``df.write``: the whole job is one atomic append (idempotent with a transaction),
+    by the protocol of :mod:`replog.checkpoints.batches`."""
 
-    def __init__(self, options: SinkOptions, since: StagingStart, lease: leases.Lease) -> None:
+    def __init__(self, options: SinkOptions, planned: BatchWrite) -> None:
         self.options = options
-        self._since = since
-        self.lease = lease
+        self.planned = planned
 
     @property
     def since(self) -> StagingStart:
         """Taken when the job was planned (Spark pickles this writer to its committer)."""
-        return self._since
+        return self.planned.since
 
     def write(self, iterator: Iterator[pa.RecordBatch]) -> ReplogCommitMessage:
+        leases.renew(Storage(self.options.path, self.options.storage_options), self.planned.lease)
         return self._stage_all(iterator)
 
-    def _writer(self) -> WriterInfo | None:
-        transaction = self.options.transaction
-        return transaction.writer() if transaction is not None else None
-
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
-        log = _target_log(self.options)
-        staged = _staged(messages)
-        lease_store.mark(log.storage, self.lease, leases.COMMITTING)
-        attempt = CommitAttempt()
-        try:
-            record = log.commit_staged(
-                staged, writer=self._writer(), attempt=attempt, since=self.since, leased=True
-            )
-        except BaseException:
-            log.discard_after(attempt, staged)
-            if attempt.safe_to_discard:
-                self._release(log)
-            raise
-        if record is None:  # the transaction's version was committed before: skipped
-            log.discard_staged(staged)
-            transaction = self.options.transaction
-            assert transaction is not None
-            logger.warning(
-                "replog-sink: txnAppId %s version %d is already in %s; this write was skipped",
-                transaction.app_id,
-                transaction.version,
-                log.url,
-            )
-        self._release(log)
-
-    def _release(self, log: ReplicationLog) -> None:
-        try:
-            lease_store.release(log.storage, self.lease)
-        except Exception as exc:
-            logger.warning("could not release staging lease %s: %s", self.lease.relative, exc)
+        BatchCommitter(PROCESS.target_log(self.options)).commit(self.planned, _staged(messages))
 
     def abort(self, messages: list[WriterCommitMessage | None]) -> None:
-        log = _target_log(self.options)
-        staged = _staged(messages)
-        paths = [segment.path for segment in staged]
-        if paths and log.added_since(self.since.version, paths):
-            logger.warning("replog-sink: abort ignored: this write's commit is in %s", log.url)
-            return
-        current = lease_store.read(log.storage, self.lease)
-        if current is not None and current.state == leases.COMMITTING and staged:
-            logger.warning(
-                "replog-sink: write aborted while its commit may still land; its %d staged "
-                "files are kept ('replog recover' deletes them if no commit names them)",
-                len(staged),
-            )
-            return
-        log.discard_staged(staged)
-        lease_store.release(log.storage, self.lease)
+        BatchCommitter(PROCESS.target_log(self.options)).abort(self.planned, _staged(messages))
 
 
 class ReplogSinkDataSource(DataSource):
@@ -414,7 +405,7 @@ class ReplogSinkDataSource(DataSource):
     def _open(self, schema: StructType, *, streaming: bool) -> tuple[SinkOptions, ReplicationLog]:
         validate_input_schema(schema)
         options = SinkOptions.parse(self.options, streaming=streaming)
-        log = _target_log(options)
+        log = PROCESS.target_log(options)
         log.storage.require_writable()
         return options, log
 
@@ -426,5 +417,4 @@ class ReplogSinkDataSource(DataSource):
         if overwrite:
             raise InvalidOptionError("replog-sink is append-only: use mode('append')")
         options, log = self._open(schema, streaming=False)
-        lease = lease_store.acquire(log.storage, f"batch write into {log.url}")
-        return ReplogBatchWriter(options, StagingStart(log.refresh().version, now_ms()), lease)
+        return ReplogBatchWriter(options, BatchCommitter(log).begin(options.transaction))

@@ -43,8 +43,9 @@ from replog import planning
 from replog.checkpoints import consumers
 from replog.core.files import read_segments
 from replog.log import ReplicationLog
-from replog.offsets import Offsets, SparkOffset
+from replog.offsets import Offsets
 from replog.planning import ReadTask
+from replog.spark.offsets import SparkOffset
 from replog.spark.options import SourceOptions
 from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.storage import Storage
