@@ -24,8 +24,8 @@ LAYERS = [
     ["format"],
     ["core"],
     ["log", "merges", "appender"],
-    ["checkpoints"],
-    ["offsets", "planning", "ops", "ingest", "debezium"],
+    ["checkpoints", "offsets"],
+    ["planning", "ops", "ingest", "debezium"],
     ["cli", "spark", "__init__"],
 ]
 """From the bottom: a part may import parts of its own layer or below, never above."""

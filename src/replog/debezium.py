@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from replog.errors import InvalidEventError
@@ -33,6 +34,14 @@ from replog.format.jsontext import Member, RawJSON
 
 OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
 SKIPPED = {"t": "truncate event (op t)", "m": "message event (op m)"}
+
+
+@dataclass(frozen=True)
+class Skipped:
+    """A Debezium record that carries no change event (a tombstone, a truncate or message
+    event): ``reason`` says which, for the count an append reports."""
+
+    reason: str
 OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c"}
 EVENT_ID_NAMESPACE = uuid.UUID("6f1f2a52-8d2c-4f6e-9a57-3f2b1a0c9d41")
 
@@ -73,19 +82,20 @@ def key_of(row: dict[str, Member], key_fields: Sequence[str], where: str) -> str
     return "{" + ",".join(f"{json.dumps(name)}:{row[name].text}" for name in key_fields) + "}"
 
 
-def event_from_members(
+def debezium_record(
     members: dict[str, Member], key_fields: Sequence[str]
-) -> dict[str, Any] | str:
-    """One replog event record from one Debezium value, or the kind of record skipped."""
+) -> dict[str, Any] | Skipped:
+    """One replog event record from one Debezium value, or what kind of record was
+    skipped."""
     if not key_fields:
         raise InvalidEventError("Debezium events need key fields (--key-fields id[,col...])")
     envelope = _unwrap(members)
     if envelope is None:
-        return "tombstone (null payload)"
+        return Skipped("tombstone (null payload)")
     op_member = envelope.get("op")
     op = op_member.value if op_member else None
     if op in SKIPPED:
-        return SKIPPED[op]
+        return Skipped(SKIPPED[op])
     if op not in OPERATIONS:
         raise InvalidEventError(
             f"'op' is {op!r}: not a Debezium change event (c, r, u, d; t and m are skipped)"

@@ -14,6 +14,7 @@ validated before anything is returned: a bad line is an error that names it.
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -77,7 +78,7 @@ class AppendReport:
         }
 
 
-def event_from_members(members: dict[str, jsontext.Member]) -> dict[str, Any]:
+def replog_record(members: dict[str, jsontext.Member]) -> dict[str, Any]:
     """A replog event record from one line's members: payloads as their exact text."""
     record: dict[str, Any] = {}
     for name, member in members.items():
@@ -105,6 +106,65 @@ def _check_unique_ids(table: pa.Table, numbers: list[int]) -> None:
         )
 
 
+Convert = Callable[[dict[str, jsontext.Member]], "dict[str, Any] | debezium.Skipped"]
+
+
+def _converter(format: str, key_fields: tuple[str, ...]) -> Convert:
+    """How one line's members become an event record, for ``format``."""
+    if format not in FORMATS:
+        raise InvalidOptionError(f"format {format!r} is not one of {', '.join(FORMATS)}")
+    if format == "debezium":
+        if not key_fields:
+            raise InvalidOptionError("--format debezium needs --key-fields (e.g. id)")
+        return functools.partial(debezium.debezium_record, key_fields=key_fields)
+    if key_fields:
+        raise InvalidOptionError("key fields are for --format debezium")
+    return replog_record
+
+
+@dataclass
+class _Chunks:
+    """Event records validated a chunk at a time (bounded memory for big files), with the
+    line each came from."""
+
+    tables: list[pa.Table] = field(default_factory=list)
+    numbers: list[int] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[int] = field(default_factory=list)
+
+    def add(self, record: dict[str, Any], line: int) -> None:
+        self.records.append(record)
+        self.pending.append(line)
+        if len(self.records) >= CHUNK_LINES:
+            self.flush()
+
+    def flush(self) -> None:
+        if not self.records:
+            return
+        labels = self.pending.copy()
+        self.tables.append(events_from_records(self.records, where=lambda i: f"line {labels[i]}"))
+        self.numbers.extend(labels)
+        self.records.clear()
+        self.pending.clear()
+
+    def table(self) -> pa.Table:
+        self.flush()
+        table = pa.concat_tables(self.tables) if self.tables else STORED_SCHEMA.empty_table()
+        _check_unique_ids(table, self.numbers)
+        return table
+
+
+def _parse(line: str, number: int, convert: Convert) -> dict[str, Any] | debezium.Skipped:
+    try:
+        members = jsontext.parse_object(line)
+    except ValueError as exc:
+        raise InvalidEventError(f"line {number}: not valid JSON: {exc}") from exc
+    try:
+        return convert(members)
+    except InvalidEventError as exc:
+        raise InvalidEventError(f"line {number}: {exc}") from exc
+
+
 def read_lines(
     lines: Iterable[str],
     *,
@@ -123,31 +183,10 @@ def read_lines(
     Raises:
         InvalidEventError: a line is not valid JSON or not a valid event (names the line).
     """
-    if format not in FORMATS:
-        raise InvalidOptionError(f"format {format!r} is not one of {', '.join(FORMATS)}")
-    convert: Callable[[dict[str, jsontext.Member]], dict[str, Any] | str]
-    if format == "debezium":
-        if not key_fields:
-            raise InvalidOptionError("--format debezium needs --key-fields (e.g. id)")
-        convert = lambda members: debezium.event_from_members(members, key_fields)  # noqa: E731
-    else:
-        if key_fields:
-            raise InvalidOptionError("key fields are for --format debezium")
-        convert = event_from_members
-    tables: list[pa.Table] = []
-    records: list[dict[str, Any]] = []
-    numbers: list[int] = []
-    chunk_numbers: list[int] = []
+    convert = _converter(format, key_fields)
+    chunks = _Chunks()
     skipped: Counter[str] = Counter()
     count = 0
-
-    def flush() -> None:
-        labels = chunk_numbers.copy()
-        tables.append(events_from_records(records, where=lambda i: f"line {labels[i]}"))
-        numbers.extend(labels)
-        records.clear()
-        chunk_numbers.clear()
-
     for count, line in enumerate(lines, start=1):
         if progress is not None:
             progress(len(line.encode("utf-8")))
@@ -156,26 +195,12 @@ def read_lines(
         if format == "debezium" and line.strip() == "null":
             skipped["tombstone (null value)"] += 1
             continue
-        try:
-            members = jsontext.parse_object(line)
-        except ValueError as exc:
-            raise InvalidEventError(f"line {count}: not valid JSON: {exc}") from exc
-        try:
-            converted = convert(members)
-        except InvalidEventError as exc:
-            raise InvalidEventError(f"line {count}: {exc}") from exc
-        if isinstance(converted, str):  # a record that carries no event: say what it was
-            skipped[converted] += 1
-            continue
-        records.append(converted)
-        chunk_numbers.append(count)
-        if len(records) >= CHUNK_LINES:
-            flush()
-    if records:
-        flush()
-    table = pa.concat_tables(tables) if tables else STORED_SCHEMA.empty_table()
-    _check_unique_ids(table, numbers)
-    return Ingested(table, count, skipped)
+        converted = _parse(line, count, convert)
+        if isinstance(converted, debezium.Skipped):  # a record that carries no event
+            skipped[converted.reason] += 1
+        else:
+            chunks.add(converted, count)
+    return Ingested(chunks.table(), count, skipped)
 
 
 def append_lines(

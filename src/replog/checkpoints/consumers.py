@@ -94,21 +94,61 @@ class ConsumerPosition:
         return document
 
 
+@dataclass(frozen=True)
+class ConsumerMetadata:
+    """Who committed a consumer's position, and at which log version: the ``metadata`` of
+    its connector checkpoint, typed (stored as strings, FORMAT.md "Checkpoint manifests")."""
+
+    consumer: str
+    log_url: str
+    log_version: int
+    owner: str | None
+    generation: int
+    committed_by: str = ""
+
+    def to_metadata(self) -> dict[str, str]:
+        metadata = {
+            "consumer": self.consumer,
+            "log_url": self.log_url,
+            "log_version": str(self.log_version),
+            "generation": str(self.generation),
+            "committed_by": self.committed_by,
+        }
+        if self.owner is not None:
+            metadata["owner"] = self.owner
+        return metadata
+
+    @classmethod
+    def from_metadata(cls, metadata: dict[str, str], consumer: str) -> ConsumerMetadata:
+        def number(name: str) -> int:
+            value = metadata.get(name, "0")
+            return int(value) if value.isdigit() else 0  # damaged: as if never set
+
+        return cls(
+            consumer=metadata.get("consumer", consumer),
+            log_url=metadata.get("log_url", ""),
+            log_version=number("log_version"),
+            owner=metadata.get("owner"),
+            generation=number("generation"),
+            committed_by=metadata.get("committed_by", ""),
+        )
+
+
 def _position(
     log: ReplicationLog, consumer: str, manifest: CheckpointManifest
 ) -> ConsumerPosition | None:
     checkpoint = manifest.source_offsets.get(source_key(log.log_id))
     if checkpoint is None:
         return None
-    meta = checkpoint.metadata
+    meta = ConsumerMetadata.from_metadata(checkpoint.metadata, consumer)
     return ConsumerPosition(
         consumer=consumer,
         offsets={int(k): int(v) for k, v in checkpoint.offsets.items() if k.isdigit()},
-        log_version=int(meta.get("log_version", "0")),
+        log_version=meta.log_version,
         checkpoint_id=manifest.checkpoint_id,
         timestamp_ms=manifest.timestamp_ms,
-        owner=meta.get("owner"),
-        generation=int(meta.get("generation", "0")),
+        owner=meta.owner,
+        generation=meta.generation,
     )
 
 
@@ -170,14 +210,14 @@ class OffsetCommitter:
             manifest.source_offsets[key] = ConnectorCheckpoint(
                 offsets={str(shard): int(seq) for shard, seq in sorted(offsets.items())},
                 epoch=(previous.epoch + 1) if previous else 1,
-                metadata={
-                    "consumer": self.consumer,
-                    "log_url": self.log.url,
-                    "log_version": str(log_version),
-                    "owner": self.owner,
-                    "generation": str(self.generation),
-                    "committed_by": note,
-                },
+                metadata=ConsumerMetadata(
+                    consumer=self.consumer,
+                    log_url=self.log.url,
+                    log_version=log_version,
+                    owner=self.owner,
+                    generation=self.generation,
+                    committed_by=note,
+                ).to_metadata(),
             )
             if key not in manifest.source_names:
                 manifest.source_names.append(key)

@@ -187,7 +187,15 @@ class CheckpointManifest:
 
     def validate(self) -> list[str]:
         """Every consistency problem of this manifest (empty when it is sound)."""
-        problems: list[str] = []
+        return [
+            *self._header_problems(),
+            *self._sink_problems(),
+            *self._name_problems(),
+            *self._offset_problems(),
+        ]
+
+    def _header_problems(self) -> list[str]:
+        problems = []
         if self.version == 0:
             problems.append("manifest version is 0")
         elif self.version > MANIFEST_VERSION:
@@ -198,6 +206,10 @@ class CheckpointManifest:
             problems.append(f"epoch is negative ({self.epoch})")
         if self.timestamp_ms <= 0:
             problems.append("timestamp_ms is 0 (missing creation time)")
+        return problems
+
+    def _sink_problems(self) -> list[str]:
+        problems = []
         for sink, epoch in sorted(self.sink_epochs.items()):
             if sink not in self.sink_commit_statuses:
                 problems.append(f"sink {sink!r} has epoch {epoch} but no commit status")
@@ -210,19 +222,28 @@ class CheckpointManifest:
                 problems.append(f"sink {sink!r} is Committed but has no committed epoch")
             if status.is_failed and not status.reason:
                 problems.append(f"sink {sink!r} is Failed without a reason")
-        if self.source_names:
-            for name in sorted(self.source_offsets):
-                if name not in self.source_names:
-                    problems.append(f"source_offsets contains {name!r} not in source_names")
-        if self.sink_names:
-            for name in sorted(set(self.sink_epochs) | set(self.sink_commit_statuses)):
-                if name not in self.sink_names:
-                    problems.append(f"sink {name!r} is not in sink_names")
-        for name, checkpoint in sorted(self.source_offsets.items()):
-            for key, value in sorted(checkpoint.offsets.items()):
-                if key.isdigit() and (not isinstance(value, int) or value < 0):
-                    problems.append(
-                        f"source {name!r}: offset of shard {key} is {value!r} "
-                        f"(must be a non-negative integer)"
-                    )
         return problems
+
+    def _name_problems(self) -> list[str]:
+        problems = []
+        if self.source_names:
+            problems += [
+                f"source_offsets contains {name!r} not in source_names"
+                for name in sorted(self.source_offsets)
+                if name not in self.source_names
+            ]
+        if self.sink_names:
+            problems += [
+                f"sink {name!r} is not in sink_names"
+                for name in sorted(set(self.sink_epochs) | set(self.sink_commit_statuses))
+                if name not in self.sink_names
+            ]
+        return problems
+
+    def _offset_problems(self) -> list[str]:
+        return [
+            f"source {name!r}: offset of shard {key} is {value!r} (must be a non-negative integer)"
+            for name, checkpoint in sorted(self.source_offsets.items())
+            for key, value in sorted(checkpoint.offsets.items())
+            if key.isdigit() and (not isinstance(value, int) or value < 0)
+        ]

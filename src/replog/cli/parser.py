@@ -3,43 +3,42 @@
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 from replog import __version__
 from replog.cli import commands
+from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS
+from replog.ingest import FORMATS
 from replog.ops.compaction import DEFAULT_TARGET_BYTES
+from replog.ops.recovery import DEFAULT_GRACE_MS
+
+_Command = Callable[..., argparse.ArgumentParser]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument(
-        "--fs-option",
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="fsspec storage option, e.g. endpoint_url=http://localhost:9000 (repeatable)",
-    )
-    common.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    json_output = argparse.ArgumentParser(add_help=False)
-    json_output.add_argument("--json", action="store_true", help="print one JSON document")
-    parser = argparse.ArgumentParser(
-        prog="replog", description="Create, inspect and operate replog replication logs."
-    )
-    parser.add_argument("--version", action="version", version=f"replog {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+def _duration(ms: int) -> str:
+    """A default duration as the CLI writes it (``7200000`` -> ``2h``)."""
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)):
+        if ms % size == 0:
+            return f"{ms // size}{unit}"
+    return f"{ms}ms"
 
-    def command(name: str, handler: commands.Command, **kwargs: object) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, parents=[common, json_output], **kwargs)  # type: ignore[arg-type]
-        p.set_defaults(handler=handler)
-        return p
 
+def _write_commands(command: _Command) -> None:
+    """Commands that create logs and append to them."""
     p = command("create", commands.cmd_create, help="create an empty log")
     p.add_argument("url")
-    p.add_argument("--shards", type=int, default=8, help="number of shards (default 8)")
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=DEFAULT_SHARDS,
+        help=f"number of shards (default {DEFAULT_SHARDS})",
+    )
     p.add_argument(
         "--retention",
-        default="2h",
+        default=_duration(DEFAULT_RETENTION_MS),
         help="how long commits, snapshots and the files of merged or truncated segments "
-        "are kept before writers delete them (default 2h; at least recover's --grace)",
+        f"are kept before writers delete them (default {_duration(DEFAULT_RETENTION_MS)}; "
+        "at least recover's --grace)",
     )
     p.add_argument(
         "--no-auto-compact",
@@ -60,8 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", nargs="?", help="JSON lines file, or - for stdin (default)")
     p.add_argument(
         "--format",
-        choices=["replog", "debezium"],
-        default="replog",
+        choices=FORMATS,
+        default=FORMATS[0],
         help="replog change events (default), or Debezium change-event values",
     )
     p.add_argument("--key-fields", help="debezium: the row fields that make the key, e.g. id")
@@ -72,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--txn-version", type=int, help="with --txn-app-id: this append's version")
 
+
+def _read_commands(command: _Command) -> None:
+    """Commands that read a log."""
     p = command("info", commands.cmd_info, help="summarise a log")
     p.add_argument("url")
 
@@ -93,6 +95,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("verify", commands.cmd_verify, help="check every checksummed file")
     p.add_argument("url")
 
+
+def _checkpoint_commands(command: _Command) -> None:
+    """Commands about consumers, sinks and their manifests."""
     p = command("manifest", commands.cmd_manifest, help="inspect checkpoint manifests")
     p.add_argument("action", choices=["list", "show", "validate"])
     p.add_argument("url", help="a manifest store, e.g. LOG/_replog/consumers/NAME")
@@ -122,6 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("url")
 
+
+def _operate_commands(command: _Command) -> None:
+    """Operators' commands: retention, recovery, compaction."""
     p = command(
         "truncate",
         commands.cmd_truncate,
@@ -149,7 +157,8 @@ def build_parser() -> argparse.ArgumentParser:
         "write or compaction in progress are protected by its staging lease.",
     )
     p.add_argument("url")
-    p.add_argument("--grace", default="1h", help="age below which nothing is touched (1h)")
+    grace = _duration(DEFAULT_GRACE_MS)
+    p.add_argument("--grace", default=grace, help=f"age below which nothing is touched ({grace})")
     p.add_argument("--dry-run", action="store_true", help="only say what would be done")
 
     p = command(
@@ -163,4 +172,31 @@ def build_parser() -> argparse.ArgumentParser:
         help="largest merged segment in bytes (default 64 MiB)",
     )
     p.add_argument("--dry-run", action="store_true", help="only say what would be merged")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--fs-option",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="fsspec storage option, e.g. endpoint_url=http://localhost:9000 (repeatable)",
+    )
+    common.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
+    json_output = argparse.ArgumentParser(add_help=False)
+    json_output.add_argument("--json", action="store_true", help="print one JSON document")
+    parser = argparse.ArgumentParser(
+        prog="replog", description="Create, inspect and operate replog replication logs."
+    )
+    parser.add_argument("--version", action="version", version=f"replog {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, handler: commands.Command, **kwargs: object) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, parents=[common, json_output], **kwargs)  # type: ignore[arg-type]
+        p.set_defaults(handler=handler)
+        return p
+
+    for add in (_write_commands, _read_commands, _checkpoint_commands, _operate_commands):
+        add(command)
     return parser

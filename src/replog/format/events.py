@@ -240,6 +240,114 @@ def _check_timestamps(timestamp: pa.ChunkedArray) -> None:
         )
 
 
+class _InputColumns:
+    """An input table's columns, each checked and cast to its stored type when asked for
+    (None when the table does not have it)."""
+
+    def __init__(self, table: pa.Table) -> None:
+        self.table = table
+        self.names = set(table.column_names)
+        self.rows = table.num_rows
+
+    def payload(self, name: str) -> pa.ChunkedArray | None:
+        if name not in self.names:
+            return None
+        column = self.table.column(name)
+        if not _is_text_or_binary(column.type):
+            raise InvalidEventError(f"column {name!r} must be binary or string, got {column.type}")
+        return _cast_column(column, pa.binary(), name)
+
+    def text(self, name: str) -> pa.ChunkedArray | None:
+        if name not in self.names:
+            return None
+        column = self.table.column(name)
+        kind = column.type
+        if not (
+            pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_null(kind)
+        ):
+            raise InvalidEventError(f"column {name!r} must be a string, got {column.type}")
+        return _cast_column(column, pa.string(), name)
+
+
+def _check_names(names: set[str]) -> None:
+    unknown = names - INPUT_COLUMNS - IGNORED_COLUMNS
+    if unknown:
+        raise InvalidEventError(
+            f"unknown column(s) {sorted(unknown)}; allowed: {sorted(INPUT_COLUMNS)} "
+            f"(and {sorted(IGNORED_COLUMNS)}, which are ignored)"
+        )
+    if "data" not in names:
+        raise InvalidEventError("column 'data' (binary or string) is required")
+
+
+def _data_column(columns: _InputColumns) -> pa.ChunkedArray:
+    data = columns.payload("data")
+    assert data is not None  # _check_names
+    if data.null_count:
+        raise InvalidEventError(f"column 'data' has {data.null_count} null value(s)")
+    return data
+
+
+def _operation_column(columns: _InputColumns) -> pa.ChunkedArray:
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
+    operation = columns.text("operation")
+    if operation is None:
+        return pa.chunked_array([pa.repeat(pa.scalar("insert", pa.string()), columns.rows)])
+    operation = pc.fill_null(operation, "insert")
+    valid = pc.is_in(operation, value_set=pa.array(OPERATIONS))
+    if not pc.all(valid).as_py():
+        values = sorted(set(pc.filter(operation, pc.invert(valid)).to_pylist()))[:5]
+        raise InvalidEventError(
+            f"column 'operation' has invalid value(s) {values}; allowed: {', '.join(OPERATIONS)}"
+        )
+    return operation
+
+
+def _event_id_column(columns: _InputColumns) -> pa.ChunkedArray:
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
+    event_id = columns.text("event_id")
+    if event_id is not None and pc.any(pc.equal(event_id, "")).as_py():
+        raise InvalidEventError("column 'event_id' has empty value(s); use null for a fresh UUID")
+    if event_id is not None and not event_id.null_count:
+        return event_id
+    fresh = pa.array([str(uuid.uuid4()) for _ in range(columns.rows)], pa.string())
+    return fresh if event_id is None else pc.coalesce(event_id, fresh)
+
+
+def _collection_column(columns: _InputColumns, default: str | None) -> pa.ChunkedArray:
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
+    collection = columns.text("collection")
+    if collection is None:
+        return pa.repeat(pa.scalar(default, pa.string()), columns.rows)
+    return collection if default is None else pc.fill_null(collection, default)
+
+
+def _metadata_column(columns: _InputColumns) -> pa.ChunkedArray:
+    metadata = columns.text("metadata")
+    if metadata is None:
+        return pa.nulls(columns.rows, pa.string())
+    if metadata.null_count < columns.rows:
+        _check_metadata(metadata)
+    return metadata
+
+
+def _timestamp_column(columns: _InputColumns, now: datetime | None) -> pa.ChunkedArray:
+    import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)
+
+    stamp = pa.scalar(now or now_utc(), pa.timestamp("us", tz="UTC"))
+    if "timestamp" not in columns.names:
+        return pa.repeat(stamp, columns.rows)
+    given = columns.table.column("timestamp")
+    if not (pa.types.is_timestamp(given.type) or pa.types.is_null(given.type)):
+        raise InvalidEventError(f"column 'timestamp' must be a timestamp, got {given.type}")
+    timestamp = pc.fill_null(_cast_column(given, pa.timestamp("us", tz="UTC"), "timestamp"), stamp)
+    _check_timestamps(timestamp)
+    return timestamp
+
+
 def events_from_table(
     table: pa.Table | pa.RecordBatch,
     *,
@@ -255,93 +363,23 @@ def events_from_table(
 
     if isinstance(table, pa.RecordBatch):
         table = pa.Table.from_batches([table])
-    names = set(table.column_names)
-    unknown = names - INPUT_COLUMNS - IGNORED_COLUMNS
-    if unknown:
-        raise InvalidEventError(
-            f"unknown column(s) {sorted(unknown)}; allowed: {sorted(INPUT_COLUMNS)} "
-            f"(and {sorted(IGNORED_COLUMNS)}, which are ignored)"
-        )
-    if "data" not in names:
-        raise InvalidEventError("column 'data' (binary or string) is required")
-    rows = table.num_rows
-
-    def payload(name: str) -> pa.ChunkedArray | None:
-        if name not in names:
-            return None
-        column = table.column(name)
-        if not _is_text_or_binary(column.type):
-            raise InvalidEventError(f"column {name!r} must be binary or string, got {column.type}")
-        return _cast_column(column, pa.binary(), name)
-
-    def text(name: str) -> pa.ChunkedArray | None:
-        if name not in names:
-            return None
-        column = table.column(name)
-        if not (
-            pa.types.is_string(column.type)
-            or pa.types.is_large_string(column.type)
-            or pa.types.is_null(column.type)
-        ):
-            raise InvalidEventError(f"column {name!r} must be a string, got {column.type}")
-        return _cast_column(column, pa.string(), name)
-
-    data = payload("data")
-    assert data is not None
-    if data.null_count:
-        raise InvalidEventError(f"column 'data' has {data.null_count} null value(s)")
-    before = payload("before")
-    if before is None:
-        before = pa.nulls(rows, pa.binary())
-
-    operation = text("operation")
-    if operation is None:
-        operation = pa.chunked_array([pa.repeat(pa.scalar("insert", pa.string()), rows)])
-    else:
-        operation = pc.fill_null(operation, "insert")
-        valid = pc.is_in(operation, value_set=pa.array(OPERATIONS))
-        if not pc.all(valid).as_py():
-            bad = pc.filter(operation, pc.invert(valid))
-            values = sorted(set(bad.to_pylist()))[:5]
-            raise InvalidEventError(
-                f"column 'operation' has invalid value(s) {values}; "
-                f"allowed: {', '.join(OPERATIONS)}"
-            )
-
-    event_id = text("event_id")
-    if event_id is not None and pc.any(pc.equal(event_id, "")).as_py():
-        raise InvalidEventError("column 'event_id' has empty value(s); use null for a fresh UUID")
-    if event_id is None or event_id.null_count:
-        fresh = pa.array([str(uuid.uuid4()) for _ in range(rows)], pa.string())
-        event_id = fresh if event_id is None else pc.coalesce(event_id, fresh)
-
-    key = text("key")
-    key = event_id if key is None else pc.coalesce(key, event_id)
-
-    collection = text("collection")
-    if collection is None:
-        collection = pa.repeat(pa.scalar(default_collection, pa.string()), rows)
-    elif default_collection is not None:
-        collection = pc.fill_null(collection, default_collection)
-
-    metadata = text("metadata")
-    if metadata is None:
-        metadata = pa.nulls(rows, pa.string())
-    elif metadata.null_count < rows:
-        _check_metadata(metadata)
-
-    stamp = pa.scalar(now or now_utc(), pa.timestamp("us", tz="UTC"))
-    if "timestamp" in names:
-        ts = table.column("timestamp")
-        if not (pa.types.is_timestamp(ts.type) or pa.types.is_null(ts.type)):
-            raise InvalidEventError(f"column 'timestamp' must be a timestamp, got {ts.type}")
-        timestamp = pc.fill_null(_cast_column(ts, pa.timestamp("us", tz="UTC"), "timestamp"), stamp)
-        _check_timestamps(timestamp)
-    else:
-        timestamp = pa.repeat(stamp, rows)
-
+    _check_names(set(table.column_names))
+    columns = _InputColumns(table)
+    data = _data_column(columns)
+    before = columns.payload("before")
+    event_id = _event_id_column(columns)
+    key = columns.text("key")
     return pa.table(
-        [event_id, timestamp, operation, collection, key, data, before, metadata],
+        [
+            event_id,
+            _timestamp_column(columns, now),
+            _operation_column(columns),
+            _collection_column(columns, default_collection),
+            event_id if key is None else pc.coalesce(key, event_id),
+            data,
+            pa.nulls(columns.rows, pa.binary()) if before is None else before,
+            _metadata_column(columns),
+        ],
         schema=STORED_SCHEMA,
     )
 

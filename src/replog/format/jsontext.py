@@ -129,19 +129,23 @@ def _exact_only(value: Any) -> Any:
     raise _NeedsExactPath
 
 
-def _encode_exact(value: Any) -> str:
-    if isinstance(value, RawJSON):
-        return str(value)
-    if value is None or isinstance(value, bool | str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, int):
-        return str(int(value))
+def _encode_number(value: int | Decimal | float) -> str:
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise ValueError(f"{value} is not a JSON number")
         return str(value)
     if isinstance(value, float):
         return json.dumps(value, allow_nan=False)
+    return str(int(value))
+
+
+def _encode_exact(value: Any) -> str:
+    if isinstance(value, RawJSON):
+        return str(value)
+    if value is None or isinstance(value, bool | str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int | Decimal | float):
+        return _encode_number(value)
     if isinstance(value, Mapping):
         members = (
             f"{json.dumps(str(k), ensure_ascii=False)}:{_encode_exact(v)}" for k, v in value.items()

@@ -13,9 +13,9 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from replog.errors import CorruptionError, LogRecreatedError
 from replog.format.commits import (
@@ -221,6 +221,26 @@ class LogState:
     def apply(self, commit: CommitRecord) -> None:
         """Advance to ``commit`` (which must be version + 1), checking it keeps the invariants."""
         path = commit_path(commit.version)
+        self._check(commit, path)
+        self._HANDLERS[commit.operation](self, commit, path)
+        self.total_bytes += sum(s.bytes for s in commit.add) - sum(s.bytes for s in commit.remove)
+        self.segment_count += len(commit.add) - len(commit.remove)
+        if commit.writer is not None:
+            mark = self.sinks.get(commit.writer.sink_id) or _NO_MARK
+            self.sinks[commit.writer.sink_id] = mark.after(commit.writer, commit.version)
+        self.version = commit.version
+        self.timestamp_ms = commit.timestamp_ms
+        if commit.gc is not None:
+            self._note_gc_mark(commit.version, commit.gc.cutoff_ms)
+        if self._segments is not None:
+            apply_segments(self._segments, commit)
+        if self._snapshots is not None or self._segments is None:
+            self._since_base.append(commit)
+            self._rebase()
+
+    def _check(self, commit: CommitRecord, path: str) -> None:
+        """What every commit must satisfy: the next version, this log, entries in range,
+        an operation this replog knows."""
         if commit.version != self.version + 1:
             raise CorruptionError(
                 path, f"holds version {commit.version}, expected {self.version + 1}"
@@ -232,51 +252,50 @@ class LogState:
                 raise CorruptionError(
                     path, f"segment {segment.path} has shard or range out of bounds"
                 )
-        if commit.operation == APPEND:
-            for segment in commit.add:
-                expected = self.heads[segment.shard] + 1
-                if segment.first_sequence != expected:
-                    raise CorruptionError(
-                        path,
-                        f"segment {segment.path} starts shard {segment.shard} at sequence "
-                        f"{segment.first_sequence}, expected {expected} (sequences must be "
-                        f"gapless)",
-                    )
-                self.heads[segment.shard] = segment.last_sequence
-        elif commit.operation == TRUNCATE:
-            for shard, low in commit.low_watermarks.items():
-                if not 0 <= shard < self.shards or low > self.heads[shard] + 1:
-                    raise CorruptionError(
-                        path, f"low watermark {low} of shard {shard} is past its head"
-                    )
-                self.lows[shard] = max(self.lows[shard], low)
-            for segment in commit.remove:
-                if segment.last_sequence >= self.lows[segment.shard]:
-                    raise CorruptionError(
-                        path,
-                        f"truncation removes {segment.path}, which is not below the low watermark",
-                    )
-        elif commit.operation == COMPACT:
-            _check_compaction(commit, path)
-        else:
+        if commit.operation not in self._HANDLERS:
             raise CorruptionError(path, f"unknown operation {commit.operation!r}")
-        self.total_bytes += sum(s.bytes for s in commit.add) - sum(s.bytes for s in commit.remove)
-        self.segment_count += len(commit.add) - len(commit.remove)
-        if commit.writer is not None:
-            mark = self.sinks.get(commit.writer.sink_id) or _NO_MARK
-            self.sinks[commit.writer.sink_id] = mark.after(commit.writer, commit.version)
-        self.version = commit.version
-        self.timestamp_ms = commit.timestamp_ms
-        if commit.gc is not None:
-            self.gc_marks.append((commit.version, commit.gc.cutoff_ms))
-            if len(self.gc_marks) > MAX_KEPT_MARKS:
-                forgotten, _ = self.gc_marks.pop(0)
-                self.gc_known_since = max(self.gc_known_since, forgotten)
-        if self._segments is not None:
-            apply_segments(self._segments, commit)
-        if self._snapshots is not None or self._segments is None:
-            self._since_base.append(commit)
-            self._rebase()
+
+    def _apply_append(self, commit: CommitRecord, path: str) -> None:
+        """Each added segment continues its shard: heads move, gapless."""
+        for segment in commit.add:
+            expected = self.heads[segment.shard] + 1
+            if segment.first_sequence != expected:
+                raise CorruptionError(
+                    path,
+                    f"segment {segment.path} starts shard {segment.shard} at sequence "
+                    f"{segment.first_sequence}, expected {expected} (sequences must be gapless)",
+                )
+            self.heads[segment.shard] = segment.last_sequence
+
+    def _apply_truncate(self, commit: CommitRecord, path: str) -> None:
+        """Low watermarks rise; only segments wholly below them leave."""
+        for shard, low in commit.low_watermarks.items():
+            if not 0 <= shard < self.shards or low > self.heads[shard] + 1:
+                raise CorruptionError(
+                    path, f"low watermark {low} of shard {shard} is past its head"
+                )
+            self.lows[shard] = max(self.lows[shard], low)
+        for segment in commit.remove:
+            if segment.last_sequence >= self.lows[segment.shard]:
+                raise CorruptionError(
+                    path, f"truncation removes {segment.path}, which is not below the low watermark"
+                )
+
+    def _apply_compact(self, commit: CommitRecord, path: str) -> None:
+        """Merged segments cover exactly the sequences they replace."""
+        _check_compaction(commit, path)
+
+    _HANDLERS: ClassVar[dict[str, Callable[[LogState, CommitRecord, str], None]]] = {
+        APPEND: _apply_append,
+        TRUNCATE: _apply_truncate,
+        COMPACT: _apply_compact,
+    }
+
+    def _note_gc_mark(self, version: int, cutoff_ms: int) -> None:
+        self.gc_marks.append((version, cutoff_ms))
+        if len(self.gc_marks) > MAX_KEPT_MARKS:
+            forgotten, _ = self.gc_marks.pop(0)
+            self.gc_known_since = max(self.gc_known_since, forgotten)
 
     def _rebase(self) -> None:
         """Once past a segment table's version (its writer has had its turn to write it),

@@ -124,49 +124,73 @@ def scan(
     files written after it. With ``remember``, record first-seen times of unreferenced
     files whose backend gives no modification time."""
     now = now_ms() if now is None else now
-    result = GarbageScan()
     state = log.refresh()
     cutoff = now - grace_ms
-    file_cutoff = cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms)
     found_leases = lease_store.leases(log.storage)
-    live = [lease for lease in found_leases if lease.live(now)]
-    result.expired_leases = [lease for lease in found_leases if not lease.live(now)]
-    lease_cutoff = min((lease.acquired_ms for lease in live), default=None)
-    protected = state.live_paths()
-    recently_removed = removed_since(log, state, cutoff)
-    seen = read_first_seen(log) if first_seen is None else first_seen
-    still_seen: dict[str, int] = {}
-    pending = set(pending)
+    live_leases = [lease for lease in found_leases if lease.live(now)]
+    rules = _Rules(
+        protected=state.live_paths(),
+        pending=set(pending),
+        recently_removed=removed_since(log, state, cutoff),
+        cutoff=cutoff,
+        file_cutoff=cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms),
+        lease_cutoff=min((lease.acquired_ms for lease in live_leases), default=None),
+        seen=read_first_seen(log) if first_seen is None else first_seen,
+    )
+    result = GarbageScan(expired_leases=[lease for lease in found_leases if not lease.live(now)])
     candidates = []
     for shard_dir in log.storage.listdir(SHARDS_DIR):
         names = log.storage.listdir(f"{SHARDS_DIR}/{shard_dir}")
         listed_ms = now_ms()  # a file first seen now existed before: never stamped early
         for name in names:
             relative = f"{SHARDS_DIR}/{shard_dir}/{name}"
-            if relative in protected or not name.endswith(SEGMENT_SUFFIX):
-                continue
-            if relative in pending:
-                result.kept_pending += 1
-                continue
-            if relative in recently_removed:
-                result.kept_removed_recently += 1
-                continue
-            stamp = log.storage.modified_ms(relative)
-            young = file_cutoff
-            if stamp is None:  # no file times: first sight on this clock
-                stamp = still_seen[relative] = seen.get(relative, listed_ms)
-                young = cutoff
-            if stamp >= young:  # garbage is stamped strictly before the cut-off
-                result.kept_young += 1
-            # A lease's time is its writer's clock, file times the storage's: allow skew.
-            elif lease_cutoff is not None and stamp >= lease_cutoff - CLOCK_SKEW_MS:
-                result.kept_leased += 1
-            else:
+            if name.endswith(SEGMENT_SUFFIX) and rules.is_garbage(log, relative, listed_ms, result):
                 candidates.append(relative)
     # A commit may have landed since the listing began: look once more, just before deleting.
     live_now = log.refresh().live_paths()
     result.garbage = [path for path in candidates if path not in live_now]
-    if remember and (still_seen or seen):
-        kept = {path: stamp for path, stamp in still_seen.items() if path not in result.garbage}
+    if remember and (rules.still_seen or rules.seen):
+        kept = {p: stamp for p, stamp in rules.still_seen.items() if p not in result.garbage}
         log.storage.write(FIRST_SEEN_PATH, json.dumps(kept, sort_keys=True).encode())
     return result
+
+
+@dataclass
+class _Rules:
+    """What a listed segment file must pass to be garbage (module docstring), fixed for
+    one scan; first-seen stamps given meanwhile are collected in :attr:`still_seen`."""
+
+    protected: set[str]
+    pending: set[str]
+    recently_removed: set[str]
+    cutoff: int
+    file_cutoff: int
+    lease_cutoff: int | None
+    seen: dict[str, int]
+    still_seen: dict[str, int] = field(default_factory=dict)
+
+    def is_garbage(
+        self, log: ReplicationLog, relative: str, listed_ms: int, result: GarbageScan
+    ) -> bool:
+        """Whether ``relative`` may be deleted; counts in ``result`` why not."""
+        if relative in self.protected:
+            return False
+        if relative in self.pending:
+            result.kept_pending += 1
+            return False
+        if relative in self.recently_removed:
+            result.kept_removed_recently += 1
+            return False
+        stamp = log.storage.modified_ms(relative)
+        young = self.file_cutoff
+        if stamp is None:  # no file times: first sight on this clock
+            stamp = self.still_seen[relative] = self.seen.get(relative, listed_ms)
+            young = self.cutoff
+        if stamp >= young:  # garbage is stamped strictly before the cut-off
+            result.kept_young += 1
+            return False
+        # A lease's time is its writer's clock, file times the storage's: allow skew.
+        if self.lease_cutoff is not None and stamp >= self.lease_cutoff - CLOCK_SKEW_MS:
+            result.kept_leased += 1
+            return False
+        return True

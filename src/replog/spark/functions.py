@@ -43,10 +43,10 @@ def _event(value: str | bytes | None, key_fields: tuple[str, ...]) -> tuple[obje
     if text is None or text.strip() == "null":
         return None  # a tombstone
     try:
-        event = debezium.event_from_members(jsontext.parse_object(text), key_fields)
+        event = debezium.debezium_record(jsontext.parse_object(text), key_fields)
     except (ValueError, InvalidEventError) as exc:
         raise InvalidEventError(f"from_debezium: {exc}; value: {text[:200]!r}") from exc
-    if isinstance(event, str):
+    if isinstance(event, debezium.Skipped):
         return None  # a truncate or message event: no row
     return (
         event["event_id"],

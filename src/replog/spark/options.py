@@ -196,6 +196,56 @@ def storage_options(options: Mapping[str, str]) -> dict[str, Any]:
     }
 
 
+def _starting_offsets(options: Mapping[str, str], streaming: bool) -> str:
+    default = "manifest" if streaming else "earliest"
+    starting = (_get(options, "startingOffsets") or default).strip()
+    if starting.lower() in STARTING_KEYWORDS:
+        return starting.lower()
+    if not starting.startswith("{"):
+        raise InvalidOptionError(
+            f"option 'startingOffsets': {starting!r} is not allowed; use manifest, "
+            f'earliest, latest, or JSON like {{"0": 41, "1": 0}}'
+        )
+    return starting
+
+
+def _starting_timestamp(options: Mapping[str, str]) -> int | None:
+    raw = _get(options, "startingTimestamp")
+    if raw is None:
+        return None
+    if _get(options, "startingOffsets") is not None:
+        raise InvalidOptionError(
+            "options 'startingOffsets' and 'startingTimestamp' are both set; set one"
+        )
+    return check_epoch_ms(raw, "startingTimestamp")
+
+
+def _ending_offsets(options: Mapping[str, str], streaming: bool) -> str:
+    given = _get(options, "endingOffsets")
+    if streaming and given is not None:
+        raise InvalidOptionError("option 'endingOffsets' is for batch reads (spark.read)")
+    ending = (given or "latest").strip()
+    if ending.lower() == "latest":
+        return "latest"
+    if not ending.startswith("{"):
+        raise InvalidOptionError(
+            f"option 'endingOffsets': {ending!r} is not allowed; use latest or JSON"
+        )
+    return ending
+
+
+def _consumer(options: Mapping[str, str], starting: str) -> str | None:
+    consumer = _get(options, "consumer")
+    if consumer is not None:
+        return check_name(consumer, "consumer")
+    if starting == "manifest" and _get(options, "startingOffsets") is not None:
+        raise InvalidOptionError(
+            "option 'startingOffsets': 'manifest' resumes a named consumer; set option "
+            "'consumer' too"
+        )
+    return None
+
+
 @dataclass(frozen=True)
 class SourceOptions:
     path: str
@@ -216,41 +266,10 @@ class SourceOptions:
         """Streaming queries start from the consumer's position by default; batch reads
         (``spark.read``) from the earliest event, like Kafka's batch reads."""
         check_known(options, SOURCE_OPTIONS, "replog source")
-        default_start = "manifest" if streaming else "earliest"
-        given_start = _get(options, "startingOffsets")
-        starting = (given_start or default_start).strip()
-        if starting.lower() in STARTING_KEYWORDS:
-            starting = starting.lower()
-        elif not starting.startswith("{"):
-            raise InvalidOptionError(
-                f"option 'startingOffsets': {starting!r} is not allowed; use manifest, "
-                f'earliest, latest, or JSON like {{"0": 41, "1": 0}}'
-            )
-        raw_timestamp = _get(options, "startingTimestamp")
-        timestamp = None
-        if raw_timestamp is not None:
-            if given_start is not None:
-                raise InvalidOptionError(
-                    "options 'startingOffsets' and 'startingTimestamp' are both set; set one"
-                )
-            timestamp = check_epoch_ms(raw_timestamp, "startingTimestamp")
-        ending = (_get(options, "endingOffsets") or "latest").strip()
-        if ending.lower() == "latest":
-            ending = "latest"
-        elif not ending.startswith("{"):
-            raise InvalidOptionError(
-                f"option 'endingOffsets': {ending!r} is not allowed; use latest or JSON"
-            )
-        if streaming and _get(options, "endingOffsets") is not None:
-            raise InvalidOptionError("option 'endingOffsets' is for batch reads (spark.read)")
-        consumer = _get(options, "consumer")
-        if consumer is not None:
-            check_name(consumer, "consumer")
-        elif starting == "manifest" and given_start is not None:
-            raise InvalidOptionError(
-                "option 'startingOffsets': 'manifest' resumes a named consumer; set "
-                "option 'consumer' too"
-            )
+        starting = _starting_offsets(options, streaming)
+        timestamp = _starting_timestamp(options)
+        ending = _ending_offsets(options, streaming)
+        consumer = _consumer(options, starting)
         min_events = _positive_int(options, "minEventsPerTrigger")
         raw_delay = _get(options, "maxTriggerDelay")
         if raw_delay is not None and min_events is None:

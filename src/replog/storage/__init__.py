@@ -258,25 +258,33 @@ class Storage:
                     raise
                 failure = exc
             # The attempt may or may not have landed: look before trying again.
-            try:
-                found = self._read_once(path)
-            except FileNotFoundError:
-                found = None
-            except Exception as exc:
-                if not backends.transient(exc):
-                    raise
-                failure = exc
-                found = None
-            else:
-                if found == data:
-                    logger.info("%s: the write landed although storage reported %s", path, failure)
-                    return
-                raise FileExistsError(path)
+            landed, failure = self._landed(path, data, failure)
+            if landed:
+                logger.info("%s: the write landed although storage reported %s", path, failure)
+                return
             time.sleep(self.retry.delay(attempt))
         raise CommitOutcomeUnknownError(
             f"{path}: could not write it or find out whether the write landed after "
             f"{self.retry.attempts} attempts (last error: {failure!r})"
         ) from failure
+
+    def _landed(
+        self, path: str, data: bytes, failure: BaseException | None
+    ) -> tuple[bool, BaseException | None]:
+        """After a create whose outcome is uncertain: (True, ...) if ``path`` holds
+        ``data`` (it landed); (False, the latest failure) if it is absent or storage did
+        not answer (try again); ``FileExistsError`` if another writer's bytes are there."""
+        try:
+            found = self._read_once(path)
+        except FileNotFoundError:
+            return False, failure
+        except Exception as exc:
+            if not backends.transient(exc):
+                raise
+            return False, exc
+        if found == data:
+            return True, failure
+        raise FileExistsError(path)
 
     def sync(self, relatives: list[str]) -> None:
         """Make files created with ``sync=False`` durable (their directory entries)."""
