@@ -42,6 +42,8 @@ class Skipped:
     event): ``reason`` says which, for the count an append reports."""
 
     reason: str
+
+
 OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c"}
 EVENT_ID_NAMESPACE = uuid.UUID("6f1f2a52-8d2c-4f6e-9a57-3f2b1a0c9d41")
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import re
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -38,6 +37,7 @@ from replog.errors import (
 )
 from replog.format.commits import META_DIR
 from replog.log import ReplicationLog
+from replog.names import check_name
 from replog.offsets import Offsets
 from replog.storage import Storage
 
@@ -45,20 +45,7 @@ logger = logging.getLogger(__name__)
 
 CONSUMERS_DIR = f"{META_DIR}/consumers"
 LINKS_DIR = "links"
-_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 COMMIT_ATTEMPTS = 5
-
-
-def check_name(name: str, option: str) -> str:
-    """``name`` if it is a valid consumer or sink name, else :class:`InvalidOptionError`."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise InvalidOptionError(
-            f"option {option!r}: {name!r} is not a valid name (letters, digits, '.', '_', '-'; "
-            f"at most 128 characters, starting with a letter or digit)"
-        )
-    return name
-
-
 def consumer_storage(log_storage: Storage, consumer: str) -> Storage:
     return log_storage.child(f"{CONSUMERS_DIR}/{check_name(consumer, 'consumer')}")
 

@@ -23,7 +23,6 @@ import logging
 from dataclasses import dataclass
 from enum import Enum
 
-from replog.checkpoints.consumers import check_name
 from replog.checkpoints.manifest import CheckpointManifest, SinkCommitStatus
 from replog.checkpoints.store import ManifestStore
 from replog.core import fencing, staging
@@ -32,6 +31,7 @@ from replog.format.commits import META_DIR, CommitRecord, SourcePosition, Writer
 from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
 from replog.log import ReplicationLog
+from replog.names import check_name
 
 logger = logging.getLogger(__name__)
 
@@ -329,8 +329,7 @@ class SinkCommitter:
             and status.is_pending
             and manifest.epoch == batch.epoch
             and manifest.sink_query_ids.get(self.sink_id) == batch.query_id
-            and set(manifest.pending_segments.get(self.sink_id, []))
-            == set(batch.paths)
+            and set(manifest.pending_segments.get(self.sink_id, [])) == set(batch.paths)
         )
         if in_flight and batch.staged:
             logger.warning(

@@ -12,7 +12,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from replog.cli.output import JsonOutput, Output
+from replog.cli.output import JsonOutput, TextOutput
 from replog.cli.parser import build_parser
 from replog.errors import ReplogError
 from replog.storage import redact
@@ -29,7 +29,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    out = JsonOutput() if getattr(args, "json", False) else Output()
+    out = JsonOutput() if getattr(args, "json", False) else TextOutput()
     try:
         return int(args.handler(args, out))
     except BrokenPipeError:

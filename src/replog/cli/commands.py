@@ -22,6 +22,7 @@ from replog.errors import InvalidOptionError, ManifestNotFoundError, ReplogError
 from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
+from replog.names import check_name
 from replog.ops import compaction, recovery, retention, status, verify
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, now_ms
@@ -95,7 +96,7 @@ def _transaction(args: argparse.Namespace) -> Transaction | None:
         raise InvalidOptionError("--txn-app-id and --txn-version go together")
     if args.txn_version < 0:
         raise InvalidOptionError(f"--txn-version must be >= 0, got {args.txn_version}")
-    return Transaction(consumers.check_name(args.txn_app_id, "--txn-app-id"), args.txn_version)
+    return Transaction(check_name(args.txn_app_id, "--txn-app-id"), args.txn_version)
 
 
 def cmd_append(args: argparse.Namespace, out: Output) -> int:
@@ -238,7 +239,7 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
         return 0
     if args.consumer is None:
         raise InvalidOptionError(f"consumer {args.action}: --consumer NAME is required")
-    consumers.check_name(args.consumer, "--consumer")
+    check_name(args.consumer, "--consumer")
     if args.action == "show":
         out.consumer(log.url, status.consumer_position(log, args.consumer))
         return 0

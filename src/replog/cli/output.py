@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import sys
+from abc import ABC, abstractmethod
 from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
@@ -54,8 +55,10 @@ def age(ms: int | None) -> str:
     return f"{seconds:.1f}s ago"
 
 
-class Output:
-    """Text output (for people)."""
+class Output(ABC):
+    """Where a command's results go: :class:`TextOutput` for people, :class:`JsonOutput`
+    for scripts. Every result has an abstract method, so a renderer that misses one fails
+    when it is built, not by printing the other format."""
 
     def __init__(self, stream: IO[str] | None = None) -> None:
         self.stream = stream or sys.stdout
@@ -64,8 +67,70 @@ class Output:
         print(text, file=self.stream)
 
     def events(self, rows: Iterable[Mapping[str, Any]]) -> None:
+        """Events as JSON lines (both renderers: one event per line is what scripts and
+        people both read)."""
         for row in rows:
             print(json.dumps(event_json(row), sort_keys=True), file=self.stream, flush=True)
+
+    @abstractmethod
+    def created(self, info: LogInfo) -> None: ...
+
+    @abstractmethod
+    def appended(self, report: AppendReport) -> None: ...
+
+    @abstractmethod
+    def info(self, info: LogInfo) -> None: ...
+
+    @abstractmethod
+    def verified(self, report: VerifyReport) -> None: ...
+
+    @abstractmethod
+    def manifests(
+        self, url: str, listing: list[tuple[int, CheckpointManifest | str]], latest: int
+    ) -> None: ...
+
+    @abstractmethod
+    def manifest(self, manifest: CheckpointManifest) -> None: ...
+
+    @abstractmethod
+    def validated(self, manifest: CheckpointManifest, problems: list[str]) -> None: ...
+
+    @abstractmethod
+    def names(self, names: list[str]) -> None: ...
+
+    @abstractmethod
+    def consumer(self, url: str, status: ConsumerStatus) -> None: ...
+
+    @abstractmethod
+    def consumer_set(
+        self, name: str, before: dict[int, int], after: dict[int, int], executed: bool
+    ) -> None: ...
+
+    @abstractmethod
+    def consumer_deleted(
+        self, name: str, position: ConsumerPosition | None, executed: bool
+    ) -> None: ...
+
+    @abstractmethod
+    def status(self, report: LogStatus) -> None: ...
+
+    @abstractmethod
+    def truncation_plan(self, plan: TruncationPlan, force: bool) -> None: ...
+
+    @abstractmethod
+    def truncated(
+        self, url: str, plan: TruncationPlan, version: int | None, removed: int
+    ) -> None: ...
+
+    @abstractmethod
+    def recovered(self, report: RecoveryReport, grace: str, verbose: bool) -> None: ...
+
+    @abstractmethod
+    def compacted(self, url: str, result: CompactionResult, dry_run: bool) -> None: ...
+
+
+class TextOutput(Output):
+    """Text output (for people)."""
 
     def created(self, info: LogInfo) -> None:
         self.line(f"created {info.url} with {info.shards} shards")
@@ -252,8 +317,8 @@ class Output:
         else:
             self.line(
                 f"compacted {url} at version {result.record.version}: merged "
-                f"{result.segments_before} segments into {len(result.merges)}; 'replog recover' "
-                f"deletes the replaced files after the grace period"
+                f"{result.segments_before} segments into {result.segments_after}; the replaced "
+                f"files are deleted after the log's retention"
             )
 
 

@@ -21,9 +21,9 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit
 
-from replog.checkpoints.consumers import check_name
 from replog.errors import InvalidOptionError
 from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS, Transaction
+from replog.names import check_name
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms
 
@@ -135,7 +135,8 @@ def _bool(options: Mapping[str, str], name: str, default: bool) -> bool:
     return raw.strip().lower() == "true"
 
 
-def is_local(location: str) -> bool:
+def is_bare_path(location: str) -> bool:
+    """Whether ``location`` is a path without a scheme (a local path, maybe relative)."""
     return "://" not in location and not location.startswith("file:")
 
 
@@ -147,7 +148,7 @@ def absolute_location(location: str) -> str:
         if parts.netloc not in ("", "localhost"):
             raise InvalidOptionError(f"{location!r}: a file: URL names no other host")
         return os.path.normpath(parts.path or "/")
-    if is_local(location):
+    if is_bare_path(location):
         return os.path.normpath(os.path.abspath(os.path.expanduser(location)))
     return location
 

@@ -117,7 +117,8 @@ class Storage:
             raise InvalidOptionError(f"cannot open URL {url!r}: {exc}") from exc
         self.fs: fsspec.AbstractFileSystem = fs
         self.root: str = root.rstrip("/")
-        self.kind = backends.kind_of(fs)
+        self.backend = backends.backend_for(fs)
+        self.kind = self.backend.kind
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url, "storage_options": self.storage_options, "retry": self.retry}
@@ -139,7 +140,7 @@ class Storage:
     @property
     def is_remote(self) -> bool:
         """Whether a request waits on a network (then several are worth sending at once)."""
-        return self.kind not in ("local", "memory")
+        return self.backend.remote
 
     def map(self, function: Callable[[T], U], items: Sequence[T], *, threads: int = 8) -> list[U]:
         """``function`` over ``items``, in order: in up to ``threads`` threads on remote
@@ -206,7 +207,7 @@ class Storage:
     @property
     def writable(self) -> bool:
         """Whether this backend has the atomic create replog commits with."""
-        return backends.can_create_atomically(self.fs)
+        return self.backend.writable
 
     def require_writable(self) -> None:
         """Raise :class:`~replog.errors.UnsupportedStorageError` naming the backend if
@@ -289,7 +290,7 @@ class Storage:
     def sync(self, relatives: list[str]) -> None:
         """Make files created with ``sync=False`` durable (their directory entries)."""
         paths = [self.path(relative) for relative in relatives]
-        self._retrying("sync", self.root, lambda: backends.sync_paths(self.fs, paths))
+        self._retrying("sync", self.root, lambda: self.backend.sync(paths))
 
     def delete(self, relative: str) -> None:
         """Delete a file; a file that is already gone is fine."""
@@ -305,7 +306,7 @@ class Storage:
     def delete_tree(self, relative: str) -> None:
         """Delete a directory and everything below it; one that is already gone is fine."""
         path = self.path(relative)
-        self._retrying("delete", path, lambda: backends.delete_tree(self.fs, path))
+        self._retrying("delete", path, lambda: self.backend.delete_tree(path))
 
     # -- internals -----------------------------------------------------------------------
 
@@ -336,25 +337,25 @@ class Storage:
     # The primitives below do one request each; the fault injector overrides them.
 
     def _read_once(self, path: str) -> bytes:
-        return backends.read(self.fs, path)
+        return self.backend.read(path)
 
     def _exists_once(self, path: str) -> bool:
-        return backends.exists(self.fs, path)
+        return self.backend.exists(path)
 
     def _list_once(self, path: str) -> list[str]:
-        return backends.list_names(self.fs, path)
+        return self.backend.list_names(path)
 
     def _modified_once(self, path: str) -> int | None:
-        return backends.modified_ms(self.fs, path)
+        return self.backend.modified_ms(path)
 
     def _create_once(self, path: str, data: bytes, durability: Durability) -> None:
-        backends.create(self.fs, path, data, durability)
+        self.backend.create(path, data, durability)
 
     def _replace_once(self, path: str, data: bytes, durability: Durability) -> None:
-        backends.replace(self.fs, path, data, durability)
+        self.backend.replace(path, data, durability)
 
     def _delete_once(self, path: str) -> None:
-        backends.delete(self.fs, path)
+        self.backend.delete(path)
 
     def _delete_many_once(self, paths: list[str]) -> None:
-        backends.delete_many(self.fs, paths)
+        self.backend.delete_many(paths)

@@ -2,13 +2,9 @@
 
 replog commits by creating a file that must not exist yet (put-if-absent). fsspec's
 generic ``pipe_file(mode="create")`` checks for the file and then writes it, which two
-writers can both pass, so replog implements the create per backend and refuses the rest:
-
-* local disk: write a temporary file, fsync it, ``os.link`` it to the final name (``link``
-  fails if the name exists) and fsync the directory, so a power cut cannot keep a later
-  file while losing an earlier one;
-* S3 and compatible stores (s3fs): ``PUT`` with ``If-None-Match: *``;
-* ``memory://``: create under a process-wide lock (the store is process-local anyway).
+writers can both pass, so replog implements the create per backend, one class each
+(:class:`LocalBackend`, :class:`MemoryBackend`, :class:`S3Backend`), and refuses the rest
+(:class:`Backend`: read-only).
 """
 
 from __future__ import annotations
@@ -64,15 +60,17 @@ def protocol_of(fs: fsspec.AbstractFileSystem) -> str:
     return str(protocol[0] if isinstance(protocol, tuple | list) else protocol)
 
 
-def kind_of(fs: fsspec.AbstractFileSystem) -> str:
-    """``"local"``, ``"memory"``, ``"s3"`` or ``"other"`` (a subclass with a protocol of its
-    own is "other": replog cannot know how it writes)."""
-    protocols = set(fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,))
-    if isinstance(fs, LocalFileSystem) and protocols & {"file", "local"}:
-        return "local"
-    if isinstance(fs, MemoryFileSystem) and "memory" in protocols:
-        return "memory"
-    return "s3" if "s3" in protocols else "other"
+class Durability(Enum):
+    """How durable a write is when it returns (local disk; object stores always are)."""
+
+    SYNC = "sync"
+    """The file and its directory entry are on disk."""
+    DEFERRED = "deferred"
+    """The file is; its directory entry is made durable by a later
+    :meth:`Backend.sync` (writers that create many files before one commit)."""
+    BEST_EFFORT = "best_effort"
+    """Neither: a crash may lose or tear it. For files readers can do without (snapshot
+    headers and changes files, hints): they fall back past a damaged one."""
 
 
 def fsync_directory(directory: str) -> None:
@@ -84,136 +82,165 @@ def fsync_directory(directory: str) -> None:
         os.close(descriptor)
 
 
-class Durability(Enum):
-    """How durable a write is when it returns (local disk; object stores always are)."""
+class Backend:
+    """What replog needs of one kind of fsspec filesystem: one request per call (retries
+    and read-back live in :class:`~replog.storage.Storage`). This base reads any backend
+    and refuses to write (its create would check, then write)."""
 
-    SYNC = "sync"
-    """The file and its directory entry are on disk."""
-    DEFERRED = "deferred"
-    """The file is; its directory entry is made durable by a later :func:`sync_paths`
-    (writers that create many files before one commit)."""
-    BEST_EFFORT = "best_effort"
-    """Neither: a crash may lose or tear it. For files readers can do without (snapshot
-    headers and changes files, hints): they fall back past a damaged one."""
+    kind = "other"
+    writable = False
+    remote = True
+    """Whether a request waits on a network (then several are worth sending at once)."""
+
+    def __init__(self, fs: fsspec.AbstractFileSystem) -> None:
+        self.fs = fs
+
+    def create(self, path: str, data: bytes, durability: Durability) -> None:
+        """Create ``path`` holding ``data`` if nothing is there; else ``FileExistsError``."""
+        raise unsupported(self.fs, "write")
+
+    def replace(self, path: str, data: bytes, durability: Durability) -> None:
+        """Create or overwrite ``path`` atomically (readers see the old or new bytes)."""
+        raise unsupported(self.fs, "write")
+
+    def sync(self, paths: list[str]) -> None:
+        """Make the directory entries of files created :attr:`Durability.DEFERRED` durable."""
+
+    def read(self, path: str) -> bytes:
+        return bytes(self.fs.cat_file(path))
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def delete(self, path: str) -> None:
+        """Delete a file; one already gone is fine."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm_file(path)
+
+    def delete_many(self, paths: list[str]) -> None:
+        for path in paths:
+            self.delete(path)
+
+    def delete_tree(self, path: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.rm(path, recursive=True)
+
+    def list_names(self, path: str) -> list[str]:
+        try:
+            self.fs.invalidate_cache(path)
+            entries = self.fs.ls(path, detail=False)
+        except FileNotFoundError:
+            return []
+        finally:
+            # s3fs answers later info/exists/cat calls from a cached listing: a file
+            # written after this listing would look missing to this process.
+            self.fs.invalidate_cache(path)
+        return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
+
+    def modified_ms(self, path: str) -> int | None:
+        try:
+            stamp = self.fs.modified(path)
+        except (NotImplementedError, KeyError):
+            return None
+        return int(stamp.timestamp() * 1000)
 
 
-def _write_temporary(path: str, data: bytes, durability: Durability) -> str:
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        if durability is not Durability.BEST_EFFORT:
-            handle.flush()
-            os.fsync(handle.fileno())
-    return tmp
+class LocalBackend(Backend):
+    """Local disk: a temporary file, fsynced, hard-linked to its name (``link`` fails if
+    the name exists), then the directory fsynced, so a power cut cannot keep a later
+    file while losing an earlier one."""
 
+    kind = "local"
+    writable = True
+    remote = False
 
-def create(fs: fsspec.AbstractFileSystem, path: str, data: bytes, durability: Durability) -> None:
-    """Create ``path`` holding ``data`` if nothing is there; else ``FileExistsError``."""
-    kind = kind_of(fs)
-    if kind == "local":
-        tmp = _write_temporary(path, data, durability)
+    @staticmethod
+    def _temporary(path: str, data: bytes, durability: Durability) -> str:
+        directory = os.path.dirname(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as handle:
+            handle.write(data)
+            if durability is not Durability.BEST_EFFORT:
+                handle.flush()
+                os.fsync(handle.fileno())
+        return tmp
+
+    def create(self, path: str, data: bytes, durability: Durability) -> None:
+        tmp = self._temporary(path, data, durability)
         try:
             os.link(tmp, path)
         finally:
             os.unlink(tmp)
         if durability is Durability.SYNC:
             fsync_directory(os.path.dirname(path))
-    elif kind == "memory":
-        with _MEMORY_LOCK:
-            if fs.exists(path):
-                raise FileExistsError(path)
-            fs.pipe_file(path, data)
-    elif kind == "s3":
-        fs.pipe_file(path, data, mode="create")
-    else:
-        raise unsupported(fs, "write")
 
-
-def replace(fs: fsspec.AbstractFileSystem, path: str, data: bytes, durability: Durability) -> None:
-    """Create or overwrite ``path`` atomically (readers see the old or the new bytes)."""
-    kind = kind_of(fs)
-    if kind == "local":
-        tmp = _write_temporary(path, data, durability)
+    def replace(self, path: str, data: bytes, durability: Durability) -> None:
+        tmp = self._temporary(path, data, durability)
         os.replace(tmp, path)
         if durability is Durability.SYNC:
             fsync_directory(os.path.dirname(path))
-    elif kind in ("memory", "s3"):
-        fs.pipe_file(path, data)
-    else:
-        raise unsupported(fs, "write")
 
-
-def sync_paths(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:
-    """Make the directory entries of files created with ``sync=False`` durable."""
-    if kind_of(fs) == "local":
+    def sync(self, paths: list[str]) -> None:
         for directory in sorted({os.path.dirname(path) for path in paths}):
             fsync_directory(directory)
 
 
-def read(fs: fsspec.AbstractFileSystem, path: str) -> bytes:
-    if kind_of(fs) == "s3":
-        # One GET: by default s3fs sends a HEAD first (to split big reads), and for a
-        # missing object a LIST as well, tripling the requests of every probe.
-        data: bytes = fs.cat_file(path, max_concurrency=1)
+class MemoryBackend(Backend):
+    """``memory://``: a create under a process-wide lock (the store is process-local)."""
+
+    kind = "memory"
+    writable = True
+    remote = False
+
+    def create(self, path: str, data: bytes, durability: Durability) -> None:
+        with _MEMORY_LOCK:
+            if self.fs.exists(path):
+                raise FileExistsError(path)
+            self.fs.pipe_file(path, data)
+
+    def replace(self, path: str, data: bytes, durability: Durability) -> None:
+        self.fs.pipe_file(path, data)
+
+
+class S3Backend(Backend):
+    """S3 and compatible stores through s3fs: ``PUT`` with ``If-None-Match: *``; one
+    request per read and probe (s3fs would add a HEAD, or a LIST for a missing key)."""
+
+    kind = "s3"
+    writable = True
+
+    def create(self, path: str, data: bytes, durability: Durability) -> None:
+        self.fs.pipe_file(path, data, mode="create")
+
+    def replace(self, path: str, data: bytes, durability: Durability) -> None:
+        self.fs.pipe_file(path, data)
+
+    def read(self, path: str) -> bytes:
+        data: bytes = self.fs.cat_file(path, max_concurrency=1)
         return data
-    return bytes(fs.cat_file(path))
 
-
-def exists(fs: fsspec.AbstractFileSystem, path: str) -> bool:
-    if kind_of(fs) == "s3":
-        # One HEAD: s3fs's exists() also LISTs a missing key (it might be a "directory").
-        bucket, key, _ = fs.split_path(path)
+    def exists(self, path: str) -> bool:
+        bucket, key, _ = self.fs.split_path(path)
         try:
-            fs.call_s3("head_object", Bucket=bucket, Key=key)
+            self.fs.call_s3("head_object", Bucket=bucket, Key=key)
         except FileNotFoundError:
             return False
         return True
-    return bool(fs.exists(path))
+
+    def delete_many(self, paths: list[str]) -> None:
+        self.fs.rm(paths)  # DeleteObjects, 1,000 keys per request; missing keys are no error
 
 
-def delete(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm_file(path)
-
-
-def delete_many(fs: fsspec.AbstractFileSystem, paths: list[str]) -> None:
-    if kind_of(fs) == "s3":
-        fs.rm(paths)  # DeleteObjects, 1,000 keys per request; missing keys are no error
-        return
-    for path in paths:
-        delete(fs, path)
-
-
-def delete_tree(fs: fsspec.AbstractFileSystem, path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        fs.rm(path, recursive=True)
-
-
-def list_names(fs: fsspec.AbstractFileSystem, path: str) -> list[str]:
-    try:
-        fs.invalidate_cache(path)
-        entries = fs.ls(path, detail=False)
-    except FileNotFoundError:
-        return []
-    finally:
-        # s3fs answers later info/exists/cat calls from a cached listing: a file written
-        # after this listing would look missing to this process.
-        fs.invalidate_cache(path)
-    return sorted(str(entry).rstrip("/").rsplit("/", 1)[-1] for entry in entries)
-
-
-def modified_ms(fs: fsspec.AbstractFileSystem, path: str) -> int | None:
-    try:
-        stamp = fs.modified(path)
-    except (NotImplementedError, KeyError):
-        return None
-    return int(stamp.timestamp() * 1000)
-
-
-def can_create_atomically(fs: fsspec.AbstractFileSystem) -> bool:
-    return kind_of(fs) != "other"
+def backend_for(fs: fsspec.AbstractFileSystem) -> Backend:
+    """The backend of ``fs`` (a subclass with a protocol of its own is "other": replog
+    cannot know how it writes)."""
+    protocols = set(fs.protocol if isinstance(fs.protocol, tuple | list) else (fs.protocol,))
+    if isinstance(fs, LocalFileSystem) and protocols & {"file", "local"}:
+        return LocalBackend(fs)
+    if isinstance(fs, MemoryFileSystem) and "memory" in protocols:
+        return MemoryBackend(fs)
+    return S3Backend(fs) if "s3" in protocols else Backend(fs)
 
 
 def unsupported(fs: fsspec.AbstractFileSystem, what: str) -> UnsupportedStorageError:
