@@ -8,7 +8,8 @@ each caller its own outcome through a future, as Kafka's producer batches record
 
 Each caller's events are validated when submitted (a bad event fails only its caller,
 before anything is queued). An append with a transaction (idempotent) is committed on
-its own, in submission order. A failed commit fails the futures of every caller in it:
+its own; appends are committed in submission order (plain appends submitted between
+two transactional ones share a commit). A failed commit fails the futures of every caller in it:
 nothing of theirs was committed, unless the error is ``CommitOutcomeUnknownError``.
 """
 
@@ -167,12 +168,17 @@ class GroupAppender:
 
     def _run(self) -> None:
         while (group := self._next_group()) is not None:
-            plain = [pending for pending in group if pending.transaction is None]
+            plain: list[_Pending] = []
+            for pending in group:  # in submission order: a key's events keep theirs
+                if pending.transaction is None:
+                    plain.append(pending)
+                    continue
+                if plain:
+                    self._commit(plain, None)
+                    plain = []
+                self._commit([pending], pending.transaction)
             if plain:
                 self._commit(plain, None)
-            for pending in group:
-                if pending.transaction is not None:
-                    self._commit([pending], pending.transaction)
 
     def _commit(self, group: list[_Pending], transaction: Transaction | None) -> None:
         try:

@@ -33,13 +33,16 @@ from replog.core.files import DecodedFiles
 from replog.core.staging import CommitAttempt
 from replog.errors import (
     CommitConflictError,
+    CommitOutcomeUnknownError,
     DataLossError,
     InvalidOptionError,
     LogExistsError,
     LogNotFoundError,
+    LogRecreatedError,
     MissingFileError,
     ReplogError,
     StagingCollectedError,
+    StorageError,
 )
 from replog.format import segments
 from replog.format.commits import (
@@ -59,7 +62,7 @@ from replog.format.commits import (
     commit_path,
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
-from replog.format.gc import StagedFiles, StagingStart
+from replog.format.gc import CLOCK_SKEW_MS, StagedFiles, StagingStart
 from replog.format.segments import Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
@@ -492,14 +495,19 @@ class ReplicationLog:
 
         The merge runs in this object's background thread on a log object of its own, so
         the caller's next commit does not wait for it (a merge of 8 files costs a few
-        commits' time). Best effort: a merge that loses a race to another writer is
-        dropped; :meth:`flush` waits for it."""
+        commits' time). Best effort, never raising (the commit before it has landed): a
+        merge that loses a race to another writer is dropped; :meth:`flush` waits for it."""
         state = self.state()
         if not self.auto_compact or state.version % merge_plans.CHECK_INTERVAL:
             return
         if self._merging is not None and not self._merging.done():
             return
-        merge = merge_plans.plan_auto(state)
+        try:
+            merge = merge_plans.plan_auto(state)  # may load the state's segments
+        except Exception as exc:
+            logger.warning("%s: no automatic merge at version %d: %s", self.url,
+                           state.version, exc)  # fmt: skip
+            return
         if merge is not None:
             self._merging = self._executor().submit(self._merge_quietly, merge)
 
@@ -608,17 +616,81 @@ class ReplicationLog:
                 logger.debug("lost the race for version %d; retrying", record.version)
                 time.sleep(random.uniform(0, min(RACE_BACKOFF_MAX_S, 0.001 * 2**tries)))
                 continue
+            if not self._landed_on_history(state, record):
+                attempt.in_doubt = False
+                continue
             attempt.landed, attempt.in_doubt = record, False
             state.apply(record)
             state.verified = (record.version, time.monotonic())  # its own commit: its log
-            self._absorb_expiry(state)
-            self._checkpoint(state)
-            if record.version % self.descriptor.snapshot_interval == 0:
-                self._schedule_expiry(state)
+            self._after_commit(state)
             return record
         raise CommitConflictError(
             f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
         )
+
+    def _landed_on_history(self, state: LogState, record: CommitRecord) -> bool:
+        """Whether ``record``, just put at ``state.version + 1``, follows the log's history
+        rather than filling a range retention emptied (a state verified before the range
+        was deleted, or read alongside the deletion: see :func:`history.catch_up`).
+
+        Only a state whose newest commit is older than the retention (less the clock skew
+        writers may have) can be that far behind: then commit ``state.version`` is read
+        again (retention deletes commits oldest first, so if it is the one the state
+        applied, the slot was never written). A misplaced commit is deleted and False
+        returned (the caller commits again on a fresh state); if the log was re-created,
+        it is deleted and the error raised.
+        """
+        threshold = self.descriptor.retention_ms - CLOCK_SKEW_MS
+        if state.version > 0 and state.timestamp_ms > now_ms() - threshold:
+            return True
+        try:
+            base = None
+            if state.version:
+                base = self.storage.read_optional(commit_path(state.version))
+            history.check_base(self.storage, state, base)
+        except history.BaseMissing:
+            logger.warning(
+                "%s: commit %d landed in a range retention deleted (this writer's state was "
+                "older than the retention); deleting it and committing again",
+                self.url,
+                record.version,
+            )
+            self._take_back(record)
+            return False
+        except (LogRecreatedError, LogNotFoundError):
+            self._take_back(record)
+            raise
+        except (StorageError, OSError) as exc:
+            self._state = None
+            raise CommitOutcomeUnknownError(
+                f"{self.url}: commit {record.version} landed, but checking that it follows "
+                f"the log's history failed: {exc}"
+            ) from exc
+        return True
+
+    def _take_back(self, record: CommitRecord) -> None:
+        """Delete ``record``'s commit, put where it does not belong (nothing reads it: it
+        is below every header of the log there), and forget the state."""
+        self._state = None
+        try:
+            self.storage.delete(commit_path(record.version))
+        except (StorageError, OSError) as exc:
+            raise CommitOutcomeUnknownError(
+                f"{self.url}: commit {record.version} landed where it does not belong and "
+                f"could not be deleted: {exc}"
+            ) from exc
+
+    def _after_commit(self, state: LogState) -> None:
+        """Checkpoint, merges and retention after a commit: best effort, never raising (the
+        commit has landed; an error here would make its caller commit it again)."""
+        try:
+            self._absorb_expiry(state)
+            self._checkpoint(state)
+            if state.version % self.descriptor.snapshot_interval == 0:
+                self._schedule_expiry(state)
+        except Exception as exc:
+            logger.warning("%s: after commit %d: %s (tried again later)", self.url,
+                           state.version, exc)  # fmt: skip
 
     def _schedule_expiry(self, state: LogState) -> None:
         """Expire what is older than the retention (:func:`history.expire`) in the

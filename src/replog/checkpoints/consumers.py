@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 CONSUMERS_DIR = f"{META_DIR}/consumers"
 LINKS_DIR = "links"
 COMMIT_ATTEMPTS = 5
+
+
 def consumer_storage(log_storage: Storage, consumer: str) -> Storage:
     return log_storage.child(f"{CONSUMERS_DIR}/{check_name(consumer, 'consumer')}")
 

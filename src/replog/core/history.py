@@ -13,6 +13,7 @@ falling back to an older one (or to the commits from version 1), with a warning.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -125,23 +126,48 @@ def check_identity(storage: Storage, log_id: str) -> None:
         raise LogRecreatedError(storage.path(DESCRIPTOR_PATH), found, log_id)
 
 
-def _check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
-    """After finding no commit past ``state.version``: make sure the log is still the one
-    the state was built from (``base``: commit ``state.version`` as read now, only its
-    ``log_id`` looked at). A log deleted and re-created with fewer commits would
-    otherwise look idle, and a writer would commit on top of it."""
+def base_is_gone(state: LogState, base: bytes | None) -> bool:
+    """Whether ``base`` (commit ``state.version`` as read now) shows that the history this
+    state was built from is no longer the log's: the record is missing, or it is not the
+    record the state applied (its token differs: something was written there since).
+    Only the members compared are parsed."""
+    if base is None:
+        return True
+    try:
+        document = json.loads(base)
+        token = document.get("token")
+    except (ValueError, AttributeError):
+        return False  # damage is for the full read of the record to report
+    return state.last_token is not None and token != state.last_token
+
+
+def check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
+    """After finding no commit past ``state.version``: make sure the log still has the
+    history the state was built from (``base``: commit ``state.version`` as read after
+    that, None if missing).
+
+    A log deleted and re-created with fewer commits would otherwise look idle; and
+    retention deletes commits oldest first, one at a time, so while commit
+    ``state.version`` is the record this state applied, no later commit was deleted: a
+    missing one is one not written yet. At version 0, the same holds while retention
+    never ran (:data:`EXPIRED_MARKER`). Otherwise a writer would commit into a range
+    retention emptied, where no reader looks. Raises :class:`LogRecreatedError` or
+    ``LogNotFoundError`` for another log, :class:`BaseMissing` for an expired base."""
     if state.version == 0:
         check_identity(storage, state.log_id)
+        if storage.exists(EXPIRED_MARKER):
+            raise BaseMissing(0)
         return
-    if base is None:
+    if base is not None:
+        try:
+            found = json.loads(base).get("log_id", "")
+        except (ValueError, AttributeError):
+            found = ""
+        if found and state.log_id and found != state.log_id:
+            check_identity(storage, state.log_id)  # raises if it is another log
+    if base_is_gone(state, base):
         check_identity(storage, state.log_id)  # raises if it is another log
         raise BaseMissing(state.version)
-    try:
-        found = json.loads(base).get("log_id", "")
-    except (ValueError, AttributeError):
-        found = ""  # damage is for the full read of the record to report
-    if found and state.log_id and found != state.log_id:
-        raise LogRecreatedError(storage.path(commit_path(state.version)), found, state.log_id)
 
 
 def catch_up(
@@ -161,7 +187,11 @@ def catch_up(
     (one more small read, in parallel on remote storage), unless ``verify_within`` is None
     or that was checked for this version less than ``verify_within`` seconds ago: raises
     :class:`LogRecreatedError` or :class:`LogNotFoundError` if not, and
-    :class:`BaseMissing` if retention removed the state's commits meanwhile.
+    :class:`BaseMissing` if retention removed the state's commits meanwhile
+    (:func:`check_base`). On remote storage the base is read alongside the commits, so
+    a deletion between the two reads can go unseen: a reader then stays behind until
+    its next check, and a writer checks again after its commit lands
+    (``ReplicationLog.commit``).
     """
     parallel = storage.is_remote
     window = window if parallel else 1
@@ -171,7 +201,7 @@ def catch_up(
         count = window if limit is None else min(window, limit - applied)
         first = state.version + 1
         versions = list(range(first, first + count))
-        with_base = verify and applied == 0 and parallel and state.version > 0
+        with_base = verify and parallel and state.version > 0
 
         def get(version: int, base: int = state.version if with_base else -1) -> Any:
             """Commit ``version``; the raw bytes of the ``base`` one (only its id matters)."""
@@ -182,13 +212,13 @@ def catch_up(
         ahead = [state.version] if with_base else []
         records = storage.map(get, ahead + versions, threads=len(ahead) + len(versions))
         base = records.pop(0) if with_base else None
-        for record in records:
+        for index, record in enumerate(records):
             if record is None:
-                if verify and applied == 0:
-                    if not with_base and state.version > 0:
+                if verify:
+                    if index > 0 or not with_base:  # the base is a commit applied just now
                         base = storage.read_optional(commit_path(state.version))
                     assert not isinstance(base, CommitRecord)
-                    _check_base(storage, state, base)
+                    check_base(storage, state, base)
                     state.verified = (state.version, time.monotonic())
                 return True
             assert isinstance(record, CommitRecord)
@@ -260,6 +290,7 @@ def _header(state: LogState, descriptor: LogDescriptor) -> SnapshotHeader:
         gc_known_since=state.gc_known_since,
         log_id=descriptor.log_id,
         retained_from=state.retained_from,
+        token=state.last_token,
     )
 
 
@@ -317,18 +348,55 @@ EXPIRE_STEPS = 2
 up after a pause)."""
 
 
+EXPIRED_MARKER = f"{SNAPSHOTS_DIR}/expired"
+"""Created (empty) before retention deletes anything for the first time: a state at
+version 0 that finds no commit 1 is an empty log's only while this file is absent."""
+
+
 def expired_files(descriptor: LogDescriptor, retained: int, table: int) -> list[str]:
-    """The metadata files a log needs no more once table ``table`` is its oldest: commits
-    up to it, and the headers, tables and changes files below it (from ``retained``)."""
+    """The headers, tables and changes files a log needs no more once table ``table`` is
+    its oldest (from ``retained``); the commits up to it go too (:func:`expire`)."""
     checkpoints = range(retained - retained % descriptor.checkpoint_interval, table,
                         descriptor.checkpoint_interval)  # fmt: skip
-    files = [commit_path(v) for v in range(retained + 1, table + 1)]
+    files = []
     for version in checkpoints:
         if version > 0:
             files.append(header_path(version))
             is_table = version % descriptor.snapshot_interval == 0
             files.append(table_path(version) if is_table else changes_path(version))
     return files
+
+
+def _delete_commits(storage: Storage, first: int, last: int) -> None:
+    """Delete commits ``first..last`` one at a time, oldest first, stopping at the first
+    failure: the deleted commits are always a prefix of the log. That is what lets a
+    writer that finds commit ``v + 1`` missing and then commit ``v`` present know that
+    ``v + 1`` was never written, rather than expired (see :func:`check_base`)."""
+    for version in range(first, last + 1):
+        storage.delete(commit_path(version))
+
+
+def _expire_step(snapshots: LogSnapshots, retained: int, table: int, live: set[str]) -> None:
+    """Make table ``table`` the oldest: delete the files of the segments removed since
+    ``retained`` that no live segment names, then the commits up to ``table`` (in order),
+    then the snapshot files below it. Raises on the first failure."""
+    descriptor, storage = snapshots.descriptor, snapshots.storage
+    tombstones = snapshots.tombstones_between(retained, table)
+    doomed = [path for path in dict.fromkeys(t.path for t in tombstones) if path not in live]
+    storage.delete_many(doomed)
+    if retained == 0:
+        with contextlib.suppress(FileExistsError):
+            storage.put_if_absent(EXPIRED_MARKER, b"")
+    _delete_commits(storage, retained + 1, table)
+    storage.delete_many(expired_files(descriptor, retained, table))
+    logger.info(
+        "expired %s below version %d: %d removed segment files, commits %d..%d",
+        storage.url,
+        table,
+        len(doomed),
+        retained + 1,
+        table,
+    )
 
 
 def expire(
@@ -346,38 +414,33 @@ def expire(
     the newest header, and a reader whose commits are gone loads it afresh. Costs what
     it deletes, never a listing. ``live`` may be older than the state it came from: a
     removed segment never becomes live again, so it only ever keeps too much.
+
+    A table whose header is missing or unusable (a writer died before writing it, or a
+    crash tore it) is stepped over to the next one; the state ``retained_from`` came
+    from may also be older than another writer's expiry, so commits already deleted are
+    fine to delete again.
     """
     descriptor, storage = snapshots.descriptor, snapshots.storage
     interval = descriptor.snapshot_interval
     cutoff = now_ms - descriptor.retention_ms
     retained = retained_from
-    candidate = retained - retained % interval + interval
-    for _ in range(EXPIRE_STEPS):
-        if candidate > version - interval:
-            break
+    table = retained - retained % interval + interval
+    steps = 0
+    while steps < EXPIRE_STEPS and table <= version - interval:
         try:
-            if snapshots.header(candidate).timestamp_ms > cutoff:
+            if snapshots.header(table).timestamp_ms > cutoff:
                 break
-            tombstones = snapshots.tombstones_between(retained, candidate)
-        except _UNUSABLE as exc:
-            logger.debug("not expiring past table %d of %s: %s", candidate, storage.url, exc)
+            _expire_step(snapshots, retained, table, live)
+        except (CorruptionError, FileNotFoundError) as exc:
+            logger.info("stepping over table %d of %s (%s)", table, storage.url, exc)
+            table += interval
+            continue
+        except (StorageError, OSError) as exc:  # tried again after the next table
+            logger.warning("could not expire %s below version %d: %s", storage.url, table, exc)
             break
-        doomed = [path for path in dict.fromkeys(t.path for t in tombstones) if path not in live]
-        try:
-            storage.delete_many([*doomed, *expired_files(descriptor, retained, candidate)])
-        except (StorageError, OSError) as exc:
-            logger.warning("could not expire %s below version %d: %s", storage.url, candidate, exc)
-            break
-        logger.info(
-            "expired %s below version %d: %d removed segment files, commits %d..%d",
-            storage.url,
-            candidate,
-            len(doomed),
-            retained + 1,
-            candidate,
-        )
-        retained = candidate
-        candidate += interval
+        retained = table
+        table += interval
+        steps += 1
     return retained
 
 
@@ -415,13 +478,24 @@ class LogSnapshots:
         except (CorruptionError, UnsupportedFormatError) as exc:
             logger.debug("ignoring the hint's copy of header %d: %s", version, exc)
             return
-        if header.version == version:
+        if header.version == version and not self._foreign(header):
             self._remember_header(header)
 
+    def _foreign(self, header: SnapshotHeader) -> bool:
+        return bool(header.log_id) and header.log_id != self.descriptor.log_id
+
     def _remember_header(self, header: SnapshotHeader) -> None:
-        path = self.storage.path(header_path(header.version))
-        if header.log_id and header.log_id != self.descriptor.log_id:
-            raise LogRecreatedError(path, header.log_id, self.descriptor.log_id)
+        """Keep ``header``; one of another log is unusable (:class:`CorruptionError`: a
+        writer of a log deleted and re-created at this URL wrote it late), unless this log
+        is the one that was re-created (then :class:`LogRecreatedError`)."""
+        if self._foreign(header):
+            check_identity(self.storage, self.descriptor.log_id)
+            raise CorruptionError(
+                self.storage.path(header_path(header.version)),
+                f"snapshot header of another log (log_id {header.log_id!r}, this log is "
+                f"{self.descriptor.log_id!r}): written late by a writer of a log deleted "
+                f"here before; ignored",
+            )
         self._headers[header.version] = header
         if header.changes is not None:
             self._table_sha256.setdefault(header.changes.table_version, header.changes.table_sha256)
@@ -450,7 +524,7 @@ class LogSnapshots:
             sinks = {name: SinkMark.from_json(dict(mark)) for name, mark in header.sinks.items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptionError(path, f"malformed snapshot header: {exc}") from exc
-        return LogState(
+        state = LogState(
             shards=shards,
             version=version,
             heads=list(header.heads),
@@ -465,6 +539,8 @@ class LogSnapshots:
             log_id=self.descriptor.log_id,
             retained_from=header.retained_from,
         )
+        state.last_token = header.token
+        return state
 
     def _table(self, version: int) -> pa.Table:
         data = self._checked(table_path(version), self.table_sha256(version), "segment table")
@@ -650,11 +726,11 @@ def _usable_state(snapshots: LogSnapshots, version: int, floor: int = 0) -> LogS
 
 
 def _repair_start(snapshots: LogSnapshots) -> LogState | None:
-    """Where to start when the hinted headers are unusable and commit 1 is gone: the hint
-    named a header retention deleted (a slow writer moved it back), or every retained
-    header is damaged. Lists the snapshots (a repair path) for the newest usable header;
-    None for a log that has no commit yet. Raises :class:`CorruptionError` if the log
-    has commits but cannot be rebuilt."""
+    """Where to start when the hinted headers are unusable and commit 1 is gone, or the
+    hinted header's commit is gone: the hint named a header retention deleted (a slow
+    writer moved it back), or every retained header is damaged. Lists the snapshots (a
+    repair path) for the newest usable header; None for a log that has no commit yet.
+    Raises :class:`CorruptionError` if the log has commits but cannot be rebuilt."""
     newest = _newest_listed_header(snapshots)
     state = _usable_state(snapshots, newest)
     if state is not None:
@@ -665,13 +741,22 @@ def _repair_start(snapshots: LogSnapshots) -> LogState | None:
         )
         return state
     storage = snapshots.storage
-    if newest > 0 or storage.listdir(COMMITS_DIR):
-        raise CorruptionError(
-            storage.path(SNAPSHOTS_DIR),
-            "no usable snapshot header, and the commits from version 1 were removed by "
-            "retention: the log cannot be rebuilt (restore the snapshot files)",
-        )
-    return None
+    if storage.listdir(COMMITS_DIR) or storage.exists(EXPIRED_MARKER):
+        raise _unrebuildable(storage)
+    return None  # headers only of another log (written late into this one): empty
+
+
+def _unrebuildable(storage: Storage) -> CorruptionError:
+    return CorruptionError(
+        storage.path(SNAPSHOTS_DIR),
+        "no usable snapshot header, and the commits from version 1 were removed by "
+        "retention: the log cannot be rebuilt (restore the snapshot files)",
+    )
+
+
+REPAIRS = 3
+"""How often opening a log starts again from a listed header (retention racing the
+open can expire the commits just read; more than this means damage)."""
 
 
 def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
@@ -680,7 +765,9 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     Fewer than ``checkpoint_interval`` commits follow the newest header, so that many are
     read at once (in parallel on remote storage). The hint is not probed past first: it
     lags only after a crash or a slow writer, a full window reveals that, and only then
-    are newer headers looked for.
+    are newer headers looked for. The commit the state ends at is checked to be the one
+    it applied (:func:`check_base`): a hint moved back to a header retention deleted
+    would otherwise show the log as it was then.
 
     Raises :class:`CorruptionError` if every header that retention kept is unusable and
     the commits before them are gone (the log cannot be rebuilt: restore the files).
@@ -692,13 +779,23 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
         state = _repair_start(snapshots)
     if state is None:
         state = LogState(shards=descriptor.shards, snapshots=snapshots, log_id=descriptor.log_id)
-    while not catch_up(storage, state, limit=interval, window=interval, verify_within=None):
+    repairs = 0
+    while True:
+        try:
+            if catch_up(storage, state, limit=interval, window=interval):
+                return state
+        except BaseMissing:
+            repairs += 1
+            repaired = _repair_start(snapshots) if repairs <= REPAIRS else None
+            if repaired is None:
+                raise _unrebuildable(storage) from None
+            state = repaired
+            continue
         newest = probe_forward(
             state.version - state.version % interval, interval, snapshots.has_header
         )
         if newest > state.version:
             state = _usable_state(snapshots, newest, floor=state.version) or state
-    return state
 
 
 def check_snapshot(storage: Storage, descriptor: LogDescriptor, version: int) -> None:

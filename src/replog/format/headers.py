@@ -76,6 +76,8 @@ class SnapshotHeader:
     changes: ChangesEntry | None = None
     log_id: str = ""
     retained_from: int = 0
+    token: str | None = None
+    """The token of commit :attr:`version` (absent before replog 0.4)."""
     extra: Mapping[str, Any] = field(default_factory=dict)
     """Members this replog does not know (kept, ignored)."""
 
@@ -96,6 +98,8 @@ class SnapshotHeader:
             "gc_known_since": self.gc_known_since,
             "retained_from": self.retained_from,
         }
+        if self.token is not None:
+            document["token"] = self.token
         if self.table_sha256 is not None:
             document["table_sha256"] = self.table_sha256
         if self.changes is not None:
@@ -113,7 +117,7 @@ class SnapshotHeader:
         known = {
             "format_version", "version", "log_id", "timestamp_ms", "shards", "heads", "lows",
             "sinks", "bytes", "segment_count", "gc_marks", "gc_known_since", "table_sha256",
-            "segments_sha256", "changes", "retained_from",
+            "segments_sha256", "changes", "retained_from", "token",
         }  # fmt: skip
         try:
             version = int(body["version"])
@@ -140,6 +144,7 @@ class SnapshotHeader:
                 changes=ChangesEntry.from_json(changes) if isinstance(changes, dict) else None,
                 log_id=str(body.get("log_id", "")),
                 retained_from=int(body.get("retained_from", 0)),
+                token=None if body.get("token") is None else str(body["token"]),
                 extra={name: value for name, value in body.items() if name not in known},
             )
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -190,6 +190,10 @@ class LogState:
         self.verified: tuple[int, float] | None = None
         """(version, monotonic time) when the log at the URL was last found to be this
         state's log, at this version."""
+        self.last_token: str | None = None
+        """The token of commit :attr:`version`, once this state applied it (a state loaded
+        from a header does not know it): finding that very record at that version proves
+        the log still has this state's history, not a record written later in its place."""
         self.version = version
         self.heads = heads or [0] * shards
         self.lows = lows or [1] * shards
@@ -230,6 +234,7 @@ class LogState:
             self.sinks[commit.writer.sink_id] = mark.after(commit.writer, commit.version)
         self.version = commit.version
         self.timestamp_ms = commit.timestamp_ms
+        self.last_token = commit.token or None
         if commit.gc is not None:
             self._note_gc_mark(commit.version, commit.gc.cutoff_ms)
         if self._segments is not None:

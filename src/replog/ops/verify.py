@@ -23,6 +23,7 @@ from replog.format.commits import COMMITS_DIR, commit_path
 from replog.format.segments import SegmentInfo
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
+from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -77,21 +78,22 @@ def _problem(exc: BaseException, fallback_path: str) -> Problem:
 def _commits(log: ReplicationLog, problems: list[Problem]) -> tuple[int, LogState]:
     """Check every commit record (listed: a missing one in the middle is found too).
     Returns how many there are and the state they build up to the first broken one."""
-    versions = [
+    versions = sorted(
         int(name.removesuffix(".json"))
         for name in log.storage.listdir(COMMITS_DIR)
         if name.endswith(".json") and name.removesuffix(".json").isdigit()
-    ]
-    last = max(versions, default=0)
-    state, first = _replay_start(log, min(versions, default=1) - 1, problems)
+    )
+    last = versions[-1] if versions else 0
+    oldest = _oldest_retained(log, versions)
+    state, applied_from = _replay_start(log, oldest - 1, problems)
     broken = False
-    for version in range(first, last + 1):
+    for version in range(oldest, last + 1):
         path = log.storage.path(commit_path(version))
         try:
             record = history.read_commit(log.storage, version)
             if record is None:
                 raise CorruptionError(path, "commit is missing (later commits exist)")
-            if not broken:
+            if not broken and version >= applied_from:
                 state.apply(record)
         except (ReplogError, OSError) as exc:
             problems.append(_problem(exc, path))
@@ -99,25 +101,60 @@ def _commits(log: ReplicationLog, problems: list[Problem]) -> tuple[int, LogStat
     return last, state
 
 
+def _oldest_retained(log: ReplicationLog, versions: list[int]) -> int:
+    """The oldest commit to check: the first of the run of commits that ends at the
+    newest, if the commits below the gap before it are ones retention left (the gap ends
+    below a table older than the retention: a deletion that stopped part-way, or a commit
+    a writer put into a deleted range and could not take back); else the oldest listed
+    (the gap is damage, reported as missing commits)."""
+    if not versions:
+        return 1
+    start = len(versions) - 1
+    while start > 0 and versions[start - 1] == versions[start] - 1:
+        start -= 1
+    if start == 0:
+        return versions[0]
+    run_start, interval = versions[start], log.descriptor.snapshot_interval
+    table = -(-(run_start - 1) // interval) * interval
+    try:
+        header = history.LogSnapshots(log.storage, log.descriptor).header(table)
+    except (ReplogError, OSError):
+        return versions[0]
+    if header.timestamp_ms > now_ms() - log.descriptor.retention_ms:
+        return versions[0]
+    logger.warning(
+        "%s: %d commit(s) below version %d are left over from retention (not checked; "
+        "'replog recover' does not need them either)",
+        log.url,
+        start,
+        run_start,
+    )
+    return run_start
+
+
 def _replay_start(
     log: ReplicationLog, retained: int, problems: list[Problem]
 ) -> tuple[LogState, int]:
-    """Where replaying the commits starts: version 0, or the oldest table retention kept
-    (``retained``: the version below the oldest commit on storage)."""
+    """Where replaying the commits starts: version 0, or the table at or after
+    ``retained`` (the version below the oldest commit checked; the commits up to the
+    table, which retention is deleting, are checked but not replayed). Returns the
+    state and the first version to apply."""
     if retained > 0:
+        interval = log.descriptor.snapshot_interval
+        table = -(-retained // interval) * interval
         snapshots = history.LogSnapshots(log.storage, log.descriptor)
         try:
-            if retained % log.descriptor.snapshot_interval:
+            state = snapshots.state(table)
+            if table != retained and state.timestamp_ms > now_ms() - log.descriptor.retention_ms:
                 raise CorruptionError(
                     log.storage.path(commit_path(retained)),
-                    "commit is missing, and no segment table at its version stands for it "
-                    "(retention keeps every commit after its oldest table)",
+                    f"commit is missing, and retention did not delete it (the table after "
+                    f"it, {table}, is younger than the retention)",
                 )
-            state = snapshots.state(retained)
             state.segments  # noqa: B018 (loads the table: the replay needs its segments)
-            return state, retained + 1
+            return state, table + 1
         except (ReplogError, OSError) as exc:
-            problems.append(_problem(exc, log.storage.path(history.header_path(retained))))
+            problems.append(_problem(exc, log.storage.path(history.header_path(table))))
     return LogState(shards=log.shards, log_id=log.log_id), 1
 
 
