@@ -219,3 +219,14 @@ def test_the_installed_script_runs_and_reports_errors(tmp_path: Path) -> None:
     broken = replog_process("append", url, "-", stdin="{oops\n")
     assert broken.returncode == 2 and "line 1" in broken.stderr
     assert "Traceback" not in broken.stderr
+
+
+def test_append_refuses_a_lone_surrogate_naming_the_line(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2)
+    lines = '{"key": "a", "data": 1}\n{"key": "\\ud800", "data": 2}\n'
+    result = replog("append", url, "-", stdin=lines)
+    assert result.returncode != 0
+    assert "line 2: 'key' holds" in result.stderr and "surrogate" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert ReplicationLog.open(url).refresh().version == 0  # nothing half-written

@@ -1,5 +1,6 @@
 """Change-event validation (replog.format.events) and exact JSON payloads (jsontext)."""
 
+import json
 from datetime import datetime, timezone
 from decimal import Decimal
 
@@ -85,6 +86,30 @@ def test_bad_records_name_the_line_and_field(record: dict, message: str) -> None
     with pytest.raises(InvalidEventError) as info:
         events_from_records([*good, record], where=lambda i: f"line {i + 1}")
     assert message in str(info.value)
+
+
+LONE_SURROGATE = json.loads('"\\ud800"')
+
+
+@pytest.mark.parametrize(
+    ("record", "field"),
+    [
+        ({"data": 1, "key": LONE_SURROGATE}, "key"),
+        ({"data": 1, "collection": f"db.{LONE_SURROGATE}"}, "collection"),
+        ({"data": 1, "event_id": LONE_SURROGATE}, "event_id"),
+        ({"data": LONE_SURROGATE}, "data"),
+        ({"data": {"name": LONE_SURROGATE}}, "data"),
+        ({"data": 1, "before": LONE_SURROGATE}, "before"),
+        ({"data": 1, "metadata": {"m": LONE_SURROGATE}}, "metadata"),
+        ({"data": 1, "metadata": {LONE_SURROGATE: 1}}, "metadata"),
+        ({"data": 1, "metadata": '{"m": "' + LONE_SURROGATE + '"}'}, "metadata"),
+    ],
+)
+def test_lone_surrogates_are_refused_in_every_string(record: dict, field: str) -> None:
+    """A lone UTF-16 surrogate (valid in a JSON string, not storable as UTF-8) is bad
+    input wherever it appears, named like any other, never a raw UnicodeEncodeError."""
+    with pytest.raises(InvalidEventError, match=f"line 2: '{field}' holds .*lone UTF-16 surrogate"):
+        events_from_records([{"data": 1}, record], where=lambda i: f"line {i + 1}")
 
 
 def test_table_input_casts_strings_and_fills_defaults() -> None:

@@ -70,6 +70,19 @@ MAX_TIMESTAMP_US = 253_402_300_799_999_999
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
+def _utf8(text: str, name: str, where: str) -> str:
+    """``text`` if it can be stored as UTF-8 (a lone surrogate, as ``json.loads('"\\ud800"')``
+    gives, cannot), else :class:`InvalidEventError` naming the field and position."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidEventError(
+            f"{where}: {name!r} holds {text[exc.start]!r} at position {exc.start}, a lone "
+            f"UTF-16 surrogate, which UTF-8 cannot store"
+        ) from exc
+    return text
+
+
 def _payload(value: Any, name: str, where: str) -> bytes | None:
     """Bytes as given; text (a JSON string's characters, or exact JSON text) as UTF-8;
     other JSON values encoded exactly."""
@@ -78,11 +91,12 @@ def _payload(value: Any, name: str, where: str) -> bytes | None:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):  # RawJSON included: already the exact text
-        return value.encode("utf-8")
+        return _utf8(value, name, where).encode("utf-8")
     try:
-        return jsontext.encode(value).encode("utf-8")
+        text = jsontext.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidEventError(f"{where}: {name!r} cannot be stored as JSON: {exc}") from exc
+    return _utf8(text, name, where).encode("utf-8")
 
 
 def _micros(value: Any, where: str, default_us: int) -> int:
@@ -124,20 +138,21 @@ def _metadata(value: Any, where: str) -> str | None:
         return None
     if isinstance(value, Mapping):
         try:
-            return jsontext.encode(value)
+            text = jsontext.encode(value)
         except (TypeError, ValueError) as exc:
             raise InvalidEventError(f"{where}: 'metadata' cannot be stored as JSON: {exc}") from exc
+        return _utf8(text, "metadata", where)
     if isinstance(value, str):
         if not jsontext.is_object_text(value):
             raise InvalidEventError(f"{where}: 'metadata' must be a JSON object, got {value!r:.80}")
-        return str(value)
+        return _utf8(str(value), "metadata", where)
     raise InvalidEventError(f"{where}: 'metadata' must be a JSON object or a string holding one")
 
 
 def _text(record: Mapping[str, Any], name: str, where: str) -> str | None:
     value = record.get(name)
     if value is None or isinstance(value, str):
-        return None if value is None else str(value)
+        return None if value is None else _utf8(str(value), name, where)
     raise InvalidEventError(f"{where}: {name!r} must be a string, got {type(value).__name__}")
 
 
