@@ -171,10 +171,20 @@ def test_consumer_commands(tmp_path: Path) -> None:
     no_target = replog("consumer", "set", url, "--consumer", "etl", "--execute")
     assert no_target.returncode == 2 and "--to-earliest" in no_target.stderr
 
-    dry = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"0": 3}')
+    dry = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"0": 3}', "--create")
     assert dry.returncode == 0 and "dry run" in dry.stdout.lower()
     assert replog("consumer", "list", url).stdout.split() == []
-    done = replog("consumer", "set", url, "--consumer", "etl", "--offsets", '{"0": 3}', "--execute")
+    done = replog(
+        "consumer",
+        "set",
+        url,
+        "--consumer",
+        "etl",
+        "--offsets",
+        '{"0": 3}',
+        "--create",
+        "--execute",
+    )
     assert done.returncode == 0, done.stderr
     shown = consumer_json(url, "etl")
     assert shown["offsets"]["0"] == 3 and shown["total_lag"] == 22
@@ -230,3 +240,61 @@ def test_append_refuses_a_lone_surrogate_naming_the_line(tmp_path: Path) -> None
     assert "line 2: 'key' holds" in result.stderr and "surrogate" in result.stderr
     assert "Traceback" not in result.stderr
     assert ReplicationLog.open(url).refresh().version == 0  # nothing half-written
+
+
+def test_read_and_tail_name_a_shard_the_log_does_not_have(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 8)
+    for command in ("read", "tail"):
+        result = replog(command, url, "--shard", "9")
+        assert result.returncode == 2
+        assert "--shard 9 does not exist" in result.stderr and "8 shards (0..7)" in result.stderr
+
+
+@pytest.mark.parametrize("option", [("read", "--limit"), ("tail", "-n")])
+def test_negative_counts_are_refused(tmp_path: Path, option: tuple[str, str]) -> None:
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2)
+    result = replog(option[0], url, option[1], "-3")
+    assert result.returncode == 2 and "'-3' is not a count" in result.stderr
+
+
+def test_consumer_set_on_an_unknown_consumer_needs_create(tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2)
+    refused = replog("consumer", "set", url, "--consumer", "nobody", "--to-earliest", "--execute")
+    assert refused.returncode == 2 and "has no consumer 'nobody'" in refused.stderr
+    assert replog("consumer", "list", url).stdout.strip() == ""
+    created = replog(
+        "consumer", "set", url, "--consumer", "nobody", "--to-earliest", "--create", "--execute"
+    )
+    assert created.returncode == 0, created.stderr
+    assert "nobody" in replog("consumer", "list", url).stdout
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("hdfs://namenode:8020/logs/x", "HDFS needs a Java runtime"),
+        ("ftp://example.invalid/x", "cannot open URL 'ftp://example.invalid/x'"),
+    ],
+)
+def test_a_backend_that_cannot_start_gets_a_short_error_naming_the_url(url: str, says: str) -> None:
+    for command in ("info", "create"):
+        result = replog(command, url)
+        assert result.returncode == 2
+        assert says in result.stderr and url in result.stderr
+        assert len(result.stderr) < 600
+
+
+def test_status_lists_transactions_apart_from_sinks(tmp_path: Path) -> None:
+    from replog.format.commits import Transaction
+
+    url = str(tmp_path / "log")
+    log = ReplicationLog.create(url, 2)
+    log.append([{"key": "a", "data": 1}], transaction=Transaction("nightly-load", 7))
+    text = replog("status", url).stdout
+    assert "sinks (0):" in text and "transactions (1):" in text and "nightly-load" in text
+    document = json.loads(replog("status", url, "--json").stdout)
+    assert document["sinks"] == [] and document["transactions"] == {"nightly-load": 7}
+    assert "transaction nightly-load: version 7" in replog("info", url).stdout

@@ -29,6 +29,7 @@ from replog.format.commits import COMPACT, CommitRecord, WriterInfo, commit_path
 from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status
 from replog.ops.verify import verify
+from replog.storage import Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 from replog.timeutil import now_ms
 
@@ -119,7 +120,7 @@ def test_compaction_keeps_every_event_and_sequence(tmp_path: Path) -> None:
     tail = reopened.read_table(0, 17)  # resuming mid-way through a merged segment
     assert tail.column("sequence").to_pylist() == list(range(17, log.head()[0] + 1))
     assert compaction.compact(reopened).record is None
-    assert not lease_store.leases(log.storage)  # its lease was released
+    assert not lease_store.leases(log.storage).readable  # its lease was released
 
 
 def test_compaction_respects_target_size(tmp_path: Path) -> None:
@@ -254,6 +255,107 @@ def test_recover_spares_the_files_of_a_writer_that_outlives_the_grace(tmp_path: 
     assert log.commit_staged(staged) is not None
     lease_store.release(log.storage, lease)
     assert verify(log).ok and len(check_log(log)) == 45
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [b"not json", b'{"lease_id": "x", "owner": "o", "acquired_ms": 1, "expires_ms": "soon"}'],
+    ids=["not JSON", "expires_ms a string"],
+)
+def test_an_unreadable_lease_protects_what_it_might_cover(tmp_path: Path, damage: bytes) -> None:
+    """A lease damaged while its writer stages: recover cannot tell what it covers, so it
+    keeps every staged file (and says which lease), and the writer, finding its lease
+    damaged, refuses to commit rather than trust its files."""
+    log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
+    lease = lease_store.acquire(log.storage, "a long batch job")
+    staged = log.stage(log_rows(5))
+    for segment in staged:
+        backdate(log, segment.path, 7200)
+    log.storage.write(lease.relative, damage)
+    report = recovery.recover(log, grace_ms=1000)
+    assert report.garbage == [] and report.scan.kept_leased == 1
+    assert all(log.storage.exists(segment.path) for segment in staged)
+    with pytest.raises(StagingCollectedError, match="is damaged"):
+        log.commit_staged(staged, since=None, lease=lease)
+    problems = verify(log).problems
+    assert [p.path for p in problems] == [log.storage.path(lease.relative)]
+    assert "unreadable staging lease" in problems[0].message
+
+
+def test_an_unreadable_lease_expires_a_day_after_its_last_write(tmp_path: Path) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
+    relative = "_replog/leases/damaged.json"
+    log.storage.write(relative, b"{")
+    orphan = log.stage(log_rows(3))[0].path
+    backdate(log, orphan, 2 * 86_400)
+    backdate(log, relative, 86_400 + 60)
+    report = recovery.recover(log, grace_ms=1000)
+    assert report.garbage == [orphan]
+    assert not log.storage.exists(relative)  # removed as an expired lease
+    assert verify(log).ok
+
+
+def test_a_write_that_outlives_its_lease_is_refused_before_it_commits(tmp_path: Path) -> None:
+    """A lease that ran out no longer keeps recover away: the write must not commit its
+    files on the strength of it (they may be gone, or going)."""
+    log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
+    lease = lease_store.acquire(log.storage, "a very long batch job")
+    staged = log.stage(log_rows(5))
+    ran_out = dataclasses.replace(lease, expires_ms=now_ms() - 1)
+    log.storage.write(lease.relative, ran_out.to_bytes())
+    with pytest.raises(StagingCollectedError, match="ran out"):
+        log.commit_staged(staged, lease=lease)
+    lease_store.release(log.storage, lease)
+    with pytest.raises(StagingCollectedError, match="is gone"):
+        log.commit_staged(staged, lease=lease)
+    assert log.refresh().version == 1  # nothing committed
+
+
+def test_a_compaction_whose_lease_is_lost_commits_nothing(tmp_path: Path) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=6, shards=1, auto_compact=False)
+    version = log.refresh().version
+
+    class LeaseLostBeforeCommit(type(log.storage)):  # type: ignore[misc]
+        def _create_once(self, path: str, data: bytes, durability: object) -> None:
+            super()._create_once(path, data, durability)  # type: ignore[arg-type]
+            if "/shards/" in path:  # the lease is lost while the merged files are written
+                for name in self.listdir("_replog/leases"):
+                    self.delete(f"_replog/leases/{name}")
+
+    log.storage.__class__ = LeaseLostBeforeCommit
+    with pytest.raises(StagingCollectedError, match="is gone"):
+        compaction.compact(log)
+    assert log.refresh().version == version
+    log.storage.__class__ = Storage
+    assert len(check_log(log)) == 240 and verify(log).ok
+
+
+@pytest.mark.parametrize(
+    "stray",
+    [
+        "_replog/sinks/.DS_Store",
+        "_replog/consumers/my consumer (copy)/0000000001.json",
+        "_replog/leases/x.json",
+    ],
+)
+def test_one_stray_file_stops_no_operator_command(tmp_path: Path, stray: str) -> None:
+    """recover, truncate, status and verify warn about a file that is not replog's (or a
+    lease they cannot read), name it, and go on; verify reports it."""
+    url = str(tmp_path / "log")
+    log = filled_log(url, commits=2, shards=2)
+    commit_offsets(log, "reader", {0: 10, 1: 10})
+    content = b'{"lease_id": "x", "owner": "o", "acquired_ms": 1, "expires_ms": "soon"}'
+    log.storage.write(stray, content)
+    recovery.recover(ReplicationLog.open(url), grace_ms=0)
+    lows = retention.consumed_lows(ReplicationLog.open(url))
+    retention.truncate(ReplicationLog.open(url), lows)
+    assert ReplicationLog.open(url).refresh().lows == [11, 11]
+    report = status.log_status(ReplicationLog.open(url))
+    assert [c.name for c in report.consumers] == ["reader"]
+    assert report.sinks == ()
+    problems = verify(ReplicationLog.open(url)).problems
+    assert len(problems) == 1 and stray.split("/")[2] in problems[0].path
+    assert len(check_log(ReplicationLog.open(url))) == 60  # 20 truncated
 
 
 @pytest.mark.parametrize("cold", [False, True], ids=["warm committer", "cold committer"])

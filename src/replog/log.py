@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from replog import merges as merge_plans
-from replog.core import fencing, files, history, staging
+from replog.core import fencing, files, history, leases, staging
 from replog.core.files import DecodedFiles
 from replog.core.staging import CommitAttempt
 from replog.errors import (
@@ -63,6 +63,7 @@ from replog.format.commits import (
 )
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.gc import CLOCK_SKEW_MS, StagedFiles, StagingStart
+from replog.format.leases import Lease
 from replog.format.segments import Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
@@ -427,7 +428,7 @@ class ReplicationLog:
         attempt: CommitAttempt | None = None,
         refreshed: bool = False,
         since: StagingStart | None = None,
-        leased: bool = False,
+        lease: Lease | None = None,
     ) -> CommitRecord | None:
         """Make staged segments visible in one commit, retrying lost races.
 
@@ -442,8 +443,9 @@ class ReplicationLog:
         deleted the staged files (:mod:`replog.format.gc`): if not, nothing is checked;
         if so, :class:`~replog.errors.StagingCollectedError` is raised and nothing is
         committed; without ``since``, or after staging for long, every staged file is
-        checked to exist first. ``leased``: the writer holds a staging lease taken before
-        it staged (it is then checked, never refused).
+        checked to exist first. ``lease``: a staging lease the writer took before it
+        staged; the files are then checked, never refused, unless the lease is gone,
+        damaged or ran out (:class:`~replog.errors.StagingCollectedError`).
         """
 
         def build(state: LogState) -> CommitRecord | None:
@@ -452,7 +454,7 @@ class ReplicationLog:
                 if fencing.holds(state, writer):
                     return None
                 claimed = fencing.claim(state, writer)  # FencedError if a newer run owns the sink
-            self._guard_staged(state, staged, since, leased)
+            self._guard_staged(state, staged, since, lease)
             heads = list(state.heads)
             added = []
             for segment in staged:
@@ -467,12 +469,14 @@ class ReplicationLog:
         state: LogState,
         staged: Sequence[StagedSegment | SegmentInfo],
         since: StagingStart | None,
-        leased: bool,
+        lease: Lease | None,
     ) -> None:
         """Before committing staged files on ``state``: refuse if a garbage collection
-        may have taken them, check that they exist if that cannot be ruled out
-        (:mod:`replog.format.gc`)."""
-        verdict = state.staged_files(since, now_ms(), leased=leased)
+        may have taken them (or the lease that guards them is no longer held), check that
+        they exist if that cannot be ruled out (:mod:`replog.format.gc`)."""
+        if lease is not None:
+            leases.check_held(self.storage, lease, f"a write into {self.url}")
+        verdict = state.staged_files(since, now_ms(), leased=lease is not None)
         if verdict is StagedFiles.REFUSE:
             assert since is not None
             raise StagingCollectedError(
@@ -530,12 +534,13 @@ class ReplicationLog:
         return self._background
 
     def merge(
-        self, merges: Sequence[Merge], *, leased: bool = False, refreshed: bool = False
+        self, merges: Sequence[Merge], *, lease: Lease | None = None, refreshed: bool = False
     ) -> CommitRecord | None:
         """Rewrite each merge's segments as larger files in one ``compact`` commit:
         sequences, heads and events do not change. The files replaced stay on storage
         until retention (or ``replog recover``) deletes them: a reader may have planned a
-        task on them. ``leased``: the caller holds a staging lease (long merges);
+        task on them. ``lease``: the caller's staging lease (long merges), as for
+        :meth:`commit_staged`;
         ``refreshed``: as for :meth:`commit`.
 
         Raises :class:`CommitConflictError` (deleting what it wrote) if a source left the
@@ -561,7 +566,7 @@ class ReplicationLog:
                     f"{self.url}: {len(gone)} segments to merge left the log meanwhile "
                     f"(e.g. {gone[0]}); nothing was merged, plan again"
                 )
-            self._guard_staged(state, merged, since, leased)
+            self._guard_staged(state, merged, since, lease)
             return CommitRecord.after(state.version, COMPACT, add=merged, remove=removed)
 
         with staging.committing(self.storage, merged) as attempt:
@@ -759,6 +764,15 @@ class ReplicationLog:
 
     # -- reading ----------------------------------------------------------------------
 
+    def check_shard(self, shard: int, option: str = "shard") -> int:
+        """``shard`` if the log has it, else :class:`InvalidOptionError` naming ``option``."""
+        if not 0 <= shard < self.shards:
+            raise InvalidOptionError(
+                f"{option} {shard} does not exist: {self.url} has {self.shards} shards "
+                f"(0..{self.shards - 1})"
+            )
+        return shard
+
     def read(self, shard: int, first: int = 1, last: int | None = None) -> Iterator[pa.RecordBatch]:
         """Events of ``shard`` with sequences in ``[first, last]`` (default: to the head).
 
@@ -770,8 +784,7 @@ class ReplicationLog:
             DataLossError: ``first`` was removed by retention.
             CorruptionError: a segment does not match its checksum (names the file).
         """
-        if not 0 <= shard < self.shards:
-            raise InvalidOptionError(f"shard {shard} does not exist (log has {self.shards} shards)")
+        self.check_shard(shard)
         state = self.refresh()
         last = state.heads[shard] if last is None else min(last, state.heads[shard])
         first = max(first, 1)

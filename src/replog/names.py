@@ -10,9 +10,13 @@ from replog.errors import InvalidOptionError
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 
+def is_valid_name(name: object) -> bool:
+    return isinstance(name, str) and _NAME.fullmatch(name) is not None
+
+
 def check_name(name: str, option: str) -> str:
     """``name`` if it is a valid consumer or sink name, else :class:`InvalidOptionError`."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
+    if not is_valid_name(name):
         raise InvalidOptionError(
             f"option {option!r}: {name!r} is not a valid name (letters, digits, '.', '_', '-'; "
             f"at most 128 characters, starting with a letter or digit)"

@@ -23,9 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from replog.core import leases, staging
-from replog.errors import StagingCollectedError
 from replog.format.commits import CommitRecord, Transaction
-from replog.format.gc import CLOCK_SKEW_MS, StagingStart
+from replog.format.gc import StagingStart
 from replog.format.leases import COMMITTING, Lease
 from replog.format.segments import StagedSegment
 from replog.log import ReplicationLog
@@ -57,7 +56,7 @@ class BatchCommitter:
 
     def commit(self, write: BatchWrite, staged: Sequence[StagedSegment]) -> CommitRecord | None:
         """Step 3: the one append; None when the transaction was already in the log."""
-        self._check_lease(write.lease)
+        leases.check_held(self.log.storage, write.lease, "this write")
         storage = self.log.storage
         leases.mark(storage, write.lease, COMMITTING)
         transaction = write.transaction
@@ -66,7 +65,7 @@ class BatchCommitter:
         try:
             with staging.committing(storage, staged) as attempt:
                 record = self.log.commit_staged(
-                    staged, writer=writer, attempt=attempt, since=write.since, leased=True
+                    staged, writer=writer, attempt=attempt, since=write.since, lease=write.lease
                 )
         except BaseException:
             if attempt is not None and attempt.safe_to_discard:
@@ -103,16 +102,3 @@ class BatchCommitter:
             return
         self.log.discard_staged(staged)
         leases.release(self.log.storage, write.lease)
-
-    def _check_lease(self, lease: Lease) -> None:
-        """Refuse to commit if the lease is gone or ran out: ``recover`` honours only live
-        leases, so it may have taken the staged files (and may be taking them now)."""
-        current = leases.read(self.log.storage, lease)
-        expires = current.expires_ms if current is not None else lease.expires_ms
-        if current is None or now_ms() >= expires - CLOCK_SKEW_MS:
-            raise StagingCollectedError(
-                f"{self.log.url}: the staging lease of this write "
-                f"({self.log.storage.path(lease.relative)}) "
-                f"{'is gone' if current is None else 'ran out'}: 'replog recover' may have "
-                f"deleted its staged files; nothing was committed, run the write again"
-            )

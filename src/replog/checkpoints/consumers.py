@@ -25,7 +25,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint
-from replog.checkpoints.store import ManifestStore
+from replog.checkpoints.store import ManifestStore, named_stores
 from replog.core.history import read_commit
 from replog.errors import (
     FencedError,
@@ -57,7 +57,8 @@ def consumer_store(log: ReplicationLog, consumer: str) -> ManifestStore:
 
 
 def list_consumers(log: ReplicationLog) -> list[str]:
-    return log.storage.listdir(CONSUMERS_DIR)
+    """Every consumer of ``log`` (stray entries skipped: :func:`named_stores`)."""
+    return named_stores(log.storage, CONSUMERS_DIR)[0]
 
 
 def source_key(log_id: str) -> str:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from replog.checkpoints.manifest import CheckpointManifest, SinkCommitStatus
-from replog.checkpoints.store import ManifestStore
+from replog.checkpoints.store import ManifestStore, named_stores
 from replog.core import fencing, staging
 from replog.crashpoints import crash_point
 from replog.format.commits import META_DIR, CommitRecord, SourcePosition, WriterInfo
@@ -43,7 +43,8 @@ def sink_store(log: ReplicationLog, sink_id: str) -> ManifestStore:
 
 
 def list_sinks(log: ReplicationLog) -> list[str]:
-    return log.storage.listdir(SINKS_DIR)
+    """Every sink that wrote to ``log`` (stray entries skipped: :func:`named_stores`)."""
+    return named_stores(log.storage, SINKS_DIR)[0]
 
 
 class Outcome(Enum):

@@ -37,6 +37,7 @@ from replog.errors import (
     UnsupportedFormatError,
 )
 from replog.format.sealed import seal, unseal
+from replog.names import is_valid_name
 from replog.storage import Storage
 from replog.storage.pointer import ForwardPointer, probe_forward
 
@@ -239,3 +240,21 @@ class ManifestStore:
         doomed = ids[: max(len(ids) - self.keep, 0)]
         self.storage.delete_many([manifest_name(checkpoint_id) for checkpoint_id in doomed])
         return doomed
+
+
+def named_stores(storage: Storage, directory: str) -> tuple[list[str], list[str]]:
+    """The names of the manifest stores (consumers, sinks) under ``directory``, and the
+    entries there that cannot be one (``.DS_Store``, ``my consumer (copy)``): those are
+    warned about, naming the path, and skipped, so one stray file stops no operator
+    command. ``verify`` reports them."""
+    names, stray = [], []
+    for name in sorted(storage.listdir(directory)):
+        if is_valid_name(name):
+            names.append(name)
+        else:
+            logger.warning(
+                "%s is not a replog name (letters, digits, '.', '_', '-'); skipped: remove it",
+                storage.path(f"{directory}/{name}"),
+            )
+            stray.append(f"{directory}/{name}")
+    return names, stray

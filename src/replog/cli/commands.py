@@ -139,6 +139,11 @@ def _first(log: ReplicationLog, shard: int, spec: str) -> int:
         raise InvalidOptionError(f"--from: {spec!r} is not a sequence, earliest or latest") from exc
 
 
+def _shards(log: ReplicationLog, shard: int | None) -> list[int]:
+    """The shard ``--shard`` names (checked), or every shard."""
+    return list(range(log.shards)) if shard is None else [log.check_shard(shard, "--shard")]
+
+
 def _rows(
     log: ReplicationLog, shard: int, first: int, last: int | None = None
 ) -> Iterator[dict[str, Any]]:
@@ -148,7 +153,7 @@ def _rows(
 
 def cmd_read(args: argparse.Namespace, out: Output) -> int:
     log = open_log(args)
-    shards = [args.shard] if args.shard is not None else list(range(log.shards))
+    shards = _shards(log, args.shard)
     remaining = args.limit
     for shard in shards:
         for row in _rows(log, shard, _first(log, shard, args.from_seq)):
@@ -163,7 +168,7 @@ def cmd_read(args: argparse.Namespace, out: Output) -> int:
 def cmd_tail(args: argparse.Namespace, out: Output) -> int:
     """The last ``-n`` events of each shard, then (``--follow``) every new event."""
     log = open_log(args)
-    shards = [args.shard] if args.shard is not None else list(range(log.shards))
+    shards = _shards(log, args.shard)
     state = log.refresh()
     next_sequence = {}
     for shard in shards:
@@ -252,6 +257,12 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
         out.consumer_deleted(args.consumer, current, args.execute)
         return 0
     target = _target(log, args)
+    if current is None and not args.create:
+        known = ", ".join(consumers.list_consumers(log)) or "none"
+        raise ManifestNotFoundError(
+            f"{log.url} has no consumer {args.consumer!r} (consumers: {known}); add "
+            f"--create to create it at the given offsets"
+        )
     if args.execute:
         owner = f"replog-cli@{socket.gethostname()}:{os.getpid()}"
         committer = consumers.OffsetCommitter(log, args.consumer, owner)

@@ -16,6 +16,7 @@ from typing import IO, Any
 
 from replog.checkpoints.consumers import ConsumerPosition
 from replog.checkpoints.manifest import CheckpointManifest
+from replog.format.commits import TXN_QUERY
 from replog.ingest import AppendReport
 from replog.log import LogInfo
 from replog.ops.compaction import CompactionResult
@@ -170,7 +171,10 @@ class TextOutput(Output):
             dropped = f" (1..{low - 1} removed by retention)" if low > 1 else ""
             self.line(f"  shard {shard:>4}: {held}{dropped}")
         for sink, mark in info.sinks.items():
-            self.line(f"sink {sink}: epoch {mark['epoch']} of query {mark['query_id']}")
+            if mark["query_id"] == TXN_QUERY:
+                self.line(f"transaction {sink}: version {mark['epoch']}")
+            else:
+                self.line(f"sink {sink}: epoch {mark['epoch']} of query {mark['query_id']}")
 
     def verified(self, report: VerifyReport) -> None:
         for problem in report.problems:
@@ -268,6 +272,10 @@ class TextOutput(Output):
                 f"updated {age(sink.updated_ms)}  (log holds epoch {sink.log_epoch} at version "
                 f"{sink.log_version})"
             )
+        if report.transactions:
+            self.line(f"transactions ({len(report.transactions)}):")
+            for app_id, version in sorted(report.transactions.items()):
+                self.line(f"  {app_id:<24} version {version}")
 
     def truncation_plan(self, plan: TruncationPlan, force: bool) -> None:
         for blocker in plan.blockers:

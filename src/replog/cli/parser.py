@@ -15,6 +15,17 @@ from replog.ops.recovery import DEFAULT_GRACE_MS
 _Command = Callable[..., argparse.ArgumentParser]
 
 
+def _count(text: str) -> int:
+    """A count of events: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number >= 0)")
+    return value
+
+
 def _duration(ms: int) -> str:
     """A default duration as the CLI writes it (``7200000`` -> ``2h``)."""
     for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000)):
@@ -83,12 +94,12 @@ def _read_commands(command: _Command) -> None:
     p.add_argument(
         "--from", dest="from_seq", default="earliest", help="first sequence, or earliest (default)"
     )
-    p.add_argument("--limit", type=int, help="at most this many events")
+    p.add_argument("--limit", type=_count, help="at most this many events")
 
     p = command("tail", commands.cmd_tail, help="print the newest events; --follow for new ones")
     p.add_argument("url")
     p.add_argument("--shard", type=int, help="only this shard")
-    p.add_argument("-n", "--lines", type=int, default=10, help="events per shard to start with")
+    p.add_argument("-n", "--lines", type=_count, default=10, help="events per shard to start with")
     p.add_argument("-f", "--follow", action="store_true", help="keep printing new events")
     p.add_argument("--interval", default="1s", help="how often --follow looks (default 1s)")
 
@@ -115,6 +126,9 @@ def _checkpoint_commands(command: _Command) -> None:
     p.add_argument("action", choices=["list", "show", "set", "delete"])
     p.add_argument("url", help="the log")
     p.add_argument("--consumer", help="the consumer's name")
+    p.add_argument(
+        "--create", action="store_true", help="set: create the consumer if it does not exist"
+    )
     target = p.add_argument_group("set: one target")
     target.add_argument("--to-earliest", action="store_true", help="before the oldest event")
     target.add_argument("--to-latest", action="store_true", help="after the newest event")

@@ -4,14 +4,15 @@ them for ``recover`` (the layout is :mod:`replog.format.leases`)."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
+from dataclasses import dataclass, field
 
-from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, Lease
+from replog.errors import CorruptionError, StagingCollectedError
+from replog.format.gc import CLOCK_SKEW_MS
+from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, Lease, UnreadableLease
 from replog.storage import Storage
 from replog.timeutil import now_ms
 
@@ -22,21 +23,41 @@ def acquire(storage: Storage, owner: str, duration_ms: int = DEFAULT_LEASE_MS) -
     """Write a new lease for ``owner`` (a description for operators)."""
     acquired = now_ms()
     lease = Lease(uuid.uuid4().hex, owner, acquired, acquired + duration_ms)
-    storage.put_if_absent(lease.relative, json.dumps(asdict(lease)).encode())
+    storage.put_if_absent(lease.relative, lease.to_bytes())
     return lease
 
 
 def mark(storage: Storage, lease: Lease, state: str) -> Lease:
     """Record that ``lease``'s writer moved to ``state``."""
     marked = dataclasses.replace(lease, state=state)
-    storage.write(marked.relative, json.dumps(asdict(marked)).encode())
+    storage.write(marked.relative, marked.to_bytes())
     return marked
 
 
 def read(storage: Storage, lease: Lease) -> Lease | None:
-    """``lease`` as now on storage, or None if it was released."""
+    """``lease`` as now on storage, or None if it was released (:class:`CorruptionError`
+    if it was damaged)."""
     data = storage.read_optional(lease.relative)
-    return None if data is None else Lease(**json.loads(data))
+    return None if data is None else Lease.from_bytes(data, storage.path(lease.relative))
+
+
+def check_held(storage: Storage, lease: Lease, what: str) -> None:
+    """Refuse (:class:`StagingCollectedError`) to commit ``what`` if ``lease`` is gone,
+    damaged or ran out (less the clock skew): ``recover`` honours only live leases, so it
+    may have taken the staged files, or be taking them now."""
+    try:
+        current = read(storage, lease)
+    except CorruptionError as exc:
+        problem = f"is damaged ({exc})"
+    else:
+        if current is not None and now_ms() < current.expires_ms - CLOCK_SKEW_MS:
+            return
+        problem = "is gone" if current is None else "ran out"
+    raise StagingCollectedError(
+        f"{storage.url}: the staging lease of {what} ({storage.path(lease.relative)}) "
+        f"{problem}: 'replog recover' may have deleted its staged files; nothing was "
+        f"committed, run it again"
+    )
 
 
 def renew(storage: Storage, lease: Lease, duration_ms: int = DEFAULT_LEASE_MS) -> Lease | None:
@@ -48,7 +69,7 @@ def renew(storage: Storage, lease: Lease, duration_ms: int = DEFAULT_LEASE_MS) -
     if current is None or current.expires_ms - now >= duration_ms // 2:
         return current
     renewed = dataclasses.replace(current, expires_ms=now + duration_ms)
-    storage.write(renewed.relative, json.dumps(asdict(renewed)).encode())
+    storage.write(renewed.relative, renewed.to_bytes())
     return renewed
 
 
@@ -74,17 +95,36 @@ def holding(storage: Storage, owner: str) -> Iterator[Lease]:
         release_quietly(storage, lease)
 
 
-def leases(storage: Storage) -> list[Lease]:
-    """Every lease on storage, expired ones included (lists the directory: for recover)."""
-    found = []
+@dataclass
+class FoundLeases:
+    """Every lease file on storage: the leases, and the files that cannot be read as one."""
+
+    readable: list[Lease] = field(default_factory=list)
+    unreadable: list[UnreadableLease] = field(default_factory=list)
+
+
+def leases(storage: Storage) -> FoundLeases:
+    """Every lease on storage, expired and unreadable ones included (lists the directory:
+    for ``recover``, ``status`` and ``verify``). An unreadable one is warned about, naming
+    its file, and returned as such: it may still guard a writer's files."""
+    found = FoundLeases()
     for name in storage.listdir(LEASES_DIR):
-        data = storage.read_optional(f"{LEASES_DIR}/{name}")
+        relative = f"{LEASES_DIR}/{name}"
+        data = storage.read_optional(relative)
         if data is None:
             continue
         try:
-            found.append(Lease(**json.loads(data)))
-        except (ValueError, TypeError) as exc:
+            found.readable.append(Lease.from_bytes(data, storage.path(relative)))
+        except CorruptionError as exc:
             logger.warning(
-                "ignoring unreadable lease %s: %s", storage.path(f"{LEASES_DIR}/{name}"), exc
+                "%s: it protects every staged file until it is repaired or removed, or "
+                "until it is %d h old",
+                exc,
+                DEFAULT_LEASE_MS // 3_600_000,
+            )
+            found.unreadable.append(
+                UnreadableLease(
+                    relative, str(exc).removeprefix(f"{exc.path}: "), storage.modified_ms(relative)
+                )
             )
     return found

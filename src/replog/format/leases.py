@@ -11,8 +11,10 @@ is released when its writer commits or gives up; one whose writer died expires a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import json
+from dataclasses import asdict, dataclass
 
+from replog.errors import CorruptionError
 from replog.format.commits import META_DIR
 
 LEASES_DIR = f"{META_DIR}/leases"
@@ -39,3 +41,49 @@ class Lease:
 
     def live(self, at_ms: int) -> bool:
         return at_ms < self.expires_ms
+
+    def to_bytes(self) -> bytes:
+        return json.dumps(asdict(self)).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, where: str) -> Lease:
+        """A lease as written; :class:`CorruptionError` (naming ``where`` and the member)
+        for anything else, so a damaged lease is never half-understood."""
+        try:
+            document = json.loads(data)
+        except ValueError as exc:
+            raise CorruptionError(where, f"lease is not JSON: {exc}") from exc
+        if not isinstance(document, dict):
+            raise CorruptionError(where, "lease is not a JSON object")
+        for name, kind in (("lease_id", str), ("owner", str), ("acquired_ms", int),
+                           ("expires_ms", int)):  # fmt: skip
+            value = document.get(name)
+            if not isinstance(value, kind) or isinstance(value, bool):
+                raise CorruptionError(
+                    where, f"lease member {name!r} must be {kind.__name__}, got {value!r:.40}"
+                )
+        state = document.get("state", STAGING)
+        if state not in (STAGING, COMMITTING):
+            raise CorruptionError(where, f"lease state {state!r:.40} is not staging/committing")
+        return cls(
+            document["lease_id"],
+            document["owner"],
+            document["acquired_ms"],
+            document["expires_ms"],
+            state,
+        )
+
+
+@dataclass(frozen=True)
+class UnreadableLease:
+    """A lease file that cannot be understood. It may still belong to a live writer, so
+    it protects every staged file (as a lease acquired at the beginning of time would)
+    until its file is :data:`DEFAULT_LEASE_MS` old (``modified_ms``: never, when storage
+    gives no modification times)."""
+
+    relative: str
+    reason: str
+    modified_ms: int | None
+
+    def live(self, at_ms: int) -> bool:
+        return self.modified_ms is None or at_ms < self.modified_ms + DEFAULT_LEASE_MS

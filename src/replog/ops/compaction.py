@@ -69,13 +69,13 @@ def compact(
     commit), the merged files are deleted and the compaction planned again, up to
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     """
-    with leases.holding(log.storage, f"compaction of {log.url}"):
+    with leases.holding(log.storage, f"compaction of {log.url}") as lease:
         for attempt in range(1, ATTEMPTS + 1):
             merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
             if not merges:
                 return CompactionResult((), None)
             try:
-                record = log.merge(merges, leased=True)
+                record = log.merge(merges, lease=lease)
                 break
             except CommitConflictError:
                 if attempt == ATTEMPTS:

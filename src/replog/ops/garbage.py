@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 
 from replog.core import leases as lease_store
 from replog.core.history import read_commit
-from replog.format import leases
 from replog.format.commits import APPEND, META_DIR, CommitRecord, commit_path
 from replog.format.gc import CLOCK_SKEW_MS, GcMark
 from replog.format.segments import SEGMENT_SUFFIX, SHARDS_DIR
@@ -50,7 +49,8 @@ class GarbageScan:
     kept_leased: int = 0
     kept_removed_recently: int = 0
     kept_pending: int = 0
-    expired_leases: list[leases.Lease] = field(default_factory=list)
+    expired_leases: list[str] = field(default_factory=list)
+    """Lease files (relative paths) past their expiry, readable or not: removed."""
 
 
 def removed_since(log: ReplicationLog, state: LogState, cutoff_ms: int) -> set[str]:
@@ -126,18 +126,25 @@ def scan(
     now = now_ms() if now is None else now
     state = log.refresh()
     cutoff = now - grace_ms
-    found_leases = lease_store.leases(log.storage)
-    live_leases = [lease for lease in found_leases if lease.live(now)]
+    found = lease_store.leases(log.storage)
+    live_leases = [lease for lease in found.readable if lease.live(now)]
+    guarding_unreadable = any(lease.live(now) for lease in found.unreadable)
     rules = _Rules(
         protected=state.live_paths(),
         pending=set(pending),
         recently_removed=removed_since(log, state, cutoff),
         cutoff=cutoff,
         file_cutoff=cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms),
-        lease_cutoff=min((lease.acquired_ms for lease in live_leases), default=None),
+        # an unreadable lease may have been taken at any time: it guards every file
+        lease_cutoff=0
+        if guarding_unreadable
+        else min((lease.acquired_ms for lease in live_leases), default=None),
         seen=read_first_seen(log) if first_seen is None else first_seen,
     )
-    result = GarbageScan(expired_leases=[lease for lease in found_leases if not lease.live(now)])
+    result = GarbageScan(
+        expired_leases=[lease.relative for lease in found.readable if not lease.live(now)]
+        + [lease.relative for lease in found.unreadable if not lease.live(now)]
+    )
     candidates = []
     for shard_dir in log.storage.listdir(SHARDS_DIR):
         names = log.storage.listdir(f"{SHARDS_DIR}/{shard_dir}")

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replog.checkpoints.sinks import PendingResolution, SinkCommitter, list_sinks
-from replog.core import leases as lease_store
 from replog.log import ReplicationLog
 from replog.ops import garbage
 from replog.timeutil import now_ms
@@ -56,7 +55,7 @@ class RecoveryReport:
                 "removed_recently": self.scan.kept_removed_recently,
                 "pending": self.scan.kept_pending,
             },
-            "expired_leases": [lease.lease_id for lease in self.scan.expired_leases],
+            "expired_leases": list(self.scan.expired_leases),
         }
 
 
@@ -106,7 +105,7 @@ def recover(
     if not dry_run:
         for relative in report.scan.garbage:
             log.storage.delete(relative)
-        for lease in report.scan.expired_leases:
-            lease_store.release(log.storage, lease)
+        for relative in report.scan.expired_leases:
+            log.storage.delete(relative)
         logger.info("recover %s: deleted %d garbage files", log.url, len(report.scan.garbage))
     return report

@@ -7,12 +7,13 @@ shards), which is what an operator alerts on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from replog.checkpoints import consumers, sinks
 from replog.core.files import read_segment
 from replog.errors import ManifestNotFoundError
+from replog.format.commits import TXN_QUERY
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms
@@ -80,6 +81,8 @@ class LogStatus:
     consumers: tuple[ConsumerStatus, ...]
     sinks: tuple[SinkStatus, ...]
     generated_ms: int
+    transactions: dict[str, int] = field(default_factory=dict)
+    """Idempotent appends' app ids and the last version of each the log holds."""
 
     @property
     def events(self) -> int:
@@ -94,6 +97,7 @@ class LogStatus:
             "events": self.events,
             "consumers": [c.to_json(self.generated_ms) for c in self.consumers],
             "sinks": [s.to_json() for s in self.sinks],
+            "transactions": dict(self.transactions),
         }
 
 
@@ -159,7 +163,13 @@ def log_status(log: ReplicationLog) -> LogStatus:
     """Every consumer's position and lag and every sink's state."""
     state = log.refresh()
     times = _EventTimes(log, state)
-    sink_ids = sorted(set(sinks.list_sinks(log)) | set(state.sinks))
+    sink_dirs = set(sinks.list_sinks(log))
+    transactions = {
+        app_id: version
+        for app_id, mark in state.sinks.items()
+        if app_id not in sink_dirs and (version := mark.epoch_of(TXN_QUERY)) is not None
+    }
+    sink_ids = sorted((sink_dirs | set(state.sinks)) - set(transactions))
     return LogStatus(
         url=log.url,
         version=state.version,
@@ -170,6 +180,7 @@ def log_status(log: ReplicationLog) -> LogStatus:
         ),
         sinks=tuple(sink_status(log, state, sink_id) for sink_id in sink_ids),
         generated_ms=now_ms(),
+        transactions=transactions,
     )
 
 

@@ -13,10 +13,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from replog.checkpoints.consumers import consumer_store, list_consumers
-from replog.checkpoints.sinks import list_sinks, sink_store
-from replog.checkpoints.store import ManifestStore, manifest_name
-from replog.core import history
+from replog.checkpoints.consumers import CONSUMERS_DIR, consumer_store, list_consumers
+from replog.checkpoints.sinks import SINKS_DIR, list_sinks, sink_store
+from replog.checkpoints.store import ManifestStore, manifest_name, named_stores
+from replog.core import history, leases
 from replog.core.files import read_file
 from replog.errors import CorruptionError, ReplogError
 from replog.format.commits import COMMITS_DIR, commit_path
@@ -240,6 +240,23 @@ def _manifests(store: ManifestStore, problems: list[Problem]) -> int:
     return len(ids)
 
 
+def _stray_files(log: ReplicationLog, problems: list[Problem]) -> None:
+    """Entries operator commands skip (with a warning): reported, so they get removed."""
+    for directory in (CONSUMERS_DIR, SINKS_DIR):
+        for relative in named_stores(log.storage, directory)[1]:
+            problems.append(
+                Problem(log.storage.path(relative), "not a replog name: skipped; remove it")
+            )
+    for lease in leases.leases(log.storage).unreadable:
+        problems.append(
+            Problem(
+                log.storage.path(lease.relative),
+                f"unreadable staging lease ({lease.reason}): recover keeps every staged "
+                f"file while it stands; repair or remove it",
+            )
+        )
+
+
 def verify(log: ReplicationLog) -> VerifyReport:
     """Check every checksummed file of ``log``; the report lists every problem found."""
     problems: list[Problem] = []
@@ -250,6 +267,7 @@ def verify(log: ReplicationLog) -> VerifyReport:
     manifests = sum(
         _manifests(consumer_store(log, name), problems) for name in list_consumers(log)
     ) + sum(_manifests(sink_store(log, name), problems) for name in list_sinks(log))
+    _stray_files(log, problems)
     return VerifyReport(
         url=log.url,
         commits=commits,

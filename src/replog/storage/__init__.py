@@ -80,6 +80,19 @@ def coerce_option_value(name: str, value: str) -> Any:
     return value
 
 
+def _brief(exc: BaseException) -> str:
+    """``exc`` in a line: what a backend that cannot start says can run to pages (pyarrow's
+    HDFS client lists every libjvm path it tried)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if "libjvm" in text or "libhdfs" in text:
+        return (
+            "HDFS needs a Java runtime and Hadoop's native client on this machine "
+            "(pyarrow's HadoopFileSystem: set JAVA_HOME, HADOOP_HOME and CLASSPATH); "
+            f"it said: {text[:160]}..."
+        )
+    return text if len(text) <= 300 else f"{text[:300]}..."
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     """How often and how patiently transient storage failures are retried."""
@@ -114,7 +127,9 @@ class Storage:
         try:
             fs, root = fsspec.core.url_to_fs(url, **self.storage_options)
         except (ValueError, ImportError, TypeError) as exc:
-            raise InvalidOptionError(f"cannot open URL {url!r}: {exc}") from exc
+            raise InvalidOptionError(f"cannot open URL {url!r}: {_brief(exc)}") from exc
+        except Exception as exc:  # a backend that connects when created (ftp, hdfs, sftp)
+            raise StorageError(f"cannot open URL {url!r}: {_brief(exc)}") from exc
         self.fs: fsspec.AbstractFileSystem = fs
         self.root: str = root.rstrip("/")
         self.backend = backends.backend_for(fs)
