@@ -31,7 +31,7 @@ from replog.ops import compaction, recovery, retention, status
 from replog.ops.verify import verify
 from replog.storage import Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
-from replog.timeutil import now_ms
+from replog.timeutil import now_ms, use_clock
 
 
 def sink_batch(log: ReplicationLog, query: str, epoch: int, start: int, count: int) -> Batch:
@@ -238,6 +238,22 @@ def test_garbage_collection_spares_young_and_recently_removed_files(tmp_path: Pa
     report = recovery.recover(log, grace_ms=0)
     assert sorted(report.garbage) == old_live
     assert len(check_log(log)) == 120 and verify(log).ok
+
+
+def test_a_compaction_by_a_lagging_clock_gets_its_whole_grace(tmp_path: Path) -> None:
+    """A writer whose clock is 6 minutes behind compacts: the files it removed were live
+    a moment ago (a reader may have planned a task on them), so a recover with a
+    1-minute grace keeps them, whatever that writer's commit stamp says."""
+    with use_clock(lambda: time.time() - 7200):  # written two hours ago
+        log = filled_log(str(tmp_path / "log"), commits=3, shards=1, auto_compact=False)
+    old_files = sorted(segment_files(log))
+    for relative in old_files:
+        backdate(log, relative, 7200)
+    with use_clock(lambda: time.time() - 360):
+        compaction.compact(log)
+    report = recovery.recover(ReplicationLog.open(log.url), grace_ms=60_000)
+    assert report.garbage == [] and report.scan.kept_removed_recently == len(old_files)
+    assert all(log.storage.exists(relative) for relative in old_files)
 
 
 def test_recover_spares_the_files_of_a_writer_that_outlives_the_grace(tmp_path: Path) -> None:

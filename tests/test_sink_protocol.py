@@ -282,6 +282,30 @@ def test_a_zombie_run_the_sink_mark_has_forgotten_is_still_fenced(memory_url: st
     assert "e1000" not in event_ids(log)
 
 
+def test_a_forgotten_zombie_run_is_fenced_from_a_fresh_process(memory_url: str) -> None:
+    """Fencing never rests on memory alone: a zombie driver that builds a new committer
+    (it restarted its sink, or the cache evicted it) after the mark forgot its run still
+    finds the generation it committed with, and is fenced."""
+    from replog.format.state import MAX_QUERIES_PER_SINK
+
+    log = ReplicationLog.create(memory_url, 2)
+    first = SinkCommitter(log, "s")
+    assert first.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.COMMITTED
+    for run in range(1, MAX_QUERIES_PER_SINK + 2):
+        restarted = SinkCommitter(ReplicationLog.open(log.url), "s")
+        outcome = restarted.commit(batch(log, f"q{run}", 0, run, 1, run_id=f"r{run}"))
+        assert outcome is Outcome.COMMITTED
+    assert log.refresh().sinks["s"].generation_of("r0") is None
+    zombie = SinkCommitter(ReplicationLog.open(log.url), "s")  # no memory of r0
+    with pytest.raises(FencedError):
+        zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
+    assert "e1000" not in event_ids(log)
+    owner = SinkCommitter(ReplicationLog.open(log.url), "s")  # the owning run, restarted
+    last = MAX_QUERIES_PER_SINK + 1
+    outcome = owner.commit(batch(log, f"q{last}", 1, 2000, 1, run_id=f"r{last}"))
+    assert outcome is Outcome.COMMITTED
+
+
 def test_a_warm_commit_sends_only_what_the_protocol_needs(tmp_path: Path) -> None:
     """No staged file is probed (no gc began since the batch did), the Pending manifest
     moves no pointer, and the two pruned manifests go in one request."""

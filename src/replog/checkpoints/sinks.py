@@ -19,6 +19,8 @@ commit may still be in flight (the manifest says Pending for it) it keeps them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from enum import Enum
@@ -45,6 +47,15 @@ def sink_store(log: ReplicationLog, sink_id: str) -> ManifestStore:
 def list_sinks(log: ReplicationLog) -> list[str]:
     """Every sink that wrote to ``log`` (stray entries skipped: :func:`named_stores`)."""
     return named_stores(log.storage, SINKS_DIR)[0]
+
+
+RUNS_DIR = "runs"
+
+
+def _run_path(run_id: str) -> str:
+    """Where a sink keeps the generation of run ``run_id`` (named by its digest: run ids
+    are chosen by callers)."""
+    return f"{RUNS_DIR}/{hashlib.sha256(run_id.encode()).hexdigest()[:32]}.json"
 
 
 class Outcome(Enum):
@@ -100,8 +111,10 @@ class SinkCommitter:
         self.sink_id = check_name(sink_id, "sinkId")
         self.store: ManifestStore = sink_store(log, sink_id)
         self._generations: dict[str, int] = {}
-        """The generation each run committed with from this process: a run the log's
-        sink mark has forgotten still knows it, and is fenced by it."""
+        """The generation each run committed with, as this process knows it: a run the
+        log's sink mark has forgotten still knows it, and is fenced by it. Each run's
+        first commit also records it on storage (:meth:`_record_run`), so a process that
+        builds a fresh committer for an old run (a zombie driver) finds it there."""
 
     # -- state --------------------------------------------------------------------------
 
@@ -216,7 +229,7 @@ class SinkCommitter:
     def _writer(self, batch: Batch) -> WriterInfo:
         """Who commits ``batch``: with the generation this process saw its run commit with
         (a run the log's sink mark has forgotten is still fenced by it)."""
-        generation = self._generations.get(batch.run_id, 0) if batch.run_id else 0
+        generation = self._run_generation(batch.run_id) if batch.run_id else 0
         return WriterInfo(
             self.sink_id,
             batch.query_id,
@@ -225,6 +238,29 @@ class SinkCommitter:
             generation=generation,
             sources=batch.sources,
         )
+
+    def _run_generation(self, run_id: str) -> int:
+        """The generation ``run_id`` committed with (0: a run new to this sink)."""
+        if run_id not in self._generations:
+            data = self.store.storage.read_optional(_run_path(run_id))
+            self._generations[run_id] = 0 if data is None else int(json.loads(data)["generation"])
+        return self._generations[run_id]
+
+    def _record_run(self, run_id: str, generation: int) -> None:
+        """Keep ``run_id``'s generation where no later run pushes it out (the sink mark
+        keeps the newest runs only): once per run, best effort (its commit has landed;
+        a failure is tried again at its next commit)."""
+        if self._generations.get(run_id) == generation:
+            return
+        document = json.dumps({"run_id": run_id, "generation": generation}).encode()
+        try:
+            self.store.storage.put_if_absent(_run_path(run_id), document)
+        except FileExistsError:
+            pass
+        except Exception as exc:
+            logger.warning("sink %s: could not record run %s: %s", self.sink_id, run_id, exc)
+            return
+        self._generations[run_id] = generation
 
     def _replayed(self, manifest: CheckpointManifest, batch: Batch) -> Outcome:
         """The log holds the epoch already: another attempt's commit, or this very
@@ -282,7 +318,7 @@ class SinkCommitter:
         if record is None:
             self.log.discard_staged(batch.staged)
         elif record.writer is not None and record.writer.run_id is not None:
-            self._generations[record.writer.run_id] = record.writer.generation
+            self._record_run(record.writer.run_id, record.writer.generation)
         crash_point("after_log_commit", batch.epoch)
         return record
 

@@ -53,15 +53,21 @@ class GarbageScan:
     """Lease files (relative paths) past their expiry, readable or not: removed."""
 
 
-def removed_since(log: ReplicationLog, state: LogState, cutoff_ms: int) -> set[str]:
+def removed_since(
+    log: ReplicationLog, state: LogState, cutoff_ms: int, file_cutoff_ms: int | None = None
+) -> set[str]:
     """Paths removed by commits made after ``cutoff_ms``.
 
     Commit times come from each writer's clock, but versions are in real order: a commit
     is at least as recent as any commit before it. So a commit counts as made after the
     cut-off if it, or one before it, is stamped after it (a lagging writer's append
-    right after a compaction does not hide the compaction). Reads commits backwards
-    until one is older than the cut-off by more than the clock skew.
+    right after a compaction does not hide the compaction). A commit that removes
+    segments is also judged by its file's time on storage, against ``file_cutoff_ms``
+    (the cut-off in storage time; default ``cutoff_ms``): a writer whose clock lags
+    cannot shorten the grace its removed files get. Reads commits backwards until one
+    is older than the cut-off by more than the clock skew.
     """
+    file_cutoff = cutoff_ms if file_cutoff_ms is None else file_cutoff_ms
     records = []
     for version in range(state.version, 0, -1):
         record = read_commit(log.storage, version)
@@ -72,9 +78,18 @@ def removed_since(log: ReplicationLog, state: LogState, cutoff_ms: int) -> set[s
     newest_stamp = cutoff_ms - CLOCK_SKEW_MS
     for record in reversed(records):  # oldest first
         newest_stamp = max(newest_stamp, record.timestamp_ms)
-        if newest_stamp > cutoff_ms:
+        if record.remove and (
+            newest_stamp > cutoff_ms or _landed_after(log, record.version, file_cutoff)
+        ):
             removed.update(segment.path for segment in record.remove)
     return removed
+
+
+def _landed_after(log: ReplicationLog, version: int, file_cutoff_ms: int) -> bool:
+    """Whether commit ``version``'s file was written after ``file_cutoff_ms`` (storage
+    time; unknown times count as after: keeping a file longer is the safe side)."""
+    stamp = log.storage.modified_ms(commit_path(version))
+    return stamp is None or stamp > file_cutoff_ms
 
 
 def read_first_seen(log: ReplicationLog) -> dict[str, int]:
@@ -126,15 +141,16 @@ def scan(
     now = now_ms() if now is None else now
     state = log.refresh()
     cutoff = now - grace_ms
+    file_cutoff = cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms)
     found = lease_store.leases(log.storage)
     live_leases = [lease for lease in found.readable if lease.live(now)]
     guarding_unreadable = any(lease.live(now) for lease in found.unreadable)
     rules = _Rules(
         protected=state.live_paths(),
         pending=set(pending),
-        recently_removed=removed_since(log, state, cutoff),
+        recently_removed=removed_since(log, state, cutoff, file_cutoff),
         cutoff=cutoff,
-        file_cutoff=cutoff if mark_stamp_ms is None else min(cutoff, mark_stamp_ms - grace_ms),
+        file_cutoff=file_cutoff,
         # an unreadable lease may have been taken at any time: it guards every file
         lease_cutoff=0
         if guarding_unreadable
