@@ -29,11 +29,12 @@ demo: $(STAMP) ## the main job: CDC workload -> replog -> Spark (mask PII) -> re
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
 
+# Plain `pytest` deselects the spark and slow tiers (pyproject's addopts); -m "" selects all.
 test: $(STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
 	$(BYTECODE)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" --durations=20 $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## run the tests that need neither Spark nor subprocesses
+test-fast: $(STAMP) ## run the tests that need neither Spark nor subprocesses (= plain pytest)
 	$(PY) -m pytest -m "not spark and not slow" $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff and mypy (strict)

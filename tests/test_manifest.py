@@ -4,12 +4,21 @@ from pathlib import Path
 
 import pytest
 from support.counting import counting
-from support.logcheck import run_concurrently
+from support.logcheck import check_log, run_concurrently
+from support.logs import filled_log, log_rows
 
+from replog.checkpoints.consumers import OffsetCommitter, committed_position
 from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint, SinkCommitStatus
+from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter, sink_store
 from replog.checkpoints.store import LATEST_POINTER, QUARANTINE_DIR, ManifestStore, manifest_name
-from replog.errors import ManifestConflictError, ManifestNotFoundError, UnsupportedFormatError
+from replog.errors import (
+    FencedError,
+    ManifestConflictError,
+    ManifestNotFoundError,
+    UnsupportedFormatError,
+)
 from replog.format.sealed import seal
+from replog.log import ReplicationLog
 
 
 def sample(checkpoint_id: int = 1) -> CheckpointManifest:
@@ -274,3 +283,96 @@ def test_a_warm_store_reads_only_a_probe_per_load(memory_url: str) -> None:
     other = ManifestStore(memory_url, keep=3)
     other.save(other.next_manifest(other.load_latest()))
     assert store.load_latest().checkpoint_id == 2  # type: ignore[union-attr]
+
+
+def _move_the_pointer_back_over_pruned_manifests(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> OffsetCommitter:
+    """Run A commits consumer ``etl``'s offsets (manifest 1) and its pointer PUT is slow;
+    run B commits 12 times (manifests 2..13; 1..3 are pruned); A's PUT lands last and moves
+    ``latest`` back to the pruned manifest 1. Returns run B (warm, at 13)."""
+    log = filled_log(url, commits=2, shards=2)
+    run_a = OffsetCommitter(log, "etl", owner="run-a")
+    held: list[tuple[str, bytes]] = []
+    real_write = run_a.store.storage.write
+
+    def write(relative: str, data: bytes, **options: bool) -> None:
+        if relative == LATEST_POINTER:
+            held.append((relative, data))
+            return
+        real_write(relative, data, **options)
+
+    monkeypatch.setattr(run_a.store.storage, "write", write)
+    run_a.commit({0: 1, 1: 1}, log_version=2, note="a")
+    assert held  # A's pointer write is in flight
+
+    run_b = OffsetCommitter(ReplicationLog.open(url), "etl", owner="run-b")
+    for n in range(2, 14):
+        run_b.commit({0: n, 1: n}, log_version=2, note="b")
+    real_write(*held[-1])  # A's PUT lands
+    assert json.loads(run_a.store.storage.read(LATEST_POINTER))["checkpoint_id"] == 1
+    return run_b
+
+
+def test_a_pointer_moved_back_to_a_pruned_manifest_does_not_rewind_a_cold_reader(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Manifest pointers carry no copy of the manifest they name (a pointer moved back may
+    name a pruned one): the probe from the pruned manifest 1 finds nothing, loading it
+    fails, and the store lists: a cold reader resumes the consumer at 13, not 1."""
+    _move_the_pointer_back_over_pruned_manifests(memory_url, monkeypatch)
+    position = committed_position(ReplicationLog.open(memory_url), "etl")
+    assert position is not None
+    assert position.offsets == {0: 13, 1: 13}, (
+        f"a cold reader resumes at manifest {position.checkpoint_id} ({position.offsets}, "
+        f"owner {position.owner}) instead of 13: events 2..13 are delivered again"
+    )
+
+
+def test_a_pointer_moved_back_to_a_pruned_manifest_does_not_reuse_a_live_generation(
+    memory_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As above; then run C takes the consumer over. It finds manifest 13 (generation 2,
+    run B's), takes generation 3 and fences B: two runs never commit one consumer's
+    offsets from two forks of the store."""
+    run_b = _move_the_pointer_back_over_pruned_manifests(memory_url, monkeypatch)
+    run_c = OffsetCommitter(ReplicationLog.open(memory_url), "etl", owner="run-c")
+    taken = run_c.commit({0: 20, 1: 20}, log_version=2, note="c")
+    assert taken.generation == 3, f"run C took generation {taken.generation}, B holds 2"
+    with pytest.raises(FencedError):
+        run_b.commit({0: 14, 1: 14}, log_version=2, note="b")
+
+
+def test_a_provisional_pending_manifest_is_found_past_the_pointer_by_restarts(
+    memory_url: str,
+) -> None:
+    """A sink's Pending manifest is saved provisionally: the pointer stays at the previous
+    (Committed) manifest, with no copy. A restarted committer still finds the Pending
+    epoch by probing past the pointer, and the next restart replays it and commits it
+    once."""
+    log = ReplicationLog.create(memory_url, 2)
+    first = SinkCommitter(log, "s")
+    for epoch in range(3):
+        since = log.refresh().version
+        staged_now = tuple(log.stage(log_rows(5, epoch * 5)))
+        first.commit(Batch("q", epoch, staged_now, since_version=since))
+    # epoch 3: Pending saved, then the driver dies before its log commit
+    staged = tuple(log.stage(log_rows(5, 15)))
+    store = sink_store(log, "s")
+    base = store.load_latest()
+    assert base is not None
+    crashed = SinkCommitter(log, "s")
+    pending = crashed._status(base, "q", 3, SinkCommitStatus.pending())
+    pending.pending_segments = {"s": [s.path for s in staged]}
+    store.save(pending, provisional=True)
+    pointer = json.loads(log.storage.read(f"_replog/sinks/s/{LATEST_POINTER}"))
+    assert pointer["checkpoint_id"] == pending.checkpoint_id - 1 and "copy" not in pointer
+    # restart 1 finds the Pending epoch through the probe
+    found = SinkCommitter(ReplicationLog.open(memory_url), "s").pending()
+    assert found is not None and found[1].epoch == 3 and not found[1].committed
+    # restart 2 replays epoch 3 and commits it once
+    again = SinkCommitter(ReplicationLog.open(memory_url), "s")
+    since = again.log.refresh().version
+    replay = Batch("q", 3, tuple(again.log.stage(log_rows(5, 15))), since_version=since)
+    assert again.commit(replay) is Outcome.COMMITTED
+    assert len(check_log(ReplicationLog.open(memory_url))) == 20

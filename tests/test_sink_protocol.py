@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
 from support.counting import counting
-from support.logcheck import check_log
+from support.logcheck import check_intact, check_log
+from support.logs import filled_log, log_rows
 from support.replication import leave_pending
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
-from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError
+from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError, StagingCollectedError
 from replog.format.commits import COMMITS_DIR, WriterInfo
 from replog.format.events import events_from_records
+from replog.format.gc import StagingStart
 from replog.log import ReplicationLog
+from replog.ops import recovery
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy, Storage
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
@@ -323,3 +327,33 @@ def test_a_warm_commit_sends_only_what_the_protocol_needs(tmp_path: Path) -> Non
     assert storage.counts["delete"] == 1
     assert storage.counts["create"] == 3  # Pending, the log commit, Committed
     assert event_ids(log) == expected(130) and verify(log).ok
+
+
+def test_a_commit_refused_by_a_gc_mark_leaves_a_failed_manifest_and_a_clean_abort(
+    tmp_path: Path,
+) -> None:
+    """A sink commit refused because a recover's cut-off covers it (StagingCollectedError)
+    saves Failed over its provisional Pending, deletes only its own uncommitted files;
+    Spark's abort afterwards deletes nothing a commit names; the replay commits the epoch
+    once."""
+    url = str(tmp_path / "log")
+    log = filled_log(url, commits=1, shards=2)
+    committer = SinkCommitter(log, "s")
+    since = StagingStart(log.refresh().version, now_ms())
+    staged = tuple(log.stage(log_rows(6, 500)))
+    time.sleep(0.01)
+    recovery.recover(ReplicationLog.open(url), grace_ms=60_000)  # cut-off covers the write
+    refused = Batch("q", 0, staged, since_version=since.version, since_ms=since.ms)
+    with pytest.raises(StagingCollectedError):
+        committer.commit(refused)
+    latest = committer.store.load_latest()
+    assert latest is not None and latest.sink_commit_statuses["s"].is_failed
+    committer.abort(refused, reason="commit raised")
+    check_intact(url)
+    again = SinkCommitter(ReplicationLog.open(url), "s")
+    since2 = again.log.refresh().version
+    replay = Batch(
+        "q", 0, tuple(again.log.stage(log_rows(6, 500))), since_version=since2, since_ms=now_ms()
+    )
+    assert again.commit(replay) is Outcome.COMMITTED
+    assert len(check_log(ReplicationLog.open(url))) == 40 + 6

@@ -1,23 +1,45 @@
-"""The replog-sink on a real SparkSession (crash tests are in integration/)."""
+"""The replog-sink (:mod:`replog.spark.sink`): on a real SparkSession (tests marked
+``spark``), and its writers driven without a JVM exactly as PySpark 4.x's worker scripts
+drive a Python data source (crash tests are in integration/).
+
+``pyspark/sql/worker/write_into_data_source.py`` calls ``streamWriter()`` once to build
+the writer whose ``write()`` runs in tasks; ``python_streaming_sink_runner.py`` receives
+the pickled *DataSource* and calls ``streamWriter(schema, overwrite)`` again, in the
+commit process, right before ``writer.commit(messages, batch_id)`` or
+``writer.abort(messages, batch_id)``. A batch write's committer receives the pickled
+*writer* (``commit_data_source_write.py``).
+"""
 
 from __future__ import annotations
 
+import pickle
 import re
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from pyspark.sql import functions as F
-from support.logcheck import check_log, run_concurrently
+from pyspark.sql.types import StringType, StructField, StructType
+from support.logcheck import check_intact, check_log, run_concurrently
+from support.logs import filled_log, log_rows
 from support.replication import assert_exact_replica, fill_source
 
 from replog.checkpoints import consumers
 from replog.core import leases as lease_store
+from replog.errors import StagingCollectedError
 from replog.log import ReplicationLog
-from replog.ops import garbage
+from replog.ops import garbage, recovery
+from replog.ops.verify import verify
+from replog.spark import sink as spark_sink
+from replog.spark.sink import ReplogCommitMessage, ReplogSinkDataSource
+from replog.timeutil import now_ms, use_clock
 
-pytestmark = pytest.mark.spark
+SCHEMA = StructType([StructField("key", StringType()), StructField("data", StringType())])
+MINUTE = 60_000
 
 
+@pytest.mark.spark
 def test_batch_write_appends_with_defaults(spark, tmp_path: Path) -> None:
     target = str(tmp_path / "B")
     frame = spark.createDataFrame(
@@ -35,6 +57,7 @@ def test_batch_write_appends_with_defaults(spark, tmp_path: Path) -> None:
     assert not lease_store.leases(log.storage)  # the job's staging lease was released
 
 
+@pytest.mark.spark
 def test_batch_writes_with_a_transaction_are_idempotent(spark, tmp_path: Path) -> None:
     target = str(tmp_path / "B")
     frame = spark.createDataFrame([(f"k{i}", str(i)) for i in range(30)], "key string, data string")
@@ -53,6 +76,7 @@ def test_batch_writes_with_a_transaction_are_idempotent(spark, tmp_path: Path) -
         frame.write.format("replog-sink").mode("append").option("sinkId", "x").save(target)
 
 
+@pytest.mark.spark
 def test_concurrent_batch_writes_both_land(spark, tmp_path: Path) -> None:
     target = str(tmp_path / "B")
     ReplicationLog.create(target, 2)
@@ -70,6 +94,7 @@ def test_concurrent_batch_writes_both_land(spark, tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.spark
 @pytest.mark.parametrize(
     ("columns", "message"),
     [
@@ -88,6 +113,7 @@ def test_bad_input_schema_is_rejected_before_staging(
     assert not (tmp_path / "B" / "shards").exists()
 
 
+@pytest.mark.spark
 def test_invalid_operation_value_aborts_and_leaves_nothing(spark, tmp_path: Path) -> None:
     target = str(tmp_path / "B")
     ReplicationLog.create(target, 2)
@@ -102,6 +128,7 @@ def test_invalid_operation_value_aborts_and_leaves_nothing(spark, tmp_path: Path
     assert not lease_store.leases(log.storage)
 
 
+@pytest.mark.spark
 def test_streaming_replication_is_exact_and_continuous(spark, tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "A"), 3)
     fill_source(source, commits=2, per_commit=60)
@@ -128,6 +155,7 @@ def test_streaming_replication_is_exact_and_continuous(spark, tmp_path: Path) ->
         query.stop()
 
 
+@pytest.mark.spark
 def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
     sources = []
     for name in ("A1", "A2"):
@@ -163,6 +191,7 @@ def test_two_sinks_interleave_into_one_log(spark, tmp_path: Path) -> None:
     assert info.version >= 12  # at least 6 epochs each, interleaved commits
 
 
+@pytest.mark.spark
 def test_transformed_stream_masks_a_field(spark, tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "A"), 2)
     source.append(
@@ -196,6 +225,7 @@ def test_transformed_stream_masks_a_field(spark, tmp_path: Path) -> None:
     assert len(rows) == 20 and all(b"***" in r["data"] and b"@" not in r["data"] for r in rows)
 
 
+@pytest.mark.spark
 def test_before_images_and_metadata_are_replicated(spark, tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "A"), 2)
     source.append(
@@ -237,6 +267,7 @@ def replicate(spark, source: str, target: str, checkpoint: Path, **options: str)
     query.awaitTermination()
 
 
+@pytest.mark.spark
 def test_a_replaced_checkpoint_neither_doubles_nor_skips(spark, tmp_path: Path) -> None:
     """The consumer's committed offsets lag behind what the sink wrote (Spark's commit of
     the last micro-batch never came: the driver died between the sink's commit and
@@ -258,6 +289,7 @@ def test_a_replaced_checkpoint_neither_doubles_nor_skips(spark, tmp_path: Path) 
     assert_exact_replica(source, ReplicationLog.open(target))
 
 
+@pytest.mark.spark
 def test_a_second_live_query_on_one_sink_id_fences_the_first(spark, tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "A"), 2)
     fill_source(source, commits=1, per_commit=20)
@@ -286,3 +318,114 @@ def test_a_second_live_query_on_one_sink_id_fences_the_first(spark, tmp_path: Pa
             second.stop()
     finally:
         first.stop()
+
+
+# -- the writers as PySpark's worker scripts call them (no JVM) ---------------------------
+
+
+@pytest.fixture
+def fresh_spark_caches() -> Iterator[None]:
+    """Each test gets the sink's per-process cache empty (a fresh driver)."""
+    spark_sink.PROCESS.clear()
+    yield
+    spark_sink.PROCESS.clear()
+
+
+def commit_process(source: ReplogSinkDataSource) -> spark_sink.ReplogStreamWriter:
+    """What python_streaming_sink_runner.py does for every commit or abort: unpickle the
+    data source and call ``streamWriter`` on it."""
+    data_source = pickle.loads(pickle.dumps(source))
+    return data_source.streamWriter(schema=SCHEMA, overwrite=False)
+
+
+def task_message(
+    url: str,
+    planned: spark_sink.ReplogStreamWriter | spark_sink.ReplogBatchWriter,
+    *,
+    epoch: int,
+    start: int,
+    query: str = "q",
+    run: str = "run-1",
+) -> ReplogCommitMessage:
+    """One task of a micro-batch: stages its rows and returns its commit message (what
+    ``_Stager._stage_all`` of the ``planned`` writer, pickled into the task, returns)."""
+    staged = tuple(ReplicationLog.open(url).stage(log_rows(6, start)))
+    return ReplogCommitMessage(query, run, epoch, 0, staged, since=planned.since)
+
+
+def test_a_stream_commit_judges_its_files_by_the_planning_writers_staging_start(
+    tmp_path: Path, fresh_spark_caches: None
+) -> None:
+    """The commit process calls ``streamWriter()`` afresh, after every task staged; its own
+    StagingStart would see no mark since (the files look safe). The commit takes the
+    StagingStart the task messages carry (the planning writer's), so a recover that
+    collected the micro-batch's files meanwhile gets the commit refused."""
+    url = str(tmp_path / "log")
+    filled_log(url, commits=1, shards=2)
+    source = ReplogSinkDataSource({"path": url, "sinkId": "s", "shards": "2"})
+    planned = source.streamWriter(schema=SCHEMA, overwrite=False)  # write_into_data_source
+    message = task_message(url, planned, epoch=0, start=500)
+    assert planned.since.version == 1
+    time.sleep(0.02)
+
+    report = recovery.recover(ReplicationLog.open(url), grace_ms=10)
+    deleted = set(report.garbage) & {s.path for s in message.segments}
+    assert deleted  # the collection took the micro-batch's files
+
+    writer = commit_process(source)
+    with pytest.raises(StagingCollectedError):
+        writer.commit([message], 0)
+    check_intact(url)
+
+
+def test_a_stream_abort_after_its_commit_landed_keeps_the_committed_files(
+    tmp_path: Path, fresh_spark_caches: None
+) -> None:
+    """Spark calls ``abort`` when ``commit`` raised for any reason, also after the commit
+    landed (the commit runner's worker died before reporting success). The abort runs in
+    a fresh ``streamWriter()``; it takes the attempt's StagingStart from the commit
+    messages, so it looks for the attempt's files in the commits made since planning,
+    finds them committed, and deletes nothing."""
+    url = str(tmp_path / "log")
+    filled_log(url, commits=1, shards=2)
+    source = ReplogSinkDataSource({"path": url, "sinkId": "s", "shards": "2"})
+    planned = source.streamWriter(schema=SCHEMA, overwrite=False)  # planning
+    message = task_message(url, planned, epoch=0, start=500)
+
+    commit_process(source).commit([message], 0)  # lands; the worker then dies unreported
+    assert verify(ReplicationLog.open(url)).ok
+
+    commit_process(source).abort([message], 0)  # Spark's abort of the failed commit
+    missing = [s.path for s in message.segments if not Path(url, s.path).exists()]
+    assert not missing, f"abort deleted {missing}, which commit 2 names: events lost"
+    check_intact(url)
+
+
+def test_a_leased_batch_write_is_not_refused_by_a_recover_that_kept_its_files(
+    tmp_path: Path, fresh_spark_caches: None
+) -> None:
+    """``df.write`` holds a staging lease from before it staged, so every recover keeps
+    its files. A write that began 55 minutes ago, with an hourly default-grace recover in
+    between (its cut-off within the clock skew of the write's start), commits: a covering
+    mark makes a leased write check its files, never refuse."""
+    url = str(tmp_path / "log")
+    filled_log(url, commits=1, shards=2)
+    began = now_ms() - 55 * MINUTE
+    with use_clock(lambda: began / 1000):  # the driver, 55 minutes ago
+        writer = ReplogSinkDataSource({"path": url}).writer(schema=SCHEMA, overwrite=False)
+    messages = [
+        task_message(url, writer, epoch=0, start=500),
+        task_message(url, writer, epoch=0, start=600),
+    ]
+    staged = [s.path for m in messages for s in m.segments]
+
+    report = recovery.recover(ReplicationLog.open(url))  # default grace: 1 hour
+    assert not set(report.garbage) & set(staged)  # the lease kept them
+    assert all(Path(url, p).exists() for p in staged)
+
+    committer = pickle.loads(pickle.dumps(writer))  # commit_data_source_write.py
+    try:
+        committer.commit(messages)
+    except StagingCollectedError as exc:
+        pytest.fail(f"a leased write whose files recover kept was refused: {exc}")
+    assert len(check_log(ReplicationLog.open(url))) == 40 + 12

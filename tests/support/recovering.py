@@ -9,21 +9,29 @@ from typing import Any
 
 import pytest
 
-from replog.errors import MissingFileError, StagingCollectedError
 from replog.format.commits import COMMITS_DIR
 from replog.format.gc import StagingStart
 from replog.format.segments import SHARDS_DIR, StagedSegment
 from replog.log import ReplicationLog
 from replog.ops import recovery
+from replog.timeutil import Clock, use_clock
 from support.logcheck import check_intact
 
 
 class HeldRecover:
     """Starts ``recovery.recover(log, **options)`` in a thread that waits, when it first
-    lists ``shards/``, until :meth:`resume`. :meth:`join` re-raises its error."""
+    lists ``shards/``, until :meth:`resume`. :meth:`join` re-raises its error.
+
+    ``clock``: the collector's clock (a thread does not inherit the caller's
+    :func:`~replog.timeutil.use_clock`); the real one by default."""
 
     def __init__(
-        self, log: ReplicationLog, monkeypatch: pytest.MonkeyPatch, **options: Any
+        self,
+        log: ReplicationLog,
+        monkeypatch: pytest.MonkeyPatch,
+        *,
+        clock: Clock | None = None,
+        **options: Any,
     ) -> None:
         self.listing = threading.Event()
         self._resume = threading.Event()
@@ -42,7 +50,11 @@ class HeldRecover:
 
         def run() -> None:
             try:
-                self.report = recovery.recover(log, **options)
+                if clock is None:
+                    self.report = recovery.recover(log, **options)
+                else:
+                    with use_clock(clock):
+                        self.report = recovery.recover(log, **options)
             except BaseException as exc:
                 self._errors.append(exc)
 
@@ -104,14 +116,12 @@ def commit_after_recover(
     since: StagingStart,
     report: recovery.RecoveryReport,
 ) -> None:
-    """The writer commits ``staged`` after the collection of ``report``: it refuses or
-    finds a file gone (and commits nothing), or the collection deleted none of its
-    files. Either way no commit may name a deleted file."""
+    """The collection of ``report`` must have taken none of ``staged``: the writer's
+    commit of them, after it, lands, and every file it names exists."""
     deleted = set(report.garbage) & {segment.path for segment in staged}
-    try:
-        writer.commit_staged(staged, since=since)
-    except (MissingFileError, StagingCollectedError):
-        pass
-    else:
-        assert not deleted, f"recover deleted {sorted(deleted)} and a commit now names them"
+    assert not deleted, f"recover deleted {sorted(deleted)}, staged after its mark"
+    record = writer.commit_staged(staged, since=since)
+    assert record is not None and len(record.add) == len(staged)
+    missing = [segment.path for segment in staged if not writer.storage.exists(segment.path)]
+    assert not missing, f"the commit names deleted files {missing}"
     check_intact(writer.url)
