@@ -147,6 +147,11 @@ def apply_batch(
 def _create(
     target: str, data: pa.Table, commit: Any, storage_options: dict[str, str] | None
 ) -> dict[str, Any]:
+    # Nullable columns, whatever the source said: a later batch (or schema evolution)
+    # must not fail a NOT NULL check on columns it lacks, and a merge into NOT NULL
+    # columns (as Spark gives shard and sequence) failed delta-rs 1.6's null check on
+    # rows it only copied (seen with SCD2's close updates).
+    data = data.cast(pa.schema([field.with_nullable(True) for field in data.schema]))
     _deltalake().write_deltalake(
         target, data, mode="error", commit_properties=commit, storage_options=storage_options
     )
