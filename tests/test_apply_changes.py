@@ -361,3 +361,39 @@ def test_spark_bad_input_is_refused(spark: Any, tmp_path: Path) -> None:
     with pytest.raises(InvalidOptionError, match="schema="):
         apply_changes(str(tmp_path / "t"), ["id"], app_id="a")(micro_batch(spark, events), 0)
     assert open_table(str(tmp_path / "t"), None) is None
+
+
+# -- the latest view -------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_latest_view_is_the_newest_event_per_key_without_deletes(
+    spark: Any, tmp_path: Path
+) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 3)
+    events = workload(5, 500, 60)
+    for start in range(0, 500, 100):  # several commits: a shard spans several segments
+        log.append(events[start : start + 100])
+    view = (
+        spark.read.format("replog")
+        .option("view", "latest")
+        .option("maxEventsPerPartition", "40")  # split shards: the view must join them again
+        .load(log.url)
+    )
+    found = view.collect()
+    assert len(found) == len({(r["collection"], r["key"]) for r in found})
+    assert {json.loads(bytes(r["data"]))["id"]: json.loads(bytes(r["data"])) for r in found} == (
+        expected_state(check_log(log))
+    )
+    assert not [r for r in found if r["operation"] == "delete"]
+
+
+@pytest.mark.spark
+def test_latest_view_options_are_checked(spark: Any, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 1)
+    with pytest.raises(Exception, match="option 'view': 'newest' is not allowed"):
+        spark.read.format("replog").option("view", "newest").load(log.url).collect()
+    with pytest.raises(Exception, match="option 'view' is for batch reads"):
+        spark.readStream.format("replog").option("view", "latest").load(log.url).writeStream.format(
+            "noop"
+        ).start().awaitTermination()

@@ -11,7 +11,7 @@ two positions the same way everywhere (in a batch and against the table).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -95,11 +95,13 @@ def in_log_order(changes: pa.Table) -> pa.Table:
     return changes.sort_by([(SHARD, "ascending"), (SEQUENCE, "ascending")])
 
 
-def latest_per_key(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+def latest_per_key(
+    changes: pa.Table, keys: Sequence[str], position: Sequence[str] = POSITION
+) -> pa.Table:
     """The last change per key in log order (deletes included: they remove the row)."""
     if changes.num_rows == 0:
         return changes
-    ordered = in_log_order(changes)
+    ordered = changes.sort_by([(column, "ascending") for column in position])
     indexed = ordered.append_column(_ROW_INDEX, pa.array(range(ordered.num_rows), pa.int64()))
     last = indexed.group_by(list(keys)).aggregate([(_ROW_INDEX, "max")])
     chosen = last.column(f"{_ROW_INDEX}_max")
@@ -237,3 +239,28 @@ def quoted(name: str) -> str:
     if '"' in name:
         raise InvalidOptionError(f"apply_changes: column name {name!r} holds a double quote")
     return f'"{name}"'
+
+
+EVENT_KEY = ("collection", "key")
+EVENT_POSITION = ("shard", "sequence")
+REDUCE_EVERY = 200_000
+"""Rows held before :func:`latest_events` reduces them again (bounds its memory)."""
+
+
+def latest_events(batches: Iterable[pa.RecordBatch | pa.Table]) -> pa.Table | None:
+    """The newest event per ``(collection, key)`` among the log's events (as read:
+    ``shard`` and ``sequence`` columns), deletes dropped; None for no events. Memory is
+    bounded by the distinct keys (plus :data:`REDUCE_EVERY` rows)."""
+    held: list[pa.Table] = []
+    rows = 0
+    for batch in batches:
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        held.append(table)
+        rows += table.num_rows
+        if rows > REDUCE_EVERY:
+            reduced = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
+            held, rows = [reduced], reduced.num_rows
+    if not held:
+        return None
+    latest = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
+    return latest.filter(pc.not_equal(latest.column("operation"), DELETE))
