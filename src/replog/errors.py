@@ -24,6 +24,15 @@ class InvalidOptionError(ReplogError, ValueError):
     """An option, argument or name has a value that is not allowed; nothing was written."""
 
 
+class SchemaChangeError(ReplogError, ValueError):
+    """A change's column cannot be written to the target table's column of that name (an
+    incompatible type change); it names the column, and nothing was written."""
+
+    def __init__(self, column: str, message: str) -> None:
+        super().__init__(f"column {column!r}: {message}")
+        self.column = column
+
+
 # -- what is (not) at a URL ----------------------------------------------------------------
 
 

@@ -12,19 +12,24 @@ in the JVM (``from_json``), not in Python.
 ``to_debezium`` turns the replog source's rows into Debezium-style envelopes (``key``,
 ``value`` strings) for consumers that speak Debezium. Both run the core mapping of
 :mod:`replog.debezium` in Python UDFs: payloads keep their exact text.
+
+``apply_changes`` returns a ``foreachBatch`` function that merges the source's changes
+into a Delta table exactly once (:mod:`replog.tables.delta`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType
+from pyspark.sql.types import StructType, TimestampType
 
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
+from replog.tables import changes as rows
+from replog.tables.delta import apply_batch
 
 EVENT_DDL = (
     "event_id string, ts_ms long, operation string, collection string, key string, "
@@ -143,3 +148,101 @@ def parse_payload(
     """
     source = F.col(column) if isinstance(column, str) else column
     return F.from_json(source.cast("string"), schema, options or {})
+
+
+_EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
+
+
+def _changes(
+    batch: DataFrame, keys: tuple[str, ...], schema: StructType | str | None
+) -> DataFrame:
+    """The source's rows as a batch of changes: ``data``'s fields plus the bookkeeping
+    columns of :mod:`replog.tables.changes`."""
+    absent = [c for c in _EVENT_COLUMNS if c not in batch.columns]
+    if absent:
+        raise InvalidOptionError(
+            f"apply_changes: the micro-batch lacks the replog source's columns {absent} "
+            f"(columns: {batch.columns})"
+        )
+    payload = batch.schema["data"].dataType
+    if isinstance(payload, StructType):
+        row = F.col("data")  # typed already (parse_payload, typed)
+    elif schema is None:
+        raise InvalidOptionError(
+            "apply_changes: 'data' is a JSON payload: give schema= (a DDL string or a "
+            "StructType of the row) or type it first (parse_payload)"
+        )
+    else:
+        row = parse_payload("data", schema, {"mode": "FAILFAST"})
+    frame = batch.select(
+        row.alias("__row"),
+        F.col("shard").alias(rows.SHARD),
+        F.col("sequence").alias(rows.SEQUENCE),
+        F.col("operation").alias(rows.OPERATION),
+        F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
+    )
+    fields = frame.schema["__row"].dataType
+    assert isinstance(fields, StructType)
+    rows.check_columns(fields.names, keys)
+    return frame.select("__row.*", *rows.CHANGE_COLUMNS)
+
+
+def apply_changes(
+    target: str,
+    keys: Sequence[str] | str,
+    *,
+    app_id: str,
+    mode: str = "scd1",
+    schema: StructType | str | None = None,
+    collection: str | None = None,
+    storage_options: dict[str, str] | None = None,
+) -> Callable[[DataFrame, int], None]:
+    """A ``foreachBatch`` function that applies the replog source's changes to the Delta
+    table at ``target``, exactly once::
+
+        (spark.readStream.format("replog").load(url)
+           .writeStream.foreachBatch(apply_changes("/tables/orders", ["id"], app_id="orders",
+                                                   schema="id long, total decimal(38, 9)"))
+           .option("checkpointLocation", chk).start())
+
+    The row is ``data`` (typed by ``schema``, or a struct already); ``keys`` are its key
+    columns. ``mode="scd1"`` keeps the latest row per key (deletes remove it); ``"scd2"``
+    keeps every version (``__valid_from``, ``__valid_to``, ``__current``). Each micro-batch
+    is one Delta commit carrying ``(app_id, batch_id)``: a replayed batch is skipped. Give
+    a new checkpoint a new ``app_id``. ``collection`` keeps that collection's events only.
+    The micro-batch is reduced in Spark (latest per key for scd1) and then collected to
+    the driver: its memory is bounded by the source's ``maxEventsPerTrigger``.
+    ``storage_options`` are delta-rs's (``AWS_ENDPOINT_URL``, ...).
+    """
+    wanted = rows.check_keys(keys)
+    rows.check_mode(mode)
+    if not isinstance(app_id, str) or not app_id:
+        raise InvalidOptionError(
+            f"apply_changes: app_id must be a non-empty string, got {app_id!r}"
+        )
+    if isinstance(schema, StructType):
+        rows.check_columns(schema.names, wanted)
+
+    def apply(batch: DataFrame, batch_id: int) -> None:
+        if collection is not None:
+            batch = batch.where(F.col("collection") == F.lit(collection))
+        frame = _changes(batch, wanted, schema)
+        if mode == "scd1":  # reduced in Spark: the driver gets one change per key
+            frame = (
+                frame.groupBy(*wanted)
+                .agg(
+                    F.max_by(F.struct(*frame.columns), F.struct(*rows.POSITION)).alias("__last")
+                )
+                .select("__last.*")
+            )
+        apply_batch(
+            target,
+            frame.toArrow(),
+            wanted,
+            app_id=app_id,
+            batch_id=batch_id,
+            mode=mode,
+            storage_options=storage_options,
+        )
+
+    return apply

@@ -44,7 +44,10 @@ SOURCE_OPTIONS = (
     "minEventsPerTrigger",
     "maxTriggerDelay",
     "failOnDataLoss",
+    "view",
 )
+VIEWS = ("latest",)
+"""Batch reads' ``view``: ``latest`` is one row per (collection, key), deletes dropped."""
 SINK_OPTIONS = (
     "path",
     "sinkId",
@@ -235,6 +238,21 @@ def _ending_offsets(options: Mapping[str, str], streaming: bool) -> str:
     return ending
 
 
+def _view(options: Mapping[str, str], streaming: bool) -> str | None:
+    raw = _get(options, "view")
+    if raw is None:
+        return None
+    view = raw.strip().lower()
+    if view not in VIEWS:
+        raise InvalidOptionError(f"option 'view': {raw!r} is not allowed; use {', '.join(VIEWS)}")
+    if streaming:
+        raise InvalidOptionError(
+            "option 'view' is for batch reads (spark.read); a stream of the latest rows is "
+            "replog.spark.functions.apply_changes into a table"
+        )
+    return view
+
+
 def _consumer(options: Mapping[str, str], starting: str) -> str | None:
     consumer = _get(options, "consumer")
     if consumer is not None:
@@ -260,6 +278,7 @@ class SourceOptions:
     min_events_per_trigger: int | None = None
     max_trigger_delay_ms: int = 15 * 60_000
     fail_on_data_loss: bool = True
+    view: str | None = None
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -290,6 +309,7 @@ class SourceOptions:
                 raw_delay or DEFAULT_MAX_TRIGGER_DELAY, "option 'maxTriggerDelay'"
             ),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
+            view=_view(options, streaming),
             storage_options=storage_options(options),
         )
 

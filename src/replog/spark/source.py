@@ -1,5 +1,8 @@
 """``spark.readStream.format("replog")`` and ``spark.read.format("replog")``.
 
+``spark.read.format("replog").option("view", "latest")`` reads one row per (collection,
+key): its newest event unless that is a delete, reduced per shard on the executors.
+
 A thin adapter: offsets, planning and reading live in the core (:mod:`replog.offsets`,
 :mod:`replog.planning`, :func:`replog.format.files.read_segment`). The driver-side
 reader keeps its :class:`ReplicationLog` (and so the log state) between micro-batches, so
@@ -81,6 +84,29 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         (segment, task.first, task.last) for task in partition.tasks for segment in task.segments
     ]
     yield from read_segments(partition.storage, wanted)
+
+
+def read_latest(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+    """Executor side of ``view=latest``: the partition holds whole shards, and a key's
+    events share one shard, so its newest event per (collection, key) is the log's."""
+    # imported here: pyarrow.compute costs every query's planning process ~30 ms
+    from replog.tables.changes import latest_events  # noqa: PLC0415
+
+    latest = latest_events(read_partition(partition))
+    if latest is not None:
+        yield from latest.to_batches()
+
+
+def _by_shard(partitions: Sequence[ReplogPartition]) -> list[ReplogPartition]:
+    """The same ranges, one partition per shard (``view=latest`` reduces per shard)."""
+    tasks: dict[int, list[ReadTask]] = {}
+    for partition in partitions:
+        for task in partition.tasks:
+            tasks.setdefault(task.shard, []).append(task)
+    return [
+        ReplogPartition(partitions[0].storage, index, tuple(sorted(group, key=lambda t: t.first)))
+        for index, (_, group) in enumerate(sorted(tasks.items()))
+    ]
 
 
 def _start_offsets(log: ReplicationLog, options: SourceOptions, consumer: str | None) -> Offsets:
@@ -274,9 +300,12 @@ class ReplogBatchReader(DataSourceReader):
         log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
         start = _start_offsets(log, self.options, self.options.consumer)
         end = positions.resolve(log, self.options.ending_offsets, "endingOffsets")
-        return _plan(log, self.options, start, end)
+        planned = _plan(log, self.options, start, end)
+        return _by_shard(planned) if self.options.view == "latest" else planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if self.options.view == "latest":
+            return read_latest(partition)
         return read_partition(partition)
 
 

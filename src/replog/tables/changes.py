@@ -1,0 +1,266 @@
+"""A batch of changes as rows of a keyed table: pure Arrow, no I/O.
+
+A batch of changes is an Arrow table with the row's columns (``data``'s fields, the key
+columns among them) and four bookkeeping columns: :data:`SHARD` and :data:`SEQUENCE`
+(the event's position in the log), :data:`OPERATION` and :data:`TIMESTAMP`.
+
+The position rule: a key's events always share one shard, so ``(shard, sequence)``
+orders them; positions compare lexicographically (:func:`newer_sql`), which orders any
+two positions the same way everywhere (in a batch and against the table).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replog.errors import InvalidOptionError, SchemaChangeError
+
+SHARD = "__shard"
+SEQUENCE = "__sequence"
+OPERATION = "__operation"
+TIMESTAMP = "__timestamp"
+VALID_FROM = "__valid_from"
+VALID_TO = "__valid_to"
+CURRENT = "__current"
+ACTION = "__action"
+"""SCD2 merge source only: ``close`` (ends the table's current version) or ``insert``."""
+
+CHANGE_COLUMNS = (SHARD, SEQUENCE, OPERATION, TIMESTAMP)
+"""The bookkeeping columns every batch of changes carries."""
+POSITION = (SHARD, SEQUENCE)
+MODES = ("scd1", "scd2")
+DELETE = "delete"
+
+_ROW_INDEX = "__row"
+
+
+def check_keys(keys: Sequence[str] | str) -> tuple[str, ...]:
+    """The key columns as a tuple; a bad ``keys`` argument names itself."""
+    if isinstance(keys, str):
+        keys = (keys,)
+    found = tuple(keys)
+    if not found or not all(isinstance(k, str) and k for k in found):
+        raise InvalidOptionError(
+            f"apply_changes: keys must name the table's key column(s), got {keys!r}"
+        )
+    reserved = [k for k in found if k.startswith("__")]
+    if reserved:
+        raise InvalidOptionError(f"apply_changes: keys {reserved} use the reserved prefix '__'")
+    if len(set(found)) != len(found):
+        raise InvalidOptionError(f"apply_changes: keys {list(found)} repeat a column")
+    return found
+
+
+def check_mode(mode: str) -> str:
+    if mode not in MODES:
+        raise InvalidOptionError(f"apply_changes: mode {mode!r} is not one of {list(MODES)}")
+    return mode
+
+
+def check_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
+    """The row's columns hold every key and none of the reserved names."""
+    missing = [k for k in keys if k not in columns]
+    if missing:
+        raise InvalidOptionError(
+            f"apply_changes: keys {missing} are not columns of the changes' rows "
+            f"(columns: {[c for c in columns if c not in CHANGE_COLUMNS]})"
+        )
+    clashing = [c for c in columns if c.startswith("__") and c not in CHANGE_COLUMNS]
+    if clashing:
+        raise InvalidOptionError(
+            f"apply_changes: row columns {clashing} use the prefix '__' that replog reserves "
+            f"for its bookkeeping columns"
+        )
+
+
+def check_changes(changes: pa.Table, keys: Sequence[str]) -> None:
+    """A batch of changes has its bookkeeping columns, its keys, and no null key."""
+    absent = [c for c in CHANGE_COLUMNS if c not in changes.column_names]
+    if absent:
+        raise InvalidOptionError(f"apply_changes: the changes lack the columns {absent}")
+    check_columns(changes.column_names, keys)
+    for key in keys:
+        if changes.column(key).null_count:
+            raise InvalidOptionError(
+                f"apply_changes: key column {key!r} is null in {changes.column(key).null_count} "
+                f"change(s): every change must carry its key in its row"
+            )
+
+
+def in_log_order(changes: pa.Table) -> pa.Table:
+    """The changes sorted by position (stable, so equal positions keep their order)."""
+    return changes.sort_by([(SHARD, "ascending"), (SEQUENCE, "ascending")])
+
+
+def latest_per_key(
+    changes: pa.Table, keys: Sequence[str], position: Sequence[str] = POSITION
+) -> pa.Table:
+    """The last change per key in log order (deletes included: they remove the row)."""
+    if changes.num_rows == 0:
+        return changes
+    ordered = changes.sort_by([(column, "ascending") for column in position])
+    indexed = ordered.append_column(_ROW_INDEX, pa.array(range(ordered.num_rows), pa.int64()))
+    last = indexed.group_by(list(keys)).aggregate([(_ROW_INDEX, "max")])
+    chosen = last.column(f"{_ROW_INDEX}_max")
+    return ordered.take(pc.take(chosen, pc.sort_indices(chosen)))  # in log order
+
+
+def newer_sql(source: str = "s", target: str = "t") -> str:
+    """The position rule as a merge predicate: the source change is newer than the row."""
+    return (
+        f"({source}.{SHARD} > {target}.{SHARD} OR ({source}.{SHARD} = {target}.{SHARD} "
+        f"AND {source}.{SEQUENCE} > {target}.{SEQUENCE}))"
+    )
+
+
+def after_positions(changes: pa.Table, positions: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """The changes newer than their key's position in ``positions`` (keys + position,
+    one row per key); keys absent from ``positions`` keep all their changes."""
+    if changes.num_rows == 0 or positions.num_rows == 0:
+        return changes
+    seen = positions.select([*keys, *POSITION]).rename_columns(
+        [*keys, "__seen_shard", "__seen_sequence"]
+    )
+    joined = changes.join(seen, list(keys), join_type="left outer", use_threads=False)
+    shard, sequence = joined.column(SHARD), joined.column(SEQUENCE)
+    seen_shard, seen_sequence = joined.column("__seen_shard"), joined.column("__seen_sequence")
+    newer = pc.or_kleene(
+        pc.is_null(seen_shard),
+        pc.or_kleene(
+            pc.greater(shard, seen_shard),
+            pc.and_kleene(pc.equal(shard, seen_shard), pc.greater(sequence, seen_sequence)),
+        ),
+    )
+    return joined.filter(newer).drop_columns(["__seen_shard", "__seen_sequence"])
+
+
+def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:
+    """Per row of ``ordered`` (sorted by key, then position): whether the next row is
+    a change of the same key."""
+    rows = ordered.num_rows
+    if rows == 0:
+        return pa.array([], pa.bool_())
+    same = pa.array([True] * (rows - 1), pa.bool_())
+    for key in keys:
+        column = ordered.column(key).combine_chunks()
+        same = pc.and_(same, pc.equal(column.slice(0, rows - 1), column.slice(1)))
+    return pa.concat_arrays([same, pa.array([False])])
+
+
+def scd2_rows(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """SCD type 2 merge source for a batch: one ``insert`` row per non-delete change (a
+    version valid from its change's timestamp until the key's next change, current if
+    there is none) and one ``close`` row per key (ending the table's current version at
+    the key's first change). Bookkeeping columns other than the position are dropped."""
+    if changes.num_rows == 0:
+        return changes.drop_columns([OPERATION, TIMESTAMP])
+    ordered = changes.sort_by(
+        [*((k, "ascending") for k in keys), (SHARD, "ascending"), (SEQUENCE, "ascending")]
+    )
+    same_next = _same_key_as_next(ordered, keys)
+    timestamps = ordered.column(TIMESTAMP).combine_chunks()
+    following = pa.concat_arrays([timestamps.slice(1), pa.nulls(1, timestamps.type)])
+    valid_to = pc.if_else(same_next, following, pa.scalar(None, timestamps.type))
+    is_delete = pc.equal(ordered.column(OPERATION), DELETE)
+    versions = (
+        ordered.append_column(VALID_FROM, timestamps)
+        .append_column(VALID_TO, valid_to)
+        .append_column(CURRENT, pc.invert(same_next))
+        .append_column(ACTION, pa.array(["insert"] * ordered.num_rows, pa.string()))
+        .filter(pc.invert(is_delete))
+    )
+    same_previous = pa.concat_arrays([pa.array([False]), same_next.slice(0, len(same_next) - 1)])
+    firsts = ordered.filter(pc.invert(same_previous))
+    closes = (
+        firsts.append_column(VALID_FROM, pa.nulls(firsts.num_rows, timestamps.type))
+        .append_column(VALID_TO, firsts.column(TIMESTAMP))
+        .append_column(CURRENT, pa.array([False] * firsts.num_rows, pa.bool_()))
+        .append_column(ACTION, pa.array(["close"] * firsts.num_rows, pa.string()))
+    )
+    return pa.concat_tables([closes, versions]).drop_columns([OPERATION, TIMESTAMP])
+
+
+def _compatible(name: str, source: pa.DataType, target: pa.DataType) -> bool:
+    """Whether values of ``source`` may be written to a column of ``target`` (a cast that
+    loses nothing is still checked value by value)."""
+    families = (
+        (pa.types.is_integer, pa.types.is_integer),
+        (pa.types.is_integer, pa.types.is_floating),
+        (pa.types.is_floating, pa.types.is_floating),
+        (pa.types.is_decimal, pa.types.is_decimal),
+        (pa.types.is_timestamp, pa.types.is_timestamp),
+        (pa.types.is_date, pa.types.is_date),
+    )
+    text = (pa.types.is_string, pa.types.is_large_string, pa.types.is_string_view)
+    binary = (pa.types.is_binary, pa.types.is_large_binary, pa.types.is_binary_view)
+    if source == target or pa.types.is_null(source):
+        return True
+    if any(a(source) and b(target) for a, b in families):
+        return True
+    for kind in (text, binary):
+        if any(f(source) for f in kind) and any(f(target) for f in kind):
+            return True
+    return False
+
+
+def align(source: pa.Table, target: pa.Schema) -> tuple[pa.Table, list[str]]:
+    """``source`` with the target's columns it lacks (as nulls: a change's row is the whole
+    row) and its columns cast to the target's types; also the columns the target lacks
+    (schema evolution adds them). An incompatible type is an error naming the column."""
+    columns = dict(zip(source.column_names, source.columns, strict=True))
+    for field in target:
+        if field.name not in columns:
+            columns[field.name] = pa.nulls(source.num_rows, field.type)
+            continue
+        have = columns[field.name].type
+        if have == field.type:
+            continue
+        if not _compatible(field.name, have, field.type):
+            raise SchemaChangeError(
+                field.name,
+                f"the changes hold {have} but the table's column is {field.type}; an "
+                f"incompatible type change is not applied (nothing was written)",
+            )
+        try:
+            columns[field.name] = columns[field.name].cast(field.type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaChangeError(
+                field.name, f"a value does not fit the table's type {field.type}: {exc}"
+            ) from exc
+    added = [name for name in source.column_names if name not in target.names]
+    return pa.table(columns), added
+
+
+def quoted(name: str) -> str:
+    """A column name for a delta-rs (DataFusion) SQL expression."""
+    if '"' in name:
+        raise InvalidOptionError(f"apply_changes: column name {name!r} holds a double quote")
+    return f'"{name}"'
+
+
+EVENT_KEY = ("collection", "key")
+EVENT_POSITION = ("shard", "sequence")
+REDUCE_EVERY = 200_000
+"""Rows held before :func:`latest_events` reduces them again (bounds its memory)."""
+
+
+def latest_events(batches: Iterable[pa.RecordBatch | pa.Table]) -> pa.Table | None:
+    """The newest event per ``(collection, key)`` among the log's events (as read:
+    ``shard`` and ``sequence`` columns), deletes dropped; None for no events. Memory is
+    bounded by the distinct keys (plus :data:`REDUCE_EVERY` rows)."""
+    held: list[pa.Table] = []
+    rows = 0
+    for batch in batches:
+        table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+        held.append(table)
+        rows += table.num_rows
+        if rows > REDUCE_EVERY:
+            reduced = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
+            held, rows = [reduced], reduced.num_rows
+    if not held:
+        return None
+    latest = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
+    return latest.filter(pc.not_equal(latest.column("operation"), DELETE))

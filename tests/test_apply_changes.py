@@ -1,0 +1,399 @@
+"""apply_changes: a replog stream merged into a real Delta table (deltalake), exactly once.
+
+The reference state is computed from the log in plain Python: per key, the event with
+the greatest (shard, sequence); absent when it is a delete.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import random
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from support.logcheck import check_log
+
+from replog.errors import InvalidOptionError, SchemaChangeError
+from replog.log import ReplicationLog
+from replog.spark.functions import apply_changes
+from replog.spark.schema import SPARK_SCHEMA_DDL
+from replog.tables import changes as rows
+from replog.tables.delta import apply_batch, open_table
+
+SCHEMA = "id long, name string, n long"
+T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
+
+
+def workload(seed: int, events: int, keys: int) -> list[dict[str, Any]]:
+    """Random inserts, updates and deletes; a key's first event (and one after a delete)
+    is an insert."""
+    rng = random.Random(seed)
+    alive: set[int] = set()
+    out = []
+    for n in range(events):
+        k = rng.randrange(keys)
+        if k not in alive:
+            op = "insert"
+            alive.add(k)
+        elif rng.random() < 0.2:
+            op = "delete"
+            alive.discard(k)
+        else:
+            op = "update"
+        out.append(
+            {
+                "key": json.dumps({"id": k}),
+                "operation": op,
+                "data": json.dumps({"id": k, "name": f"k{k}-{n}", "n": n}),
+                "timestamp": T0 + timedelta(seconds=n),
+            }
+        )
+    return out
+
+
+def expected_state(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The latest row per key from the log's events (deleted keys absent)."""
+    last: dict[str, dict[str, Any]] = {}
+    for event in events:
+        held = last.get(event["key"])
+        if held is None or (event["shard"], event["sequence"]) > (held["shard"], held["sequence"]):
+            last[event["key"]] = event
+    state = {}
+    for event in last.values():
+        if event["operation"] != "delete":
+            row = json.loads(event["data"])
+            state[row["id"]] = row
+    return state
+
+
+def table_state(target: str) -> dict[int, dict[str, Any]]:
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    assert len(found) == len({r["id"] for r in found}), "one row per key"
+    return {r["id"]: {"id": r["id"], "name": r["name"], "n": r.get("n")} for r in found}
+
+
+def change_table(items: list[tuple[int, str, int, str]], shard: int = 0) -> pa.Table:
+    """A batch of changes for the core: (id, name, sequence, operation)."""
+    return pa.table(
+        {
+            "id": pa.array([i[0] for i in items], pa.int64()),
+            "name": [i[1] for i in items],
+            rows.SHARD: pa.array([shard] * len(items), pa.int32()),
+            rows.SEQUENCE: pa.array([i[2] for i in items], pa.int64()),
+            rows.OPERATION: [i[3] for i in items],
+            rows.TIMESTAMP: pa.array(
+                [T0 + timedelta(seconds=i[2]) for i in items], pa.timestamp("us", tz="UTC")
+            ),
+        }
+    )
+
+
+# -- the core, without Spark ----------------------------------------------------------------
+
+
+def test_latest_per_key_is_the_last_change_in_log_order() -> None:
+    rng = random.Random(7)
+    items = [(rng.randrange(20), f"v{s}", s, "update") for s in range(300)]
+    rng.shuffle(items)
+    latest = rows.latest_per_key(change_table(items), ["id"]).to_pylist()
+    want = {i: max(s for k, _, s, _ in items if k == i) for i in {k for k, *_ in items}}
+    assert {r["id"]: r[rows.SEQUENCE] for r in latest} == want
+    assert [r[rows.SEQUENCE] for r in latest] == sorted(want.values())  # in log order
+
+
+def test_bad_arguments_are_refused_before_anything_is_written(tmp_path: Path) -> None:
+    target = str(tmp_path / "t")
+    batch = change_table([(1, "a", 1, "insert")])
+    with pytest.raises(InvalidOptionError, match="mode 'scd3'"):
+        apply_batch(target, batch, ["id"], app_id="a", batch_id=0, mode="scd3")
+    with pytest.raises(InvalidOptionError, match=r"keys \['nope'\] are not columns"):
+        apply_batch(target, batch, ["nope"], app_id="a", batch_id=0)
+    with pytest.raises(InvalidOptionError, match="app_id"):
+        apply_batch(target, batch, ["id"], app_id="", batch_id=0)
+    with pytest.raises(InvalidOptionError, match="key column 'id' is null"):
+        apply_batch(
+            target,
+            batch.set_column(0, "id", pa.nulls(1, pa.int64())),
+            ["id"],
+            app_id="a",
+            batch_id=0,
+        )
+    assert open_table(target, None) is None
+
+
+def test_a_replayed_batch_id_is_skipped(tmp_path: Path) -> None:
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    version = open_table(target, None).version()  # type: ignore[union-attr]
+    # the same batch id again, even with other content (a replay after a kill): skipped
+    again = apply_batch(
+        target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=0
+    )
+    assert again.skipped
+    table = open_table(target, None)
+    assert table is not None and table.version() == version
+    assert table.transaction_version("q") == 0
+    assert table_state(target)[1]["name"] == "a"
+    done = apply_batch(
+        target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=1
+    )
+    assert not done.skipped and table_state(target)[1]["name"] == "b"
+
+
+def test_an_older_change_never_rolls_a_row_back(tmp_path: Path) -> None:
+    """An old batch replayed under another app_id (a replaced checkpoint): the txn guard
+    does not see it, the position guard does."""
+    target = str(tmp_path / "t")
+    apply_batch(
+        target,
+        change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert")]),
+        ["id"],
+        app_id="q",
+        batch_id=0,
+    )
+    apply_batch(
+        target,
+        change_table([(1, "a2", 5, "update"), (3, "c", 6, "insert")]),
+        ["id"],
+        app_id="q",
+        batch_id=1,
+    )
+    apply_batch(
+        target,
+        change_table([(1, "a", 1, "insert"), (3, "old", 4, "insert"), (2, "b3", 7, "update")]),
+        ["id"],
+        app_id="new-checkpoint",
+        batch_id=0,
+    )
+    state = table_state(target)
+    assert {k: v["name"] for k, v in state.items()} == {1: "a2", 2: "b3", 3: "c"}
+
+
+def test_deletes_remove_the_row(tmp_path: Path) -> None:
+    target = str(tmp_path / "t")
+    apply_batch(
+        target,
+        change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert")]),
+        ["id"],
+        app_id="q",
+        batch_id=0,
+    )
+    apply_batch(
+        target,
+        change_table([(1, "a", 3, "delete"), (4, "d", 4, "insert"), (4, "d", 5, "delete")]),
+        ["id"],
+        app_id="q",
+        batch_id=1,
+    )
+    assert set(table_state(target)) == {2}
+
+
+def test_scd2_keeps_every_version(tmp_path: Path) -> None:
+    target = str(tmp_path / "t")
+    apply_batch(
+        target,
+        change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert"), (1, "a2", 3, "update")]),
+        ["id"],
+        app_id="q",
+        batch_id=0,
+        mode="scd2",
+    )
+    apply_batch(
+        target,
+        change_table([(2, "b", 4, "delete"), (1, "a3", 6, "update")]),
+        ["id"],
+        app_id="q",
+        batch_id=1,
+        mode="scd2",
+    )
+    apply_batch(
+        target,
+        change_table([(1, "a", 1, "insert")]),
+        ["id"],
+        app_id="other",
+        batch_id=0,
+        mode="scd2",
+    )  # an old change again: no new version
+    table = open_table(target, None)
+    assert table is not None
+    history = sorted(
+        (
+            r["id"],
+            r["name"],
+            r[rows.VALID_FROM].second,
+            r[rows.VALID_TO] and r[rows.VALID_TO].second,
+            r[rows.CURRENT],
+        )
+        for r in table.to_pyarrow_table().to_pylist()
+    )
+    assert history == [
+        (1, "a", 1, 3, False),
+        (1, "a2", 3, 6, False),
+        (1, "a3", 6, None, True),
+        (2, "b", 2, 4, False),  # closed by its delete
+    ]
+
+
+def test_a_new_column_is_added_and_a_type_change_names_the_column(tmp_path: Path) -> None:
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    wider = change_table([(2, "b", 2, "insert")]).append_column("price", pa.array([1.5]))
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=1)
+    found = {r["id"]: r for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    assert found[2]["price"] == 1.5 and found[1]["price"] is None
+    # text that would cast to double: the type rule refuses it, not a failed cast
+    clash = change_table([(3, "c", 3, "insert")]).append_column("price", pa.array(["2.5"]))
+    version = open_table(target, None).version()  # type: ignore[union-attr]
+    with pytest.raises(SchemaChangeError, match="column 'price'"):
+        apply_batch(target, clash, ["id"], app_id="q", batch_id=2)
+    assert open_table(target, None).version() == version  # type: ignore[union-attr]
+
+
+# -- through Spark ---------------------------------------------------------------------------
+
+
+def micro_batch(spark: Any, events: list[dict[str, Any]]) -> Any:
+    """A DataFrame shaped like the replog source's micro-batches."""
+    records = [
+        (
+            e["shard"],
+            e["sequence"],
+            f"e{e['shard']}-{e['sequence']}",
+            e["timestamp"],
+            e["operation"],
+            None,
+            e["key"],
+            bytearray(e["data"].encode()),
+            None,
+            None,
+        )
+        for e in events
+    ]
+    return spark.createDataFrame(records, SPARK_SCHEMA_DDL)
+
+
+@pytest.mark.spark
+def test_stream_into_delta_equals_the_latest_state(spark: Any, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 3)
+    for start in range(0, 600, 150):
+        log.append(workload(1, 600, 40)[start : start + 150])
+    target, chk = str(tmp_path / "table"), str(tmp_path / "chk")
+    query = (
+        spark.readStream.format("replog")
+        .option("maxEventsPerTrigger", "100")
+        .load(log.url)
+        .writeStream.foreachBatch(apply_changes(target, ["id"], app_id="t1", schema=SCHEMA))
+        .option("checkpointLocation", chk)
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    assert len(query.recentProgress) >= 6
+    assert table_state(target) == expected_state(check_log(log))
+    table = open_table(target, None)
+    assert table is not None and table.transaction_version("t1") == len(query.recentProgress) - 1
+
+
+@pytest.mark.spark
+def test_replayed_and_older_micro_batches_are_ignored(spark: Any, tmp_path: Path) -> None:
+    events = [dict(e, shard=0, sequence=s) for s, e in enumerate(workload(2, 120, 10))]
+    first, second = micro_batch(spark, events[:60]), micro_batch(spark, events[60:])
+    target = str(tmp_path / "t")
+    apply = apply_changes(target, "id", app_id="q", schema=SCHEMA)
+    apply(first, 0)
+    apply(second, 1)
+    state = table_state(target)
+    apply(first, 0)  # a replay after a driver kill
+    apply(first, 1)
+    assert table_state(target) == state
+    # a replaced checkpoint: batch ids start again under a new app_id. No live row goes
+    # back to an older version; a deleted key may come back until the delete is replayed.
+    replaced = apply_changes(target, "id", app_id="q2", schema=SCHEMA)
+    replaced(first, 0)
+    midway = table_state(target)
+    assert {k: midway[k] for k in state} == state
+    replaced(second, 1)
+    assert table_state(target) == state == expected_state(events)
+
+
+@pytest.mark.spark
+def test_spark_scd2_history_is_complete(spark: Any, tmp_path: Path) -> None:
+    events = [dict(e, shard=0, sequence=s) for s, e in enumerate(workload(3, 90, 8))]
+    target = str(tmp_path / "t")
+    apply = apply_changes(target, ["id"], app_id="h", mode="scd2", schema=SCHEMA)
+    for number, start in enumerate(range(0, 90, 30)):
+        apply(micro_batch(spark, events[start : start + 30]), number)
+    table = open_table(target, None)
+    assert table is not None
+    history = table.to_pyarrow_table().to_pylist()
+    versions = sorted((r["id"], r["n"]) for r in history)
+    assert versions == sorted(
+        (json.loads(e["data"])["id"], json.loads(e["data"])["n"])
+        for e in events
+        if e["operation"] != "delete"
+    )
+    current = {r["id"]: r["n"] for r in history if r[rows.CURRENT]}
+    assert current == {k: v["n"] for k, v in expected_state(events).items()}
+    by_key: dict[int, list[dict[str, Any]]] = {}
+    for r in sorted(history, key=lambda r: r["n"]):
+        by_key.setdefault(r["id"], []).append(r)
+    for chain in by_key.values():  # each version ends where the next begins
+        for older, newer in itertools.pairwise(chain):
+            assert older[rows.VALID_TO] is not None
+            assert older[rows.VALID_TO] <= newer[rows.VALID_FROM]
+
+
+@pytest.mark.spark
+def test_spark_bad_input_is_refused(spark: Any, tmp_path: Path) -> None:
+    with pytest.raises(InvalidOptionError, match="mode 'latest'"):
+        apply_changes(str(tmp_path), ["id"], app_id="a", mode="latest")
+    events = [dict(e, shard=0, sequence=s) for s, e in enumerate(workload(4, 3, 2))]
+    with pytest.raises(InvalidOptionError, match=r"keys \['sku'\]"):
+        apply_changes(str(tmp_path / "t"), ["sku"], app_id="a", schema=SCHEMA)(
+            micro_batch(spark, events), 0
+        )
+    with pytest.raises(InvalidOptionError, match="schema="):
+        apply_changes(str(tmp_path / "t"), ["id"], app_id="a")(micro_batch(spark, events), 0)
+    assert open_table(str(tmp_path / "t"), None) is None
+
+
+# -- the latest view -------------------------------------------------------------------------
+
+
+@pytest.mark.spark
+def test_latest_view_is_the_newest_event_per_key_without_deletes(
+    spark: Any, tmp_path: Path
+) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 3)
+    events = workload(5, 500, 60)
+    for start in range(0, 500, 100):  # several commits: a shard spans several segments
+        log.append(events[start : start + 100])
+    view = (
+        spark.read.format("replog")
+        .option("view", "latest")
+        .option("maxEventsPerPartition", "40")  # split shards: the view must join them again
+        .load(log.url)
+    )
+    found = view.collect()
+    assert len(found) == len({(r["collection"], r["key"]) for r in found})
+    assert {json.loads(bytes(r["data"]))["id"]: json.loads(bytes(r["data"])) for r in found} == (
+        expected_state(check_log(log))
+    )
+    assert not [r for r in found if r["operation"] == "delete"]
+
+
+@pytest.mark.spark
+def test_latest_view_options_are_checked(spark: Any, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 1)
+    with pytest.raises(Exception, match="option 'view': 'newest' is not allowed"):
+        spark.read.format("replog").option("view", "newest").load(log.url).collect()
+    with pytest.raises(Exception, match="option 'view' is for batch reads"):
+        spark.readStream.format("replog").option("view", "latest").load(log.url).writeStream.format(
+            "noop"
+        ).start().awaitTermination()
