@@ -26,20 +26,20 @@ This module never imports pyspark.
 
 from __future__ import annotations
 
+import importlib.metadata
 import logging
-import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from replog import __version__
+from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import (
     Decoder,
     Relation,
@@ -50,6 +50,7 @@ from replog.capture.pgoutput import (
     lsn_to_int,
     lsn_to_text,
 )
+from replog.capture.progress import CaptureProgress
 from replog.capture.values import SESSION_SETTINGS, ValueReader
 from replog.crashpoints import crash_point
 from replog.errors import (
@@ -67,87 +68,16 @@ from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 
-SNAPSHOT_MODES = ("initial", "never")
-DEFAULT_MAX_CHANGES = 20_000
-"""Changes read from the slot per log commit (more when one transaction is bigger: a
-transaction is never split)."""
-DEFAULT_POLL_S = 0.05
-"""How long a following capture waits after finding no new changes."""
 UNAVAILABLE = "__debezium_unavailable_value"
 """Debezium's placeholder for an unchanged TOASTed value the server did not send."""
 EVENT_ID_NAMESPACE = uuid.UUID("0d8b6f3e-3c55-4b8e-9d2b-6a1f5e0c7b21")
-_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+_VERSION = importlib.metadata.version("pyspark-replog")
 _OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
 
 
 def app_id(slot: str) -> str:
     """The transaction app id under which the log records this slot's position."""
     return f"pg-capture.{slot}"
-
-
-@dataclass(frozen=True)
-class CaptureOptions:
-    """What to capture, and how."""
-
-    dsn: str
-    slot: str
-    publication: str | None = None
-    """An existing publication; default: one named after the slot, created for ``tables``."""
-    tables: tuple[str, ...] = ()
-    """``schema.table`` names (a bare name is in ``public``); default: the publication's."""
-    snapshot: str = "initial"
-    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
-    """Key columns of tables without a primary key, by ``schema.table``."""
-    follow: bool = False
-    drop_slot: bool = False
-    """Drop the slot when capture ends (the server then stops keeping WAL for it)."""
-    max_changes: int = DEFAULT_MAX_CHANGES
-    poll_s: float = DEFAULT_POLL_S
-
-    def check(self) -> None:
-        if not _SLOT_NAME.fullmatch(self.slot):
-            raise InvalidOptionError(
-                f"slot name {self.slot!r} is not valid: lower-case letters, digits and '_', "
-                f"at most 63 characters"
-            )
-        if self.snapshot not in SNAPSHOT_MODES:
-            raise InvalidOptionError(
-                f"snapshot mode {self.snapshot!r} is not one of {', '.join(SNAPSHOT_MODES)}"
-            )
-        if not self.tables and not self.publication:
-            raise InvalidOptionError("name the tables to capture (--tables) or a --publication")
-        if self.max_changes < 1:
-            raise InvalidOptionError(f"max_changes must be >= 1, got {self.max_changes}")
-
-
-@dataclass
-class CaptureProgress:
-    """Counts since this capture started, and how far behind the server it is."""
-
-    rows: int = 0
-    snapshot_rows: int = 0
-    transactions: int = 0
-    commits: int = 0
-    skipped_transactions: int = 0
-    """Transactions the log already held (a restart after a kill)."""
-    position: int = 0
-    """The slot position the log holds (end LSN of the last captured transaction)."""
-    lag_bytes: int = 0
-    """WAL written by the server past :attr:`position` when last looked."""
-    last_commit_ms: int | None = None
-    """Source commit time of the last captured transaction."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "rows": self.rows,
-            "snapshot_rows": self.snapshot_rows,
-            "transactions": self.transactions,
-            "commits": self.commits,
-            "skipped_transactions": self.skipped_transactions,
-            "position": lsn_to_text(self.position),
-            "lag_bytes": self.lag_bytes,
-            "last_commit_ms": self.last_commit_ms,
-        }
 
 
 @dataclass(frozen=True)
@@ -464,7 +394,7 @@ class _Events:
     ) -> dict[str, Any]:
         image = after if after is not None else before
         assert image is not None
-        key = jsontext.encode({name: image.get(name) for name in table.key})
+        key = jsontext.encode_exact({name: image.get(name) for name in table.key})
         metadata: dict[str, Any] = {
             "op": op,
             "ts_ms": now_ms(),
@@ -477,8 +407,8 @@ class _Events:
             "operation": _OPERATIONS[op],
             "collection": table.qualified,
             "key": key,
-            "data": RawJSON(jsontext.encode(image)),
-            "before": RawJSON(jsontext.encode(before)) if before is not None else None,
+            "data": RawJSON(jsontext.encode_exact(image)),
+            "before": RawJSON(jsontext.encode_exact(before)) if before is not None else None,
             "metadata": RawJSON(jsontext.encode(metadata)),
         }
 
@@ -486,7 +416,7 @@ class _Events:
         self, table: Table, ts_ms: int, snapshot: str, xid: int | None, lsn: int
     ) -> dict[str, Any]:
         return {
-            "version": __version__,
+            "version": _VERSION,
             "connector": "postgresql",
             "name": self.slot,
             "ts_ms": ts_ms,
@@ -503,7 +433,7 @@ class _Events:
     ) -> dict[str, Any]:
         after, _ = self._row(table, values)
         source = self._source(table, ts_ms, "true", None, position)
-        key = jsontext.encode({name: after.get(name) for name in table.key})
+        key = jsontext.encode_exact({name: after.get(name) for name in table.key})
         identity = f"{self.slot}:snapshot:{position}:{table.qualified}:{key}"
         return self.event(table, op="r", after=after, before=None, source=source, identity=identity)
 

@@ -3,8 +3,9 @@
 psycopg's own loaders parse the text of each type (arrays with their element types
 included); this module only says how each parsed value is written as JSON:
 
-* ``numeric`` as a JSON number with the server's exact digits (``1.50`` stays ``1.50``;
-  ``NaN`` and infinities as strings); integers as numbers, floats as their shortest
+* ``numeric`` as a JSON number with the server's exact digits (``1.50`` stays ``1.50``,
+  ``0.000000000000000000000000001`` is not shortened to ``1E-27``; ``NaN`` and infinities
+  as strings), also inside arrays; integers as numbers, floats as their shortest
   round-trip text;
 * ``timestamptz`` as ISO-8601 in UTC (``2024-05-01T10:00:00.123456Z``), ``timestamp``,
   ``date`` and ``time`` as ISO-8601 (values beyond Python's range, such as ``infinity``,
@@ -26,8 +27,12 @@ from typing import Any
 
 import psycopg
 import psycopg.adapt
+from psycopg.abc import Buffer
+from psycopg.adapt import Loader
 from psycopg.pq import Format
 from psycopg.types.string import TextLoader
+
+from replog.format.jsontext import RawJSON
 
 TEXT_AS_IS = ("json", "jsonb", "interval")
 """Types whose psycopg loader would lose something (number text, months of an interval)."""
@@ -38,10 +43,21 @@ SESSION_SETTINGS = {"TimeZone": "UTC", "DateStyle": "ISO, YMD", "IntervalStyle":
 _UNKNOWN_OID = 0
 
 
+class NumericTextLoader(Loader):
+    """``numeric`` as its exact text: a :class:`RawJSON` number, or a string for ``NaN``
+    and the infinities (not JSON numbers). psycopg's own loader makes a ``Decimal``,
+    whose text may differ (``1E-27``)."""
+
+    def load(self, data: Buffer) -> RawJSON | str:
+        text = bytes(data).decode("ascii")
+        return RawJSON(text) if text[-1].isdigit() else text
+
+
 def _adapters() -> psycopg.adapt.AdaptersMap:
     adapters = psycopg.adapt.AdaptersMap(psycopg.adapters)
     for name in TEXT_AS_IS:
         adapters.register_loader(name, TextLoader)
+    adapters.register_loader("numeric", NumericTextLoader)
     return adapters
 
 
