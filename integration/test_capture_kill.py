@@ -17,6 +17,7 @@ from support.cli import REPLOG
 
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import capture
+from replog.errors import LogNotFoundError
 from replog.log import ReplicationLog
 
 pytestmark = pytest.mark.slow
@@ -112,3 +113,28 @@ def test_capture_survives_random_sigkills(pg_dsn: str, tmp_path: Path) -> None:
         by_txn.setdefault(event["txid"], set()).add(event["version"])
     assert len(by_txn) == workload.transactions
     assert all(len(versions) == 1 for versions in by_txn.values())
+
+
+def _snapshot_landed(url: str) -> bool:
+    try:
+        return ReplicationLog.open(url).refresh().version > 0
+    except LogNotFoundError:  # not created yet, or half-way
+        return False
+
+
+def test_sigterm_finishes_the_commit_and_exits_cleanly(pg_dsn: str, tmp_path: Path) -> None:
+    url = str(tmp_path / "log")
+    with psycopg.connect(pg_dsn, autocommit=True) as connection:
+        connection.execute("CREATE TABLE t (id int PRIMARY KEY, v int, amount numeric)")
+        connection.execute("INSERT INTO t VALUES (1, 1, 1.5)")
+    command = [REPLOG, "capture", "postgres", pg_dsn, url, "--slot", "term", "--tables", "t"]
+    process = subprocess.Popen(
+        [*command, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    while not _snapshot_landed(url):
+        time.sleep(0.05)
+    process.terminate()
+    stdout, stderr = process.communicate()
+    assert process.returncode == 0, stderr
+    assert "captured 0 rows (1 in the snapshot)" in stdout
+    assert [e["op"] for e in captured(ReplicationLog.open(url))] == ["r"]
