@@ -114,3 +114,19 @@ def spark():
     session.sparkContext.setLogLevel("ERROR")
     yield session
     session.stop()
+
+
+@pytest.fixture(scope="session")
+def postgres_server():
+    """A real PostgreSQL server with wal_level=logical for the whole session (capture tests)."""
+    from support.postgres import running_server
+
+    with running_server() as server:
+        yield server
+
+
+@pytest.fixture
+def pg_dsn(postgres_server) -> Iterator[str]:
+    """A fresh database on the session's server, dropped after the test."""
+    with postgres_server.database() as dsn:
+        yield dsn

@@ -25,7 +25,7 @@ LAYERS = [
     ["core"],
     ["log", "merges", "appender"],
     ["checkpoints", "offsets"],
-    ["planning", "ops", "ingest", "debezium", "tables"],
+    ["planning", "ops", "ingest", "debezium", "tables", "capture"],
     ["cli", "spark", "__init__"],
 ]
 """From the bottom: a part may import parts of its own layer or below, never above."""

@@ -21,7 +21,14 @@ from replog.errors import InjectedFaultError, InvalidOptionError
 
 logger = logging.getLogger(__name__)
 
-STEPS = ("staged", "after_pending", "after_log_commit", "after_committed", "write_task")
+STEPS = (
+    "staged",
+    "after_pending",
+    "after_log_commit",
+    "after_committed",
+    "write_task",
+    "capture_committed",
+)
 
 
 def crash_point(step: str, epoch: int | None = None) -> None:

@@ -33,6 +33,28 @@ class SchemaChangeError(ReplogError, ValueError):
         self.column = column
 
 
+# -- change-data capture from a database ---------------------------------------------------
+
+
+class CaptureError(ReplogError):
+    """Base of the errors of ``replog capture``: the source database cannot be captured
+    as asked. Raised before anything is written to the log."""
+
+
+class SourceConnectionError(CaptureError, ConnectionError):
+    """The source database cannot be reached or refuses the credentials."""
+
+
+class SourceConfigError(CaptureError, ValueError):
+    """The source is not set up for capture (``wal_level``, a missing table, publication or
+    primary key, a slot of another plug-in)."""
+
+
+class SourcePositionError(CaptureError):
+    """The replication slot and the log disagree on how far capture went, so resuming
+    would lose changes (the slot is gone, or was advanced past the log by someone else)."""
+
+
 # -- what is (not) at a URL ----------------------------------------------------------------
 
 

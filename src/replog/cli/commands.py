@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import socket
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -14,11 +16,18 @@ from typing import IO, Any
 
 from replog import ingest
 from replog import offsets as positions
+from replog.capture.options import CaptureOptions
+from replog.capture.progress import CaptureProgress
 from replog.checkpoints import consumers
 from replog.checkpoints.manifest import CheckpointManifest
 from replog.checkpoints.store import ManifestStore
-from replog.cli.output import Output
-from replog.errors import InvalidOptionError, ManifestNotFoundError, ReplogError
+from replog.cli.output import Output, age
+from replog.errors import (
+    InvalidOptionError,
+    LogNotFoundError,
+    ManifestNotFoundError,
+    ReplogError,
+)
 from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
@@ -44,6 +53,83 @@ def storage_options(pairs: Sequence[str]) -> dict[str, Any]:
 
 def open_log(args: argparse.Namespace) -> ReplicationLog:
     return ReplicationLog.open(args.url, storage_options=storage_options(args.fs_option))
+
+
+# -- capture ---------------------------------------------------------------------------------
+
+PROGRESS_EVERY_S = 1.0
+
+
+def _keys(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
+    keys: dict[str, tuple[str, ...]] = {}
+    for pair in pairs:
+        table, sep, columns = pair.partition("=")
+        names = tuple(c.strip() for c in columns.split(",") if c.strip())
+        if not sep or not table or not names:
+            raise InvalidOptionError(f"--keys expects schema.table=col[,col...], got {pair!r}")
+        keys[table if "." in table else f"public.{table}"] = names
+    return keys
+
+
+def _progress_line(progress: CaptureProgress) -> str:
+    behind = "-" if progress.last_commit_ms is None else f"{age(progress.last_commit_ms)}"
+    return (
+        f"capture: {progress.rows} rows ({progress.snapshot_rows} in the snapshot), "
+        f"{progress.transactions} transactions, {progress.commits} commits, "
+        f"lag {progress.lag_bytes} B of WAL, last source commit {behind}"
+    )
+
+
+def cmd_capture(args: argparse.Namespace, out: Output) -> int:
+    """``replog capture postgres``: stops cleanly on Ctrl-C or SIGTERM (after the commit in
+    progress), with a progress line on stderr."""
+    options = CaptureOptions(
+        dsn=args.dsn,
+        slot=args.slot,
+        publication=args.publication,
+        tables=tuple(t.strip() for t in (args.tables or "").split(",") if t.strip()),
+        snapshot=args.snapshot,
+        keys=_keys(args.keys),
+        follow=args.follow,
+        drop_slot=args.drop_slot,
+        max_changes=args.max_changes,
+    )
+    options.check()
+    try:
+        from replog.capture import postgres  # noqa: PLC0415 - needs the 'postgres' extra
+    except ImportError as exc:
+        raise InvalidOptionError(
+            f"capture needs psycopg: pip install 'pyspark-replog[postgres]' ({exc})"
+        ) from exc
+    stop = threading.Event()
+    last_shown = [0.0]
+
+    def show(progress: CaptureProgress) -> None:
+        if time.monotonic() - last_shown[0] >= PROGRESS_EVERY_S:
+            last_shown[0] = time.monotonic()
+            print(_progress_line(progress), file=sys.stderr, flush=True)
+
+    with postgres.PostgresCapture(options, _capture_log(args), stop=stop, progress=show) as run:
+        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
+        try:
+            progress = run.run()
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    out.captured(args.url, progress)
+    return 0
+
+
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def _capture_log(args: argparse.Namespace) -> ReplicationLog:
+    """The capture's log, created if absent (after the source was checked)."""
+    options = storage_options(args.fs_option)
+    try:
+        return ReplicationLog.open(args.url, storage_options=options)
+    except LogNotFoundError:
+        return ReplicationLog.open_or_create(args.url, args.shards, storage_options=options)
 
 
 # -- create / append / info / read / tail / verify -----------------------------------------

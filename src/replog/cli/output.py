@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
 
+from replog.capture.progress import CaptureProgress
 from replog.checkpoints.consumers import ConsumerPosition
 from replog.checkpoints.manifest import CheckpointManifest
 from replog.format.commits import TXN_QUERY
@@ -78,6 +79,9 @@ class Output(ABC):
 
     @abstractmethod
     def appended(self, report: AppendReport) -> None: ...
+
+    @abstractmethod
+    def captured(self, url: str, progress: CaptureProgress) -> None: ...
 
     @abstractmethod
     def info(self, info: LogInfo) -> None: ...
@@ -153,6 +157,18 @@ class TextOutput(Output):
             )
         if skipped:
             self.line(f"skipped {skipped}")
+
+    def captured(self, url: str, progress: CaptureProgress) -> None:
+        self.line(
+            f"captured {progress.rows} rows ({progress.snapshot_rows} in the snapshot) of "
+            f"{progress.transactions} transactions into {url} in {progress.commits} commits; "
+            f"position {progress.to_json()['position']}"
+            + (
+                f" ({progress.skipped_transactions} transactions were already in the log)"
+                if progress.skipped_transactions
+                else ""
+            )
+        )
 
     def info(self, info: LogInfo) -> None:
         self.line(f"log        {info.url}")
@@ -341,6 +357,9 @@ class JsonOutput(Output):
 
     def appended(self, report: AppendReport) -> None:
         self.document(report.to_json())
+
+    def captured(self, url: str, progress: CaptureProgress) -> None:
+        self.document({"url": url, **progress.to_json()})
 
     def info(self, info: LogInfo) -> None:
         self.document(info.to_json())

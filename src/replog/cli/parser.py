@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Callable
 
 from replog import __version__
+from replog.capture.options import DEFAULT_MAX_CHANGES, SNAPSHOT_MODES
 from replog.cli import commands
 from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS
 from replog.ingest import FORMATS
@@ -81,6 +82,62 @@ def _write_commands(command: _Command) -> None:
         "already in the log is skipped, so a run whose outcome was unknown can be repeated)",
     )
     p.add_argument("--txn-version", type=int, help="with --txn-app-id: this append's version")
+
+
+def _capture_commands(command: _Command) -> None:
+    """Change-data capture from a database into a log."""
+    p = command(
+        "capture",
+        commands.cmd_capture,
+        help="capture a database's changes into a log, each transaction exactly once",
+        description="Capture PostgreSQL changes through a logical replication slot "
+        "(pgoutput): an initial snapshot of the tables, then every committed transaction, "
+        "each in exactly one commit of the log, which records the slot position with the "
+        "events. The slot is advanced only after the commit; a restart resumes where the "
+        "log ends. The log is created if absent. Ctrl-C or SIGTERM finishes the current "
+        "commit and exits.",
+    )
+    p.add_argument("source", choices=["postgres"], help="the kind of database")
+    p.add_argument("dsn", help="a libpq connection string or URI")
+    p.add_argument("url", help="the log")
+    p.add_argument("--slot", required=True, help="the logical replication slot (created if absent)")
+    p.add_argument(
+        "--publication",
+        help="an existing publication to capture (default: one named after the slot, "
+        "created for --tables)",
+    )
+    p.add_argument("--tables", help="schema.table[,schema.table...] (default: the publication's)")
+    p.add_argument(
+        "--keys",
+        action="append",
+        default=[],
+        metavar="SCHEMA.TABLE=COL[,COL...]",
+        help="key columns of a table without a primary key (repeatable)",
+    )
+    p.add_argument(
+        "--snapshot",
+        choices=SNAPSHOT_MODES,
+        default=SNAPSHOT_MODES[0],
+        help="initial: read the tables first (op r); never: only changes from the slot on",
+    )
+    p.add_argument("--follow", action="store_true", help="keep capturing until stopped")
+    p.add_argument(
+        "--drop-slot",
+        action="store_true",
+        help="drop the slot when capture ends (the server stops keeping WAL for it)",
+    )
+    p.add_argument(
+        "--shards",
+        type=int,
+        default=DEFAULT_SHARDS,
+        help=f"shards of the log if it is created (default {DEFAULT_SHARDS})",
+    )
+    p.add_argument(
+        "--max-changes",
+        type=int,
+        default=DEFAULT_MAX_CHANGES,
+        help=f"changes per log commit, in whole transactions (default {DEFAULT_MAX_CHANGES})",
+    )
 
 
 def _read_commands(command: _Command) -> None:
@@ -211,6 +268,13 @@ def build_parser() -> argparse.ArgumentParser:
         p.set_defaults(handler=handler)
         return p
 
-    for add in (_write_commands, _read_commands, _checkpoint_commands, _operate_commands):
+    groups = (
+        _write_commands,
+        _capture_commands,
+        _read_commands,
+        _checkpoint_commands,
+        _operate_commands,
+    )
+    for add in groups:
         add(command)
     return parser

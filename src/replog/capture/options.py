@@ -1,0 +1,52 @@
+"""What a capture is asked to do: checked before any connection is made (no driver needed)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from replog.errors import InvalidOptionError
+
+SNAPSHOT_MODES = ("initial", "never")
+DEFAULT_MAX_CHANGES = 20_000
+"""Changes read from the slot per log commit (more when one transaction is bigger: a
+transaction is never split)."""
+DEFAULT_POLL_S = 0.05
+"""How long a following capture waits after finding no new changes."""
+_SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+
+
+@dataclass(frozen=True)
+class CaptureOptions:
+    """What to capture, and how."""
+
+    dsn: str
+    slot: str
+    publication: str | None = None
+    """An existing publication; default: one named after the slot, created for ``tables``."""
+    tables: tuple[str, ...] = ()
+    """``schema.table`` names (a bare name is in ``public``); default: the publication's."""
+    snapshot: str = "initial"
+    keys: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    """Key columns of tables without a primary key, by ``schema.table``."""
+    follow: bool = False
+    drop_slot: bool = False
+    """Drop the slot when capture ends (the server then stops keeping WAL for it)."""
+    max_changes: int = DEFAULT_MAX_CHANGES
+    poll_s: float = DEFAULT_POLL_S
+
+    def check(self) -> None:
+        if not _SLOT_NAME.fullmatch(self.slot):
+            raise InvalidOptionError(
+                f"slot name {self.slot!r} is not valid: lower-case letters, digits and '_', "
+                f"at most 63 characters"
+            )
+        if self.snapshot not in SNAPSHOT_MODES:
+            raise InvalidOptionError(
+                f"snapshot mode {self.snapshot!r} is not one of {', '.join(SNAPSHOT_MODES)}"
+            )
+        if not self.tables and not self.publication:
+            raise InvalidOptionError("name the tables to capture (--tables) or a --publication")
+        if self.max_changes < 1:
+            raise InvalidOptionError(f"max_changes must be >= 1, got {self.max_changes}")

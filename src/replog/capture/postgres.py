@@ -1,0 +1,665 @@
+"""PostgreSQL changes into a log, each source transaction exactly once (``replog capture
+postgres``; docs/CDC.md, "Capturing PostgreSQL").
+
+How it stays exactly once:
+
+* The slot is read with ``pg_logical_slot_peek_binary_changes`` (``pgoutput``, protocol 1):
+  a peek consumes nothing, and the server returns whole transactions only. pgoutput
+  names each column's type, so every value is decoded by its type (test_decoding's text
+  would have to be parsed back, and wal2json is not shipped with the server).
+* Each commit to the log holds whole source transactions (one or many) and is an
+  idempotent append (:class:`~replog.format.commits.Transaction`): app id
+  ``pg-capture.<slot>``, version = the end LSN of its last transaction. The position
+  is thus recorded in the same atomic commit as the events, and a version the log
+  already holds is never appended again.
+* The slot is advanced (``pg_replication_slot_advance``) only after the commit landed.
+  A capture killed in between finds the log ahead of the slot on restart: it advances
+  the slot to the log's position and skips every transaction at or below it.
+* The initial snapshot is read under the snapshot the slot exported when it was created
+  (``CREATE_REPLICATION_SLOT ... EXPORT_SNAPSHOT`` on a replication connection), so it
+  holds exactly the transactions before the slot's first change. It is one commit at the
+  slot's consistent point; a capture killed before it landed drops the slot (nothing was
+  read from it) and starts over.
+
+This module never imports pyspark.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from replog.capture.options import CaptureOptions
+from replog.capture.pgoutput import (
+    Decoder,
+    Relation,
+    RowChange,
+    SourceTransaction,
+    Unchanged,
+    Value,
+    lsn_to_int,
+    lsn_to_text,
+)
+from replog.capture.progress import CaptureProgress
+from replog.capture.values import SESSION_SETTINGS, ValueReader
+from replog.crashpoints import crash_point
+from replog.errors import (
+    CaptureError,
+    InvalidOptionError,
+    SourceConfigError,
+    SourceConnectionError,
+    SourcePositionError,
+)
+from replog.format import jsontext
+from replog.format.commits import TXN_QUERY, Transaction
+from replog.format.jsontext import RawJSON
+from replog.log import ReplicationLog
+from replog.timeutil import now_ms
+
+logger = logging.getLogger(__name__)
+
+UNAVAILABLE = "__debezium_unavailable_value"
+"""Debezium's placeholder for an unchanged TOASTed value the server did not send."""
+EVENT_ID_NAMESPACE = uuid.UUID("0d8b6f3e-3c55-4b8e-9d2b-6a1f5e0c7b21")
+_VERSION = importlib.metadata.version("pyspark-replog")
+_OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
+
+
+def app_id(slot: str) -> str:
+    """The transaction app id under which the log records this slot's position."""
+    return f"pg-capture.{slot}"
+
+
+@dataclass(frozen=True)
+class Table:
+    """A captured table: its columns' (base) type ids and the columns of its key."""
+
+    schema: str
+    name: str
+    columns: tuple[tuple[str, int], ...]
+    key: tuple[str, ...]
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def _safe_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "the given DSN"
+    shown = {k: v for k, v in parts.items() if k in ("host", "port", "dbname", "user")}
+    return " ".join(f"{k}={v}" for k, v in shown.items()) or "the default server"
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """An autocommit session that writes values as :mod:`~replog.capture.values` reads them."""
+    try:
+        connection = psycopg.connect(dsn, autocommit=True, **kwargs)
+    except psycopg.Error as exc:
+        raise SourceConnectionError(
+            f"cannot connect to PostgreSQL ({_safe_dsn(dsn)}): {str(exc).strip()}"
+        ) from exc
+    if not kwargs.get("replication"):
+        for name, value in SESSION_SETTINGS.items():
+            connection.execute("SELECT set_config(%s, %s, false)", (name, value))
+    return connection
+
+
+class PostgresSource:
+    """The source database: checks, tables, the slot and the publication."""
+
+    def __init__(self, options: CaptureOptions) -> None:
+        self.options = options
+        self.connection = connect(options.dsn)
+        row = self.connection.execute("SELECT current_database()").fetchone()
+        assert row is not None
+        self.database: str = row[0]
+        self.base_types: dict[int, int] = {}
+        self.tables: dict[str, Table] = {}
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def _one(self, query: str | sql.Composed, params: Sequence[Any] = ()) -> Any:
+        row = self.connection.execute(query, params).fetchone()
+        return None if row is None else row[0]
+
+    # -- checks, before anything is written ------------------------------------------
+
+    def check(self) -> None:
+        """Every reason capture cannot run, as an error naming the value at fault."""
+        wal_level = self._one("SHOW wal_level")
+        if wal_level != "logical":
+            raise SourceConfigError(
+                f"wal_level is {wal_level!r} on {_safe_dsn(self.options.dsn)}; capture needs "
+                f"'logical' (ALTER SYSTEM SET wal_level = logical, then restart the server)"
+            )
+        publication = self.options.publication
+        if publication is not None and not self._one(
+            "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)
+        ):
+            raise SourceConfigError(
+                f"publication {publication!r} does not exist in database {self.database!r}"
+            )
+        names = self.options.tables or self._publication_tables(publication or "")
+        if not names:
+            raise SourceConfigError(f"publication {publication!r} publishes no tables")
+        for name in names:
+            table = self._table(name)
+            self.tables[table.qualified] = table
+        unknown = set(self.options.keys) - set(self.tables)
+        if unknown:
+            raise InvalidOptionError(f"keys given for tables not captured: {sorted(unknown)}")
+        if publication is not None and self.options.tables:
+            published = set(self._publication_tables(publication))
+            for name in self.tables:
+                if name not in published:
+                    raise SourceConfigError(f"table {name!r} is not in publication {publication!r}")
+        self._check_slot()
+
+    def _publication_tables(self, publication: str) -> list[str]:
+        rows = self.connection.execute(
+            "SELECT schemaname || '.' || tablename FROM pg_publication_tables WHERE pubname = %s"
+            " ORDER BY 1",
+            (publication,),
+        ).fetchall()
+        return [row[0] for row in rows]
+
+    def _table(self, name: str) -> Table:
+        qualified = name if "." in name else f"public.{name}"
+        schema, _, table = qualified.partition(".")
+        oid = self._one(
+            "SELECT c.oid FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE n.nspname = %s AND c.relname = %s AND c.relkind IN ('r', 'p')",
+            (schema, table),
+        )
+        if oid is None:
+            raise SourceConfigError(
+                f"table {qualified!r} does not exist in database {self.database!r}"
+            )
+        columns = self.connection.execute(
+            "SELECT a.attname, a.atttypid,"
+            " CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
+            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
+            " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            (oid,),
+        ).fetchall()
+        primary = [
+            row[0]
+            for row in self.connection.execute(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
+                " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+                " WHERE i.indrelid = %s AND i.indisprimary"
+                " ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                (oid,),
+            ).fetchall()
+        ]
+        key = tuple(self.options.keys.get(qualified, ())) or tuple(primary)
+        names = {column for column, _, _ in columns}
+        if not key:
+            raise SourceConfigError(
+                f"table {qualified!r} has no primary key: give its key columns "
+                f"(--keys {qualified}=col[,col...]) and set REPLICA IDENTITY FULL on it"
+            )
+        missing = [column for column in key if column not in names]
+        if missing:
+            raise SourceConfigError(f"table {qualified!r} has no column(s) {missing}")
+        identity = self._one("SELECT relreplident FROM pg_class WHERE oid = %s", (oid,))
+        if not primary and identity != "f":
+            raise SourceConfigError(
+                f"table {qualified!r} has no primary key, so its deletes would carry no key: "
+                f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
+            )
+        for _, type_oid, base_oid in columns:
+            self.base_types[type_oid] = base_oid
+        return Table(schema, table, tuple((c, t) for c, t, _ in columns), key)
+
+    def _check_slot(self) -> None:
+        slot = self.slot()
+        if slot is None:
+            return
+        plugin, database, _, active_pid = slot
+        if plugin != "pgoutput":
+            raise SourceConfigError(
+                f"replication slot {self.options.slot!r} uses plug-in {plugin!r}, not pgoutput"
+            )
+        if database != self.database:
+            raise SourceConfigError(
+                f"replication slot {self.options.slot!r} belongs to database {database!r}, "
+                f"not {self.database!r}"
+            )
+        if active_pid is not None:
+            raise CaptureError(
+                f"replication slot {self.options.slot!r} is in use by server process "
+                f"{active_pid} (another capture?)"
+            )
+
+    # -- the slot and the publication --------------------------------------------------
+
+    def slot(self) -> tuple[str, str, int, int | None] | None:
+        """(plug-in, database, confirmed position, active pid) of the slot, if it exists."""
+        row = self.connection.execute(
+            "SELECT plugin, database, confirmed_flush_lsn::text, active_pid"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (self.options.slot,),
+        ).fetchone()
+        if row is None:
+            return None
+        return row[0], row[1], lsn_to_int(row[2]) if row[2] else 0, row[3]
+
+    @property
+    def publication(self) -> str:
+        return self.options.publication or self.options.slot
+
+    def ensure_publication(self) -> None:
+        """Create the slot's own publication for the tables, or add tables missing from it."""
+        if self.options.publication is not None:
+            return
+        name = sql.Identifier(self.publication)
+        tables = [sql.Identifier(t.schema, t.name) for t in self.tables.values()]
+        exists = self._one(
+            "SELECT count(*) FROM pg_publication WHERE pubname = %s", (self.publication,)
+        )
+        if not exists:
+            self.connection.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {}").format(
+                    name, sql.SQL(", ").join(tables)
+                )
+            )
+            logger.info("created publication %s", self.publication)
+            return
+        published = set(self._publication_tables(self.publication))
+        for table in self.tables.values():
+            if table.qualified not in published:
+                self.connection.execute(
+                    sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                        name, sql.Identifier(table.schema, table.name)
+                    )
+                )
+
+    def create_slot(self) -> int:
+        """Create the slot (no snapshot); its consistent point."""
+        row = self.connection.execute(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+            (self.options.slot,),
+        ).fetchone()
+        assert row is not None
+        return lsn_to_int(row[0])
+
+    def drop_slot(self) -> None:
+        self.connection.execute("SELECT pg_drop_replication_slot(%s)", (self.options.slot,))
+        logger.info("dropped replication slot %s", self.options.slot)
+
+    def advance(self, position: int) -> None:
+        self.connection.execute(
+            "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+            (self.options.slot, lsn_to_text(position)),
+        )
+
+    def current_position(self) -> int:
+        return lsn_to_int(self._one("SELECT pg_current_wal_lsn()::text"))
+
+    def peek(self, max_changes: int) -> list[tuple[int, bytes]]:
+        """The slot's next messages (whole transactions), consuming nothing."""
+        rows = self.connection.execute(
+            "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
+            "%s, NULL, %s, 'proto_version', '1', 'publication_names', %s)",
+            (self.options.slot, max_changes, _quoted_list(self.publication)),
+        ).fetchall()
+        return [(lsn_to_int(lsn), bytes(data)) for lsn, data in rows]
+
+    @contextmanager
+    def slot_with_snapshot(self) -> Iterator[tuple[int, psycopg.Connection[Any]]]:
+        """Create the slot and yield its consistent point with a session reading the
+        database as it was at that point (the snapshot the slot exported)."""
+        replication = connect(self.options.dsn, replication="database")
+        try:
+            row = replication.execute(
+                f"CREATE_REPLICATION_SLOT {self.options.slot} LOGICAL pgoutput EXPORT_SNAPSHOT"
+            ).fetchone()
+            assert row is not None
+            consistent_point, snapshot_name = lsn_to_int(row[1]), row[2]
+            reader = connect(self.options.dsn)
+            try:
+                reader.autocommit = False
+                reader.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+                reader.execute(sql.SQL("SET TRANSACTION SNAPSHOT {}").format(snapshot_name))
+                yield consistent_point, reader
+                reader.rollback()
+            finally:
+                reader.close()
+        finally:
+            replication.close()
+
+
+def _quoted_list(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+class _Events:
+    """Change events in the shape ``replog append --format debezium`` produces."""
+
+    def __init__(self, source: PostgresSource, slot: str) -> None:
+        self.reader = ValueReader()
+        self.source = source
+        self.slot = slot
+
+    def _row(
+        self, relation: Relation | Table, values: Sequence[Value], fallback: Sequence[Value] = ()
+    ) -> tuple[dict[str, Any], list[str]]:
+        """A row image; unchanged TOASTed values come from ``fallback`` (an old image under
+        REPLICA IDENTITY FULL) or become :data:`UNAVAILABLE` (listed)."""
+        image: dict[str, Any] = {}
+        unavailable: list[str] = []
+        columns = (
+            [(c.name, c.type_oid) for c in relation.columns]
+            if isinstance(relation, Relation)
+            else relation.columns
+        )
+        base = self.source.base_types
+        for index, (name, type_oid) in enumerate(columns):
+            value = values[index] if index < len(values) else None
+            if isinstance(value, Unchanged) and index < len(fallback):
+                value = fallback[index]
+            if isinstance(value, Unchanged):
+                image[name] = UNAVAILABLE
+                unavailable.append(name)
+            else:
+                image[name] = self.reader.read(base.get(type_oid, type_oid), value)
+        return image, unavailable
+
+    def event(
+        self,
+        table: Table,
+        *,
+        op: str,
+        after: dict[str, Any] | None,
+        before: dict[str, Any] | None,
+        source: dict[str, Any],
+        identity: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> dict[str, Any]:
+        image = after if after is not None else before
+        assert image is not None
+        key = jsontext.encode_exact({name: image.get(name) for name in table.key})
+        metadata: dict[str, Any] = {
+            "op": op,
+            "ts_ms": now_ms(),
+            "source": source,
+            **(extra or {}),
+        }
+        return {
+            "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
+            "timestamp": source["ts_ms"],
+            "operation": _OPERATIONS[op],
+            "collection": table.qualified,
+            "key": key,
+            "data": RawJSON(jsontext.encode_exact(image)),
+            "before": RawJSON(jsontext.encode_exact(before)) if before is not None else None,
+            "metadata": RawJSON(jsontext.encode(metadata)),
+        }
+
+    def _source(
+        self, table: Table, ts_ms: int, snapshot: str, xid: int | None, lsn: int
+    ) -> dict[str, Any]:
+        return {
+            "version": _VERSION,
+            "connector": "postgresql",
+            "name": self.slot,
+            "ts_ms": ts_ms,
+            "snapshot": snapshot,
+            "db": self.source.database,
+            "schema": table.schema,
+            "table": table.name,
+            "txId": xid,
+            "lsn": lsn,
+        }
+
+    def snapshot_row(
+        self, table: Table, values: Sequence[str | None], ts_ms: int, position: int
+    ) -> dict[str, Any]:
+        after, _ = self._row(table, values)
+        source = self._source(table, ts_ms, "true", None, position)
+        key = jsontext.encode_exact({name: after.get(name) for name in table.key})
+        identity = f"{self.slot}:snapshot:{position}:{table.qualified}:{key}"
+        return self.event(table, op="r", after=after, before=None, source=source, identity=identity)
+
+    def change(
+        self, table: Table, change: RowChange, txn: SourceTransaction, order: int
+    ) -> dict[str, Any]:
+        relation = change.relation
+        before: dict[str, Any] | None = None
+        if change.old is not None:
+            before, _ = self._row(relation, change.old)
+            if change.old_is_key_only:  # only the identity columns were sent
+                identities = {c.name for c in relation.columns if c.in_identity}
+                before = {k: v for k, v in before.items() if k in identities}
+        after = None
+        unavailable: list[str] = []
+        if change.new is not None:
+            full_old = change.old if change.old is not None and not change.old_is_key_only else ()
+            after, unavailable = self._row(relation, change.new, full_old)
+        source = self._source(table, txn.commit_ms, "false", txn.xid, change.lsn)
+        extra: dict[str, Any] = {
+            "transaction": {
+                "id": f"{txn.xid}:{txn.end_lsn}",
+                "total_order": order,
+                "data_collection_order": order,
+            }
+        }
+        if unavailable:
+            extra["unavailable"] = unavailable
+        identity = f"{self.slot}:{txn.end_lsn}:{order}"
+        return self.event(
+            table,
+            op=change.op,
+            after=after,
+            before=before,
+            source=source,
+            identity=identity,
+            extra=extra,
+        )
+
+
+ProgressCallback = Callable[[CaptureProgress], None]
+
+
+class PostgresCapture:
+    """One capture of a PostgreSQL database into one log (see the module docstring).
+
+    ``stop`` ends a following capture after the commit in progress.
+    """
+
+    def __init__(
+        self,
+        options: CaptureOptions,
+        log: ReplicationLog,
+        *,
+        stop: threading.Event | None = None,
+        progress: ProgressCallback | None = None,
+    ) -> None:
+        options.check()
+        self.options = options
+        self.log = log
+        self.stop = stop or threading.Event()
+        self.on_progress = progress
+        self.app_id = app_id(options.slot)
+        self.progress = CaptureProgress()
+        self.source = PostgresSource(options)
+        try:
+            self.source.check()
+        except BaseException:
+            self.source.close()
+            raise
+        self.events = _Events(self.source, options.slot)
+        self.decoder = Decoder()
+        self.by_relation: dict[str, Table] = self.source.tables
+
+    def close(self) -> None:
+        self.source.close()
+
+    def __enter__(self) -> PostgresCapture:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def logged_position(self) -> int | None:
+        """The slot position the log holds for this capture (None: it holds none)."""
+        mark = self.log.refresh(verify_within=0).sinks.get(self.app_id)
+        return mark.epoch_of(TXN_QUERY) if mark else None
+
+    def run(self) -> CaptureProgress:
+        """Snapshot if asked, then stream until caught up (or, following, until stopped)."""
+        position = self._start()
+        self.progress.position = position
+        try:
+            while not self.stop.is_set():
+                captured = self._capture_batch()
+                self._report()
+                if not captured:
+                    if not self.options.follow:
+                        break
+                    self.stop.wait(self.options.poll_s)
+        finally:
+            if self.options.drop_slot:
+                self.source.drop_slot()
+        return self.progress
+
+    def _report(self) -> None:
+        self.progress.lag_bytes = max(self.source.current_position() - self.progress.position, 0)
+        if self.on_progress is not None:
+            self.on_progress(self.progress)
+
+    # -- starting: the slot and the log must agree --------------------------------------
+
+    def _start(self) -> int:
+        logged = self.logged_position()
+        slot = self.source.slot()
+        if logged is None:
+            self.source.ensure_publication()
+            if self.options.snapshot == "initial":
+                if slot is not None:
+                    logger.warning(
+                        "slot %s exists but the log holds no capture of it: dropping it to "
+                        "take a snapshot consistent with a new slot",
+                        self.options.slot,
+                    )
+                    self.source.drop_slot()
+                return self._snapshot()
+            return slot[2] if slot is not None else self.source.create_slot()
+        if slot is None:
+            raise SourcePositionError(
+                f"the log holds capture position {lsn_to_text(logged)} of slot "
+                f"{self.options.slot!r}, but the slot does not exist: changes after it are "
+                f"gone. Capture into a new slot (with --snapshot initial) to start over"
+            )
+        confirmed = slot[2]
+        if confirmed > logged:
+            raise SourcePositionError(
+                f"slot {self.options.slot!r} was advanced to {lsn_to_text(confirmed)}, past "
+                f"the log's position {lsn_to_text(logged)}: the changes between were consumed "
+                f"elsewhere and would be lost"
+            )
+        self.source.ensure_publication()
+        if confirmed < logged:  # killed after a commit, before the advance
+            logger.info(
+                "advancing slot %s from %s to the log's %s",
+                self.options.slot,
+                lsn_to_text(confirmed),
+                lsn_to_text(logged),
+            )
+            self.source.advance(logged)
+        return logged
+
+    def _snapshot(self) -> int:
+        """Every captured table at the slot's consistent point, in one commit."""
+        with self.source.slot_with_snapshot() as (position, reader):
+            ts_ms = now_ms()
+            records: list[dict[str, Any]] = []
+            for table in self.source.tables.values():
+                columns = sql.SQL(", ").join(
+                    sql.SQL("{}::text").format(sql.Identifier(name)) for name, _ in table.columns
+                )
+                query = sql.SQL("SELECT {} FROM {}").format(
+                    columns, sql.Identifier(table.schema, table.name)
+                )
+                with reader.cursor(name=f"replog_snapshot_{self.options.slot}") as cursor:
+                    cursor.execute(query)
+                    for values in cursor:
+                        records.append(self.events.snapshot_row(table, values, ts_ms, position))
+            self._commit(records, position)
+            self.progress.snapshot_rows = len(records)
+            logger.info("snapshot of %d rows at %s committed", len(records), lsn_to_text(position))
+        return position
+
+    def _commit(self, records: list[dict[str, Any]], position: int) -> None:
+        """One atomic commit of ``records`` that records ``position`` (also with no
+        records: transactions of tables not captured still move the position on)."""
+        transaction = Transaction(self.app_id, position)
+        if records:
+            record = self.log.append(records, transaction=transaction)
+        else:
+            record = self.log.commit_staged([], writer=transaction.writer())
+        if record is not None:
+            self.progress.commits += 1
+
+    # -- streaming -----------------------------------------------------------------------
+
+    def _capture_batch(self) -> bool:
+        """Read whole transactions from the slot, commit them, then advance the slot.
+        Whether the slot had any."""
+        messages = self.source.peek(self.options.max_changes)
+        transactions: list[SourceTransaction] = []
+        for lsn, message in messages:
+            done = self.decoder.feed(lsn, message)
+            if done is not None:
+                transactions.append(done)
+        if not transactions:
+            return False
+        position = self.progress.position
+        fresh = [txn for txn in transactions if txn.end_lsn > position]
+        self.progress.skipped_transactions += len(transactions) - len(fresh)
+        records = [
+            self.events.change(self.by_relation[change.relation.name], change, txn, order)
+            for txn in fresh
+            for order, change in enumerate(
+                (c for c in txn.changes if c.relation.name in self.by_relation), start=1
+            )
+        ]
+        last = transactions[-1].end_lsn
+        if last > position:
+            self._commit(records, last)
+        crash_point("capture_committed")
+        self.source.advance(last)
+        if fresh:
+            self.progress.last_commit_ms = fresh[-1].commit_ms
+        self.progress.position = max(position, last)
+        self.progress.rows += len(records)
+        self.progress.transactions += len(fresh)
+        return True
+
+
+def capture(
+    options: CaptureOptions,
+    log: ReplicationLog,
+    *,
+    stop: threading.Event | None = None,
+    progress: ProgressCallback | None = None,
+) -> CaptureProgress:
+    """Capture ``options`` into ``log`` (the Python form of ``replog capture postgres``)."""
+    with PostgresCapture(options, log, stop=stop, progress=progress) as running:
+        return running.run()

@@ -1,0 +1,55 @@
+"""Helpers for capture tests: the log's events with the commit that added each."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from replog.format.commits import APPEND, CommitRecord, commit_path
+from replog.log import ReplicationLog
+from support.logcheck import check_log
+
+
+def commit_of_events(log: ReplicationLog) -> dict[tuple[int, int], int]:
+    """(shard, sequence) -> the version of the append commit that added the event."""
+    found: dict[tuple[int, int], int] = {}
+    for version in range(1, log.refresh().version + 1):
+        path = commit_path(version)
+        record = CommitRecord.from_bytes(log.storage.read(path), path)
+        if record.operation != APPEND:
+            continue
+        for segment in record.add:
+            for sequence in range(segment.first_sequence, segment.last_sequence + 1):
+                found[(segment.shard, sequence)] = version
+    return found
+
+
+def captured(log: ReplicationLog) -> list[dict[str, Any]]:
+    """Every event (checked gapless, ids unique) in source order, payloads parsed, each
+    with the commit version that added it."""
+    rows = check_log(log)
+    commits = commit_of_events(log)
+    events = []
+    for row in rows:
+        metadata = json.loads(row["metadata"])
+        source = metadata["source"]
+        events.append(
+            {
+                "op": metadata["op"],
+                "collection": row["collection"],
+                "key": row["key"],
+                "data": row["data"].decode(),
+                "before": row["before"].decode() if row["before"] is not None else None,
+                "metadata": metadata,
+                "lsn": source["lsn"],
+                "txid": source["txId"],
+                "order": (metadata.get("transaction") or {}).get("total_order", 0),
+                "end_lsn": int((metadata.get("transaction") or {"id": "0:0"})["id"].split(":")[1]),
+                "version": commits[(row["shard"], row["sequence"])],
+                "event_id": row["event_id"],
+            }
+        )
+    snapshot = [e for e in events if e["op"] == "r"]
+    changes = [e for e in events if e["op"] != "r"]
+    changes.sort(key=lambda e: (e["end_lsn"], e["order"]))  # commit order, then change order
+    return snapshot + changes
