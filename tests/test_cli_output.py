@@ -16,6 +16,7 @@ import pytest
 from support.logs import commit_offsets, filled_log, log_rows
 
 from replog import ingest
+from replog.capture.progress import CaptureProgress
 from replog.checkpoints.consumers import committed_position
 from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
 from replog.cli.output import JsonOutput, Output, TextOutput, age, event_json
@@ -65,6 +66,9 @@ def _cases(tmp_path: Path) -> list[Case]:
     assert position is not None
     log_status = status.log_status(log)
     plan = retention.plan_truncation(log, {0: 2, 1: 2})
+    captured = CaptureProgress(
+        rows=12, snapshot_rows=5, transactions=4, commits=2, position=0x16B3748
+    )
     recovered = recovery.recover(ReplicationLog.open(url), grace_ms=0, dry_run=True)
     assert recovered.garbage
     merges = compaction.CompactionResult(tuple(plan_full(log.refresh())), None)
@@ -162,6 +166,12 @@ def _cases(tmp_path: Path) -> list[Case]:
             (recovered, "0", True),
             (f"would delete {len(recovered.garbage)} garbage", f"  {recovered.garbage[0]}"),
             _equal(recovered.to_json()),
+        ),
+        Case(
+            "captured",
+            (url, captured),
+            (f"captured 12 rows (5 in the snapshot) of 4 transactions into {url}", "0/16B3748"),
+            _equal({"url": url, **captured.to_json()}),
         ),
         Case(
             "compacted",
