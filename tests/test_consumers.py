@@ -10,7 +10,12 @@ from support.logs import commit_offsets, filled_log, log_rows
 from replog.checkpoints import consumers
 from replog.checkpoints.consumers import OffsetCommitter, SinkLink
 from replog.checkpoints.sinks import Batch, SinkCommitter
-from replog.errors import FencedError, InvalidOptionError, ManifestNotFoundError
+from replog.errors import (
+    ConsumerResetError,
+    FencedError,
+    InvalidOptionError,
+    ManifestNotFoundError,
+)
 from replog.format.commits import SourcePosition
 from replog.log import ReplicationLog
 from replog.ops import retention
@@ -81,3 +86,25 @@ def test_a_link_to_a_log_that_is_gone_is_ignored(tmp_path: Path) -> None:
     )
     resumed = consumers.resume_offsets(source, "mirror", {})
     assert resumed is not None and resumed.offsets == {0: 5, 1: 5}
+
+
+def test_a_reader_resuming_elsewhere_does_not_undo_an_operators_reset(tmp_path: Path) -> None:
+    """``replog consumer set`` moved the consumer back; a reader that then takes the
+    consumer over from another position (a query restarted on its old checkpoint) stops
+    and says how to apply the reset, instead of silently moving the consumer back."""
+    log = filled_log(str(tmp_path / "log"), commits=2, per_commit=20)
+    version = log.refresh().version
+    OffsetCommitter(log, "etl", "query-run-1").commit(
+        {0: 15, 1: 15}, log_version=version, note="spark"
+    )
+    operator = OffsetCommitter(log, "etl", "replog-cli")
+    operator.commit({0: 2, 1: 2}, log_version=version, note=consumers.OPERATOR_NOTE)
+    restarted = OffsetCommitter(log, "etl", "query-run-2")
+    with pytest.raises(ConsumerResetError, match="new checkpoint"):
+        restarted.commit({0: 15, 1: 15}, log_version=version, note="spark")
+    assert consumers.committed_position(log, "etl").offsets == {0: 2, 1: 2}  # type: ignore[union-attr]
+    fresh = OffsetCommitter(log, "etl", "query-run-3")  # a new checkpoint starts at the reset
+    fresh.commit({0: 2, 1: 2}, log_version=version, note="spark")
+    fresh.commit({0: 9, 1: 9}, log_version=version, note="spark")  # and moves on from it
+    again = OffsetCommitter(log, "etl", "replog-cli")  # a second reset by an operator is fine
+    again.commit({0: 20, 1: 20}, log_version=version, note=consumers.OPERATOR_NOTE)

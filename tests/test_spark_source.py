@@ -353,3 +353,28 @@ def test_min_events_per_trigger_waits_for_enough_events(spark, tmp_path: Path) -
         assert spark.table("batched").count() == 25
     finally:
         query.stop()
+
+
+def test_a_query_restarted_on_its_old_checkpoint_stops_at_an_operator_reset(
+    spark, tmp_path: Path
+) -> None:
+    """An operator moved the consumer back with ``replog consumer set``; the query
+    restarted from its old checkpoint would silently undo that. It stops, saying how to
+    apply the reset; started on a new checkpoint, it reads from the reset position."""
+    from support.cli import replog
+
+    log = ReplicationLog.create(str(tmp_path / "A"), 2)
+    fill_source(log, commits=2, per_commit=30)
+
+    def run(checkpoint: str, name: str) -> int:
+        return replicate_to_parquet(
+            spark, log.url, tmp_path / name, tmp_path / checkpoint, consumer="etl"
+        )
+
+    assert run("chk", "before_reset") == 60
+    reset = replog("consumer", "set", log.url, "--consumer", "etl", "--to-earliest", "--execute")
+    assert reset.returncode == 0, reset.stderr
+    fill_source(log, commits=1, per_commit=10)
+    with pytest.raises(Exception, match="replog consumer set.*new checkpoint"):
+        run("chk", "old_checkpoint")
+    assert run("chk2", "new_checkpoint") == 70

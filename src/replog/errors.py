@@ -169,6 +169,11 @@ class SinkProtocolError(ReplogError):
     """The sink's commit protocol met a state it must not paper over."""
 
 
+class ConsumerResetError(ReplogError):
+    """An operator set a consumer's offsets (``replog consumer set``) and a reader that
+    resumes from elsewhere (an old Spark checkpoint) would undo it: it stops instead."""
+
+
 class FencedError(SinkProtocolError):
     """Another query took over this sink id or consumer; this one must stop."""
 

@@ -28,6 +28,7 @@ from replog.checkpoints.manifest import CheckpointManifest, ConnectorCheckpoint
 from replog.checkpoints.store import ManifestStore, named_stores
 from replog.core.history import read_commit
 from replog.errors import (
+    ConsumerResetError,
     FencedError,
     InvalidOptionError,
     LogNotFoundError,
@@ -46,6 +47,9 @@ logger = logging.getLogger(__name__)
 CONSUMERS_DIR = f"{META_DIR}/consumers"
 LINKS_DIR = "links"
 COMMIT_ATTEMPTS = 5
+OPERATOR_NOTE = "replog consumer set"
+"""How ``replog consumer set`` signs the positions it sets (a reset a reader resuming
+from elsewhere must not silently undo)."""
 
 
 def consumer_storage(log_storage: Storage, consumer: str) -> Storage:
@@ -77,6 +81,11 @@ class ConsumerPosition:
     timestamp_ms: int
     owner: str | None
     generation: int
+    committed_by: str = ""
+
+    @property
+    def set_by_operator(self) -> bool:
+        return self.committed_by == OPERATOR_NOTE
 
     def to_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -139,6 +148,7 @@ def _position(
         timestamp_ms=manifest.timestamp_ms,
         owner=meta.owner,
         generation=meta.generation,
+        committed_by=meta.committed_by,
     )
 
 
@@ -183,6 +193,8 @@ class OffsetCommitter:
             current = _position(self.log, self.consumer, base) if base else None
             current_generation = current.generation if current else 0
             if self.generation is None:
+                if current is not None and note != OPERATOR_NOTE:
+                    self._check_not_undoing_a_reset(current, offsets)
                 self.generation = current_generation + 1
             elif current is not None and (
                 current.generation > self.generation
@@ -228,6 +240,22 @@ class OffsetCommitter:
         raise ManifestConflictError(
             f"consumer {self.consumer!r} of {self.log.url}: lost {COMMIT_ATTEMPTS} manifest "
             f"races in a row; is another query committing as this consumer?"
+        )
+
+    def _check_not_undoing_a_reset(self, current: ConsumerPosition, offsets: Offsets) -> None:
+        """A reader taking the consumer over where an operator's reset is the latest word
+        must start from it: one that resumes from somewhere else (a query restarted on
+        its old checkpoint) would silently move the consumer back. Raise instead."""
+        if not current.set_by_operator or current.offsets == dict(offsets):
+            return
+        wanted = json.dumps({str(s): seq for s, seq in sorted(current.offsets.items())})
+        raise ConsumerResetError(
+            f"consumer {self.consumer!r} of {self.log.url} was set to {wanted} by "
+            f"'replog consumer set' (checkpoint {current.checkpoint_id}); this reader "
+            f"resumes from {dict(sorted(offsets.items()))} instead, which would undo that. "
+            f"To apply the reset, start the query on a new checkpoint (it starts from the "
+            f"consumer's offsets); to keep this reader's position, set the consumer to it "
+            f"with 'replog consumer set --offsets ... --execute'"
         )
 
 

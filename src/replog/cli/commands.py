@@ -352,7 +352,7 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
     if args.execute:
         owner = f"replog-cli@{socket.gethostname()}:{os.getpid()}"
         committer = consumers.OffsetCommitter(log, args.consumer, owner)
-        committer.commit(target, log_version=log.state().version, note="replog consumer set")
+        committer.commit(target, log_version=log.state().version, note=consumers.OPERATOR_NOTE)
     out.consumer_set(args.consumer, current.offsets if current else {}, target, args.execute)
     return 0
 
