@@ -375,6 +375,6 @@ def test_a_query_restarted_on_its_old_checkpoint_stops_at_an_operator_reset(
     reset = replog("consumer", "set", log.url, "--consumer", "etl", "--to-earliest", "--execute")
     assert reset.returncode == 0, reset.stderr
     fill_source(log, commits=1, per_commit=10)
-    with pytest.raises(Exception, match="replog consumer set.*new checkpoint"):
+    with pytest.raises(Exception, match=r"replog consumer set.*new checkpoint"):
         run("chk", "old_checkpoint")
     assert run("chk2", "new_checkpoint") == 70
