@@ -67,6 +67,24 @@ class PartialUnorderedDelete(Storage):
         raise PermissionError("injected: DeleteObjects answered InternalError for some keys")
 
 
+def expiry_while_reading_commit_2(other: ReplicationLog) -> type[Storage]:
+    """Storage on which, right after commit 2 is read, ``other`` makes a table commit and
+    its expiry deletes commits 1..20 (before the reader reads on)."""
+
+    class ExpiryWhileReading(Storage):
+        fired = False
+
+        def _read_once(self, path: str) -> bytes:
+            data = super()._read_once(path)
+            if path.endswith(commit_path(2)) and not self.fired:
+                type(self).fired = True
+                other.append(tagged("table30"))
+                other.flush()
+            return data
+
+    return ExpiryWhileReading
+
+
 def test_a_lagging_sink_never_commits_into_an_expired_range(tmp_path: Path) -> None:
     """The sink catches up commit by commit; another writer's expiry deletes the commits
     it has not read yet. The sink must notice it fell behind retention, reload, and commit
@@ -88,20 +106,10 @@ def test_a_lagging_sink_never_commits_into_an_expired_range(tmp_path: Path) -> N
     time.sleep(PAST_RETENTION_S)
     append_many(other, 9, "b")  # version 29
 
-    class ExpiryWhileReading(Storage):
-        fired = False
-
-        def _read_once(self, path: str) -> bytes:
-            data = super()._read_once(path)
-            if path.endswith(commit_path(2)) and not self.fired:
-                type(self).fired = True
-                other.append(tagged("table30"))  # a table commit: expiry starts
-                other.flush()  # and deletes commits 1..20 before the sink reads on
-            return data
-
-    sink_log.storage.__class__ = ExpiryWhileReading
+    expiring = expiry_while_reading_commit_2(other)
+    sink_log.storage.__class__ = expiring
     assert epoch(1, "sink-e1") is Outcome.COMMITTED
-    assert ExpiryWhileReading.fired
+    assert expiring.fired
     sink_log.storage.__class__ = Storage
     for number in (2, 3):
         assert epoch(number, f"sink-e{number}") is Outcome.COMMITTED
@@ -125,20 +133,10 @@ def test_a_reader_overtaken_by_expiry_while_catching_up_sees_the_head(tmp_path: 
     time.sleep(PAST_RETENTION_S)
     append_many(other, 9, "b")  # version 29
 
-    class ExpiryWhileReading(Storage):
-        fired = False
-
-        def _read_once(self, path: str) -> bytes:
-            data = super()._read_once(path)
-            if path.endswith(commit_path(2)) and not self.fired:
-                type(self).fired = True
-                other.append(tagged("table30"))
-                other.flush()
-            return data
-
-    reader.storage.__class__ = ExpiryWhileReading
+    expiring = expiry_while_reading_commit_2(other)
+    reader.storage.__class__ = expiring
     state = reader.refresh()
-    assert ExpiryWhileReading.fired
+    assert expiring.fired
     assert state.version == 30
     assert "table30" in {json.loads(d)["tag"] for d in reader.read_all().column("data").to_pylist()}
 
