@@ -236,7 +236,8 @@ class _Brackets:
 
     begun: set[str] = field(default_factory=set)
     ended: dict[str, int | None] = field(default_factory=dict)
-    events: Counter[str] = field(default_factory=Counter)
+    events: dict[str, set[str]] = field(default_factory=dict)
+    """Transaction id -> the (distinct) event ids of it in the input."""
 
     def mark(self, marker: debezium.Marker) -> None:
         if marker.status == "BEGIN":
@@ -244,9 +245,10 @@ class _Brackets:
         else:
             self.ended[marker.id] = marker.event_count
 
-    def count(self, transaction_id: str | None) -> None:
-        if transaction_id is not None:
-            self.events[transaction_id] += 1
+    def count(self, change: debezium.Change) -> None:
+        if change.transaction_id is not None:
+            ids = self.events.setdefault(change.transaction_id, set())
+            ids.add(str(change.record["event_id"]))
 
     def whole(self) -> tuple[int, list[str]]:
         """How many transactions the input holds whole, and the ids of those it holds part
@@ -259,7 +261,7 @@ class _Brackets:
             for i in ids
             if i in self.begun
             and i in self.ended
-            and self.ended[i] in (None, self.events[i])
+            and self.ended[i] in (None, len(self.events.get(i, ())))
         }
         return len(whole), sorted(ids - whole)
 
@@ -285,12 +287,11 @@ class _Taken:
         if isinstance(converted, debezium.Skipped):  # a record that carries no event
             self.skipped[converted.reason] += 1
             return
+        self.brackets.count(converted)
         if converted.position is not None and not self.positions.keep(converted.position, line):
-            self.brackets.count(converted.transaction_id)
             return
         if not self.chunks.add(converted.record, line):
             return  # a redelivery of an earlier line
-        self.brackets.count(converted.transaction_id)
         collection = converted.record["collection"]
         if converted.digest is not None and converted.schema is not None and collection:
             self.schemas.setdefault((collection, converted.digest), converted.schema)
