@@ -264,6 +264,8 @@ def decode(c: Column, value: Any) -> Any:
     takes it; nanoseconds are cut to microseconds, Python's resolution)."""
     if value is None:
         return None
+    if c.logical == VARIABLE_SCALE_DECIMAL:
+        return str(decode_variable_scale(value))
     if c.connect == "struct":
         return {child.name: decode(child, value.get(child.name)) for child in c.children}
     if c.connect == "array":
@@ -276,8 +278,6 @@ def decode(c: Column, value: Any) -> Any:
 def _scalar(c: Column, value: Any) -> Any:  # noqa: PLR0911 - one return per type
     if c.logical == DECIMAL:
         return decode_decimal(value, c.scale or 0)
-    if c.logical == VARIABLE_SCALE_DECIMAL:
-        return str(decode_variable_scale(value))
     kind = c.type
     if pa.types.is_date32(kind):
         return date(1970, 1, 1) + timedelta(days=int(value))

@@ -79,6 +79,8 @@ def spark_type(c: connect.Column) -> DataType:  # noqa: PLR0911 - one return per
         if kind.precision > SPARK_MAX_PRECISION:
             return StringType()  # beyond Spark's decimals: the exact text
         return DecimalType(kind.precision, kind.scale)
+    if c.logical == VARIABLE_SCALE_DECIMAL:
+        return StringType()
     if pa.types.is_date32(kind):
         return DateType()
     if pa.types.is_timestamp(kind):
@@ -117,6 +119,8 @@ def _micros(value: Column, unit: str) -> Column:
 
 def _convert(c: connect.Column, value: Column) -> Column:
     """A wire-typed column as its exact Spark type."""
+    if c.logical == VARIABLE_SCALE_DECIMAL:  # a struct on the wire, the exact text typed
+        return F.udf(_variable, StringType(), useArrow=False)(value)
     if c.connect == "struct":
         return F.when(value.isNull(), F.lit(None)).otherwise(_struct(c.children, value))
     if c.connect == "array":
@@ -136,8 +140,6 @@ def _scalar(c: connect.Column, value: Column) -> Column:  # noqa: PLR0911 - one 
                 value
             )
         return F.udf(functools.partial(_decimal, scale=scale), target, useArrow=False)(value)
-    if c.logical == VARIABLE_SCALE_DECIMAL:
-        return F.udf(_variable, StringType(), useArrow=False)(value)
     if pa.types.is_date32(kind):
         return F.date_from_unix_date(value)
     if pa.types.is_timestamp(kind):
