@@ -36,7 +36,9 @@ def _append(log: ReplicationLog, lines: list[str]) -> ingest.AppendReport:
 
 
 def _events(log: ReplicationLog) -> list[dict[str, Any]]:
-    rows = [row for shard in range(log.shards) for batch in log.read(shard) for row in batch.to_pylist()]
+    rows = [
+        row for shard in range(log.shards) for batch in log.read(shard) for row in batch.to_pylist()
+    ]
     return sorted(rows, key=lambda row: (row["timestamp"], row["key"]))
 
 
@@ -122,7 +124,7 @@ def test_redelivered_events_are_skipped_and_counted(log: ReplicationLog) -> None
 
 
 def test_one_append_takes_one_connector_position(log: ReplicationLog) -> None:
-    with pytest.raises(ingest.InvalidEventError, match="line 2: .*debezium.mysqlsrv.*line 1"):
+    with pytest.raises(ingest.InvalidEventError, match=r"line 2: .*debezium\.mysqlsrv.*line 1"):
         _append(log, [POSTGRES[3], MYSQL[0]])
     assert _events(log) == []
 
@@ -174,9 +176,9 @@ def test_schemas_command_lists_versions_and_fields(
 
 @pytest.mark.spark
 def test_typed_gives_exact_values_across_versions(spark, log: ReplicationLog) -> None:
-    from pyspark.sql import functions as F  # noqa: PLC0415
+    from pyspark.sql import functions as F
 
-    from replog.spark.functions import typed  # noqa: PLC0415
+    from replog.spark.functions import typed
 
     _append(log, POSTGRES)
     _append(log, MYSQL)

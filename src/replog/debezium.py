@@ -14,7 +14,14 @@ wrapper) becomes one replog event:
 * ``timestamp`` = ``source.ts_ms`` when non-zero, else the envelope's ``ts_ms``;
 * ``event_id`` = a UUID derived from the source position, the operation and the key, so
   a change redelivered by Debezium keeps its id and two snapshot rows never share one;
-* ``metadata`` = ``{"op", "ts_ms", "source", "transaction"}`` (exact text).
+* ``metadata`` = ``{"op", "ts_ms", "ts_us", "ts_ns", "source", "transaction"}`` (exact
+  text), ``"schema"``: the digest of the value's schema, ``"replog_filled"``: the fields
+  replog filled in (a ``timestamp`` the event did not carry);
+* transaction BEGIN/END records are :class:`Marker` records; ExtractNewRecordState rows
+  (``__op``, ``__deleted``, ...) are understood; a Kafka record line ``{"key", "value"}``
+  gives a delete without ``before`` its key;
+* :func:`position_of` orders events by the connector's source position (ingestion skips
+  redeliveries with it).
 
 Out: :func:`envelope` builds the Debezium value for a replog event (used by
 :func:`replog.spark.functions.to_debezium`).

@@ -71,7 +71,7 @@ def wire_type(c: connect.Column) -> DataType:
     return _WIRE[c.connect]
 
 
-def spark_type(c: connect.Column) -> DataType:  # noqa: PLR0911 - one return per type
+def spark_type(c: connect.Column) -> DataType:  # noqa: C901, PLR0911 - one return per type
     """The exact Spark type of a column (times of day as intervals since midnight: Spark's
     TIME type is not enabled; nanoseconds are cut to Spark's microseconds)."""
     kind = c.type
