@@ -23,6 +23,7 @@ from replog.cli.output import JsonOutput, Output, TextOutput, age, event_json
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.ops import compaction, recovery, retention, status, verify
+from replog.schemas import registry
 from replog.timeutil import now_ms, use_clock
 
 
@@ -94,8 +95,33 @@ def _cases(tmp_path: Path) -> list[Case]:
         expected.pop("oldest_unconsumed_age_s")
         assert document == expected
 
+    registry.register(
+        log.storage,
+        "inventory.customers",
+        {
+            "type": "struct",
+            "fields": [
+                {"type": "int32", "optional": False, "field": "id"},
+                {
+                    "type": "bytes",
+                    "optional": True,
+                    "name": "org.apache.kafka.connect.data.Decimal",
+                    "parameters": {"scale": "2"},
+                    "field": "balance",
+                },
+            ],
+        },
+    )
+    versions = registry.versions(log.storage)
+
     return [
         Case("created", (info,), (f"created {url} with 2 shards",), _equal(info.to_json())),
+        Case(
+            "schemas",
+            (url, versions),
+            ("inventory.customers  version", "decimal128(38, 2)", "Decimal"),
+            _equal({"url": url, "versions": [v.to_json() for v in versions]}),
+        ),
         Case(
             "appended",
             (appended,),

@@ -25,6 +25,7 @@ LAYERS = [
     ["core"],
     ["log", "merges", "appender"],
     ["checkpoints", "offsets"],
+    ["schemas"],
     ["planning", "ops", "ingest", "debezium", "tables", "capture"],
     ["cli", "spark", "__init__"],
 ]

@@ -14,7 +14,14 @@ wrapper) becomes one replog event:
 * ``timestamp`` = ``source.ts_ms`` when non-zero, else the envelope's ``ts_ms``;
 * ``event_id`` = a UUID derived from the source position, the operation and the key, so
   a change redelivered by Debezium keeps its id and two snapshot rows never share one;
-* ``metadata`` = ``{"op", "ts_ms", "source", "transaction"}`` (exact text).
+* ``metadata`` = ``{"op", "ts_ms", "ts_us", "ts_ns", "source", "transaction"}`` (exact
+  text), ``"schema"``: the digest of the value's schema, ``"replog_filled"``: the fields
+  replog filled in (a ``timestamp`` the event did not carry);
+* transaction BEGIN/END records are :class:`Marker` records; ExtractNewRecordState rows
+  (``__op``, ``__deleted``, ...) are understood; a Kafka record line ``{"key", "value"}``
+  gives a delete without ``before`` its key;
+* :func:`position_of` orders events by the connector's source position (ingestion skips
+  redeliveries with it).
 
 Out: :func:`envelope` builds the Debezium value for a replog event (used by
 :func:`replog.spark.functions.to_debezium`).
@@ -22,6 +29,7 @@ Out: :func:`envelope` builds the Debezium value for a replog event (used by
 
 from __future__ import annotations
 
+import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
@@ -31,6 +39,8 @@ from typing import Any
 from replog.errors import InvalidEventError
 from replog.format import jsontext
 from replog.format.jsontext import Member, RawJSON
+from replog.schemas import connect
+from replog.timeutil import now_ms
 
 OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
 SKIPPED = {"t": "truncate event (op t)", "m": "message event (op m)"}
@@ -42,6 +52,39 @@ class Skipped:
     event): ``reason`` says which, for the count an append reports."""
 
     reason: str
+
+
+@dataclass(frozen=True)
+class Marker:
+    """A transaction metadata record (``status`` BEGIN or END, ``id``, END's
+    ``event_count``): no event, but it brackets a source transaction."""
+
+    status: str
+    id: str
+    event_count: int | None
+
+
+@dataclass(frozen=True)
+class Position:
+    """A connector's source position: ``version`` orders the events of ``app_id`` (the
+    idempotent transaction it is recorded as, ``debezium.<source.name>``)."""
+
+    app_id: str
+    version: int
+    snapshot: bool
+    """A snapshot read: every row of a snapshot shares its position."""
+    text: str
+
+
+@dataclass
+class Change:
+    """A Debezium change as a replog event record, with its schema and source position."""
+
+    record: dict[str, Any]
+    schema: dict[str, Any] | None
+    digest: str | None
+    position: Position | None
+    transaction_id: str | None
 
 
 OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c"}
@@ -60,9 +103,14 @@ def _object(member: Member | None, what: str) -> dict[str, Member] | None:
         raise InvalidEventError(f"{what!r} is not a JSON object: {exc}") from exc
 
 
+def _wrapped(members: dict[str, Member]) -> bool:
+    """Whether a value is a ``{"schema", "payload"}`` wrapper (JsonConverter with schemas)."""
+    return "payload" in members and set(members) <= {"schema", "payload"}
+
+
 def _unwrap(members: dict[str, Member]) -> dict[str, Member] | None:
     """The envelope inside a ``{"schema", "payload"}`` wrapper (None for a null payload)."""
-    if "payload" in members and set(members) <= {"schema", "payload"}:
+    if _wrapped(members):
         return _object(members["payload"], "payload")
     return members
 
@@ -84,55 +132,292 @@ def key_of(row: dict[str, Member], key_fields: Sequence[str], where: str) -> str
     return "{" + ",".join(f"{json.dumps(name)}:{row[name].text}" for name in key_fields) + "}"
 
 
-def debezium_record(
-    members: dict[str, Member], key_fields: Sequence[str]
-) -> dict[str, Any] | Skipped:
-    """One replog event record from one Debezium value, or what kind of record was
-    skipped."""
-    if not key_fields:
-        raise InvalidEventError("Debezium events need key fields (--key-fields id[,col...])")
+def _digest_of(text: str) -> str:
+    return _digest_cached(text)
+
+
+@functools.lru_cache(maxsize=256)
+def _digest_cached(text: str) -> str:
+    return connect.digest(json.loads(text))
+
+
+_MESSAGE_MEMBERS = {"key", "value", "topic", "partition", "offset", "timestamp", "headers"}
+
+
+def _message(members: dict[str, Member]) -> tuple[Member | None, Member | None] | None:
+    """``(key, value)`` of a Kafka record line (``{"key": ..., "value": ...}``, each a JSON
+    value or a string holding one), or None for a bare Debezium value."""
+    if "value" in members and set(members) <= _MESSAGE_MEMBERS:
+        return members.get("key"), members["value"]
+    return None
+
+
+def _flat(envelope: dict[str, Member]) -> bool:
+    """Whether a record is a row flattened by ExtractNewRecordState (``__op``, ...)."""
+    return "op" not in envelope and any(name.startswith("__") for name in envelope)
+
+
+_FLAT_TOP = {"op", "deleted", "ts_ms", "ts_us", "ts_ns"}
+
+
+def _flat_parts(envelope: dict[str, Member]) -> tuple[str, dict[str, Member], dict[str, Any]]:
+    """A flattened row's operation, its envelope-level fields and its source fields, from
+    the ``__`` fields ExtractNewRecordState adds (``__source_ts_ms`` is ``source.ts_ms``,
+    ``__lsn``/``__table``/... are source fields, ``__op``/``__ts_ms`` the envelope's)."""
+    top: dict[str, Member] = {}
+    source: dict[str, Any] = {}
+    for name, member in envelope.items():
+        if not name.startswith("__"):
+            continue
+        field = name[2:]
+        if field.startswith("source_"):
+            source[field[len("source_") :]] = member.value
+        elif field in _FLAT_TOP:
+            top[field] = member
+        else:
+            source[field] = member.value
+    deleted = top.get("deleted")
+    if deleted is not None and str(deleted.value).lower() == "true":
+        return "d", top, source
+    op = top["op"].value if "op" in top else "u"  # no __op: the row as it now is
+    if op not in OPERATIONS:
+        raise InvalidEventError(f"'__op' is {op!r}: not c, r, u or d")
+    return str(op), top, source
+
+
+@dataclass
+class _Opened:
+    """A record taken out of its Kafka record and schema wrappers."""
+
+    envelope: dict[str, Member]
+    text: str | None
+    schema: Member | None
+    message_key: dict[str, Member] | None
+
+
+def _open(members: dict[str, Member], text: str | None) -> _Opened | Skipped:
+    message_key: dict[str, Member] | None = None
+    message = _message(members)
+    if message is not None:
+        key_member, value_member = message
+        value = _object(value_member, "value")
+        if value is None or value_member is None:
+            return Skipped("tombstone (null value)")
+        text = value_member.value if isinstance(value_member.value, str) else value_member.text
+        members = value
+        message_key = _object(key_member, "key")
+        if message_key is not None and _wrapped(message_key):
+            message_key = _unwrap(message_key)
+    wrapped = _wrapped(members)
     envelope = _unwrap(members)
     if envelope is None:
         return Skipped("tombstone (null payload)")
+    if wrapped:
+        payload = members["payload"]
+        text = payload.value if isinstance(payload.value, str) else payload.text
+    return _Opened(envelope, text, members.get("schema") if wrapped else None, message_key)
+
+
+@dataclass
+class _Image:
+    """What one change says: op, row image, envelope-level and source fields."""
+
+    op: str
+    op_text: str
+    row: dict[str, Member] | None
+    where: str
+    data: str | None
+    before: Member | None
+    top: dict[str, Member]
+    source: dict[str, Any]
+    source_text: Any
+    transaction: Member | None
+
+
+def _flat_image(opened: _Opened) -> _Image:
+    op, top, source = _flat_parts(opened.envelope)
+    text = opened.text if opened.text is not None else _text_of(opened.envelope)
+    return _Image(op, json.dumps(op), opened.envelope, "row", text, None, top, source, source, None)
+
+
+def _envelope_image(envelope: dict[str, Member]) -> _Image | Skipped:
     op_member = envelope.get("op")
     op = op_member.value if op_member else None
     if op in SKIPPED:
         return Skipped(SKIPPED[op])
-    if op not in OPERATIONS:
+    if op not in OPERATIONS or op_member is None:
         raise InvalidEventError(
-            f"'op' is {op!r}: not a Debezium change event (c, r, u, d; t and m are skipped)"
+            f"'op' is {op!r}: not a Debezium change event (c, r, u, d; t and m are "
+            f"skipped), a transaction BEGIN/END record or an ExtractNewRecordState row "
+            f"(__op, __deleted, ...)"
         )
-    before = envelope.get("before")
-    after = envelope.get("after")
-    image, where = (before, "before") if op == "d" else (after, "after")
-    row = _object(image, where)
-    if row is None:
-        raise InvalidEventError(f"op {op!r} without a {where!r} image")
-    source_member = envelope.get("source")
-    source = source_member.value if source_member and isinstance(source_member.value, dict) else {}
-    key = key_of(row, key_fields, where)
-    ts_member = envelope.get("ts_ms")
-    stamp = source.get("ts_ms") or (ts_member.value if ts_member else None)
-    identity = json.dumps([source, op, key], sort_keys=True, default=str)
-    transaction = envelope.get("transaction")
-    metadata = jsontext.encode(
-        {
-            "op": RawJSON(op_member.text) if op_member else None,
-            "ts_ms": RawJSON(ts_member.text) if ts_member else None,
-            "source": RawJSON(source_member.text) if source_member else None,
-            "transaction": RawJSON(transaction.text) if transaction else None,
-        }
-    )
-    return {
-        "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
-        "timestamp": int(stamp) if stamp is not None else None,
-        "operation": OPERATIONS[op],
-        "collection": collection_of(source),
-        "key": key,
-        "data": image.raw if image else None,
-        "before": before.raw if before else None,
-        "metadata": RawJSON(metadata),
+    top: dict[str, Member] = {
+        name: envelope[name] for name in ("ts_ms", "ts_us", "ts_ns") if name in envelope
     }
+    before, after = envelope.get("before"), envelope.get("after")
+    image, where = (before, "before") if op == "d" else (after, "after")
+    source_member = envelope.get("source")
+    source = source_member.value if source_member else None
+    return _Image(
+        op,
+        op_member.text,
+        _object(image, where),
+        where,
+        image.raw if image is not None else None,
+        before,
+        top,
+        source if isinstance(source, dict) else {},
+        RawJSON(source_member.text) if source_member else None,
+        envelope.get("transaction"),
+    )
+
+
+def _marker(envelope: dict[str, Member]) -> Marker | None:
+    status = envelope.get("status")
+    if status is None or status.value not in ("BEGIN", "END") or "id" not in envelope:
+        return None
+    count = envelope.get("event_count")
+    return Marker(
+        str(status.value),
+        str(envelope["id"].value),
+        int(count.value) if count is not None and count.value is not None else None,
+    )
+
+
+def convert(
+    members: dict[str, Member],
+    key_fields: Sequence[str],
+    *,
+    text: str | None = None,
+    filled_ms: int,
+) -> Change | Skipped | Marker:
+    """One Debezium record (a value, or a Kafka record ``{"key", "value"}``) as a replog
+    event with what ingestion needs to know about it, a transaction marker, or what kind
+    of record carries no event. ``text`` is the record's exact JSON text (a flattened
+    row's payload); ``filled_ms`` the time of an event that has none (marked)."""
+    if not key_fields:
+        raise InvalidEventError("Debezium events need key fields (--key-fields id[,col...])")
+    opened = _open(members, text)
+    if isinstance(opened, Skipped):
+        return opened
+    marker = _marker(opened.envelope)
+    if marker is not None:
+        return marker
+    flat = _flat(opened.envelope)
+    image = _flat_image(opened) if flat else _envelope_image(opened.envelope)
+    if isinstance(image, Skipped):
+        return image
+    if image.row is None and image.op == "d" and opened.message_key is not None:
+        # A delete without its before image: the message key holds the row's key.
+        image.row, image.where = opened.message_key, "message key"
+        image.data = RawJSON(key_of(image.row, key_fields, image.where))
+    if image.row is None:
+        raise InvalidEventError(
+            f"op {image.op!r} without a {image.where!r} image"
+            + (" (and no message key to take the key from)" if image.op == "d" else "")
+        )
+    key = key_of(image.row, key_fields, image.where)
+    ts_member = image.top.get("ts_ms")
+    stamp = image.source.get("ts_ms") or (ts_member.value if ts_member else None)
+    schema = opened.schema
+    digest = _digest_of(schema.text) if schema is not None and schema.value else None
+    document: dict[str, Any] = {
+        "op": RawJSON(image.op_text),
+        "ts_ms": RawJSON(ts_member.text) if ts_member else None,
+        **{name: RawJSON(image.top[name].text) for name in ("ts_us", "ts_ns") if name in image.top},
+        "source": image.source_text,
+        "transaction": RawJSON(image.transaction.text) if image.transaction else None,
+    }
+    if flat:
+        document["flattened"] = True
+    if digest is not None:
+        document["schema"] = digest
+    if stamp is None:
+        document["replog_filled"] = ["timestamp"]
+    identity = json.dumps([image.source, image.op, key], sort_keys=True, default=str)
+    transaction = image.transaction.value if image.transaction is not None else None
+    return Change(
+        record={
+            "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
+            "timestamp": int(stamp) if stamp is not None else filled_ms,
+            "operation": OPERATIONS[image.op],
+            "collection": collection_of(image.source),
+            "key": key,
+            "data": image.data,
+            "before": image.before.raw if image.before else None,
+            "metadata": RawJSON(jsontext.encode(document)),
+        },
+        schema=schema.value if digest is not None and schema is not None else None,
+        digest=digest,
+        position=position_of(image.source),
+        transaction_id=(
+            str(transaction["id"])
+            if isinstance(transaction, dict) and "id" in transaction
+            else None
+        ),
+    )
+
+
+def _text_of(members: dict[str, Member]) -> RawJSON:
+    return RawJSON("{" + ",".join(f"{json.dumps(n)}:{m.text}" for n, m in members.items()) + "}")
+
+
+def debezium_record(
+    members: dict[str, Member], key_fields: Sequence[str], *, text: str | None = None
+) -> dict[str, Any] | Skipped:
+    """One replog event record from one Debezium value, or what kind of record was
+    skipped (the Spark path: :func:`replog.spark.functions.from_debezium`)."""
+    converted = convert(members, key_fields, text=text, filled_ms=now_ms())
+    if isinstance(converted, Marker):
+        return Skipped(f"transaction {converted.status} record")
+    if isinstance(converted, Skipped):
+        return converted
+    return converted.record
+
+
+# -- source positions ------------------------------------------------------------------------
+
+
+def _int_or_none(value: Any) -> int | None:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def position_of(source: Mapping[str, Any]) -> Position | None:
+    """The connector's position of an event, as one integer that orders like Debezium's
+    offsets: PostgreSQL ``(commit LSN, lsn)`` (from ``sequence``, else ``lsn`` twice),
+    MySQL ``(binlog file number, pos, row)``, MongoDB ``(ts_ms, ord)`` per replica set.
+    None for a source without one (no ``name``, another connector)."""
+    name = source.get("name")
+    if not name:
+        return None
+    snapshot = str(source.get("snapshot", "false")).lower() not in ("false", "none")
+    lsn = _int_or_none(source.get("lsn"))
+    if lsn is not None:
+        commit = lsn
+        sequence = source.get("sequence")
+        if isinstance(sequence, str):
+            try:
+                parsed = json.loads(sequence)
+                commit = int(parsed[0]) if parsed and parsed[0] is not None else lsn
+            except (ValueError, TypeError, IndexError):
+                commit = lsn
+        return Position(f"debezium.{name}", (commit << 64) | lsn, snapshot, f"lsn {lsn}")
+    binlog, pos = source.get("file"), _int_or_none(source.get("pos"))
+    if isinstance(binlog, str) and binlog and pos is not None:
+        number = _int_or_none(binlog.rsplit(".", 1)[-1])
+        if number is None:
+            raise InvalidEventError(f"source.file {binlog!r} does not end in a binlog number")
+        row = _int_or_none(source.get("row")) or 0
+        version = (number << 96) | (pos << 32) | row
+        return Position(f"debezium.{name}", version, snapshot, f"{binlog}:{pos}:{row}")
+    ord_, ts_ms = _int_or_none(source.get("ord")), _int_or_none(source.get("ts_ms"))
+    if ord_ is not None and ts_ms is not None:
+        app_id = f"debezium.{name}" + (f".{source['rs']}" if source.get("rs") else "")
+        return Position(app_id, (ts_ms << 32) | ord_, snapshot, f"ts_ms {ts_ms} ord {ord_}")
+    return None
 
 
 def envelope(

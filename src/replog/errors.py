@@ -36,6 +36,11 @@ class SchemaChangeError(ReplogError, ValueError):
 # -- change-data capture from a database ---------------------------------------------------
 
 
+class IncompatibleSchemaError(ReplogError, ValueError):
+    """Two registered schema versions of a collection give one column types that no type
+    holds both of (the message names the column and both versions)."""
+
+
 class CaptureError(ReplogError):
     """Base of the errors of ``replog capture``: the source database cannot be captured
     as asked. Raised before anything is written to the log."""

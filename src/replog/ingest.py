@@ -14,7 +14,7 @@ validated before anything is returned: a bad line is an error that names it.
 
 from __future__ import annotations
 
-import functools
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -22,14 +22,17 @@ from decimal import Decimal
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
-from replog.format.commits import CommitRecord, Transaction
+from replog.format.commits import TXN_QUERY, CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
 from replog.log import ReplicationLog
+from replog.schemas import registry
+from replog.timeutil import now_ms
+
+logger = logging.getLogger(__name__)
 
 CHUNK_LINES = 50_000
 PAYLOAD_FIELDS = ("data", "before", "metadata")
@@ -43,6 +46,17 @@ class Ingested:
     table: pa.Table
     lines: int
     skipped: Counter[str] = field(default_factory=Counter)
+    duplicates: int = 0
+    """Lines that repeated an earlier line's change (collapsed into it)."""
+    behind: int = 0
+    """Events at or before the source position the log holds (already appended)."""
+    position: Transaction | None = None
+    """The connector's newest source position, to record with the commit."""
+    schemas: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    """``(collection, digest)`` -> the Kafka Connect schema the events name."""
+    transactions: int = 0
+    """Source transactions held whole (BEGIN, their events, END)."""
+    partial_transactions: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -56,6 +70,14 @@ class AppendReport:
     transaction: Transaction | None = None
     already_applied: bool = False
     """The transaction was in the log before: nothing was appended (a safe re-run)."""
+    duplicates: int = 0
+    """Lines that repeated an earlier line's change (collapsed into it)."""
+    behind: int = 0
+    """Debezium events at or before the source position the log held (not appended)."""
+    transactions: int = 0
+    """Source transactions the input held whole (bracketed by BEGIN and END)."""
+    partial_transactions: list[str] = field(default_factory=list)
+    """Source transactions the input held part of."""
 
     @property
     def events(self) -> int:
@@ -75,6 +97,10 @@ class AppendReport:
                 else None
             ),
             "already_applied": self.already_applied,
+            "duplicates": self.duplicates,
+            "behind_source_position": self.behind,
+            "source_transactions": self.transactions,
+            "partial_source_transactions": self.partial_transactions,
         }
 
 
@@ -91,78 +117,184 @@ def replog_record(members: dict[str, jsontext.Member]) -> dict[str, Any]:
     return record
 
 
-def _check_unique_ids(table: pa.Table, numbers: list[int]) -> None:
-    counts = pc.value_counts(table.column("event_id"))
-    repeated = pc.filter(counts, pc.greater(counts.field("counts"), 1))
-    if len(repeated):
-        event_id = repeated[0]["values"].as_py()
-        where = [
-            numbers[i]
-            for i, value in enumerate(table.column("event_id").to_pylist())
-            if value == event_id
-        ]
-        raise InvalidEventError(
-            f"line {where[1]}: event_id {event_id!r} was already given on line {where[0]}"
-        )
-
-
-Convert = Callable[[dict[str, jsontext.Member]], "dict[str, Any] | debezium.Skipped"]
-
-
-def _converter(format: str, key_fields: tuple[str, ...]) -> Convert:
-    """How one line's members become an event record, for ``format``."""
+def _converter(format: str, key_fields: tuple[str, ...]) -> None:
+    """Check the options of ``format``."""
     if format not in FORMATS:
         raise InvalidOptionError(f"format {format!r} is not one of {', '.join(FORMATS)}")
-    if format == "debezium":
-        if not key_fields:
-            raise InvalidOptionError("--format debezium needs --key-fields (e.g. id)")
-        return functools.partial(debezium.debezium_record, key_fields=key_fields)
-    if key_fields:
+    if format == "debezium" and not key_fields:
+        raise InvalidOptionError("--format debezium needs --key-fields (e.g. id)")
+    if format != "debezium" and key_fields:
         raise InvalidOptionError("key fields are for --format debezium")
-    return replog_record
 
 
 @dataclass
 class _Chunks:
     """Event records validated a chunk at a time (bounded memory for big files), with the
-    line each came from."""
+    line each came from; exact duplicates (same event id, same change) collapse."""
 
     tables: list[pa.Table] = field(default_factory=list)
-    numbers: list[int] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     pending: list[int] = field(default_factory=list)
+    seen: dict[str, tuple[int, int]] = field(default_factory=dict)
+    duplicates: int = 0
 
-    def add(self, record: dict[str, Any], line: int) -> None:
+    def add(self, record: dict[str, Any], line: int) -> bool:
+        """Add ``record`` unless it repeats an earlier line's change (False then).
+
+        Raises:
+            InvalidEventError: an earlier line gave its event id to another change.
+        """
+        event_id = record.get("event_id")
+        if event_id is not None:
+            change = hash(tuple(str(record.get(name)) for name in _IDENTITY))
+            first = self.seen.setdefault(str(event_id), (line, change))
+            if first != (line, change):
+                if first[1] != change:
+                    raise InvalidEventError(
+                        f"line {line}: event_id {event_id!r} was already given by line "
+                        f"{first[0]}, to another change"
+                    )
+                self.duplicates += 1
+                return False
         self.records.append(record)
         self.pending.append(line)
         if len(self.records) >= CHUNK_LINES:
             self.flush()
+        return True
 
     def flush(self) -> None:
         if not self.records:
             return
         labels = self.pending.copy()
         self.tables.append(events_from_records(self.records, where=lambda i: f"line {labels[i]}"))
-        self.numbers.extend(labels)
         self.records.clear()
         self.pending.clear()
 
     def table(self) -> pa.Table:
         self.flush()
-        table = pa.concat_tables(self.tables) if self.tables else STORED_SCHEMA.empty_table()
-        _check_unique_ids(table, self.numbers)
-        return table
+        return pa.concat_tables(self.tables) if self.tables else STORED_SCHEMA.empty_table()
 
 
-def _parse(line: str, number: int, convert: Convert) -> dict[str, Any] | debezium.Skipped:
+_IDENTITY = ("operation", "collection", "key", "data", "before")
+"""What makes two lines with one event id the same change (a redelivery may differ in
+the envelope's processing time, kept in ``metadata``)."""
+
+
+def _members(line: str, number: int) -> dict[str, jsontext.Member]:
     try:
-        members = jsontext.parse_object(line)
+        return jsontext.parse_object(line)
     except ValueError as exc:
         raise InvalidEventError(f"line {number}: not valid JSON: {exc}") from exc
-    try:
-        return convert(members)
-    except InvalidEventError as exc:
-        raise InvalidEventError(f"line {number}: {exc}") from exc
+
+
+@dataclass
+class _Positions:
+    """The source position of one connector across an input: events at or before the
+    position the log holds are dropped (counted), and the newest is recorded."""
+
+    recorded: Callable[[str], int | None]
+    app_id: str | None = None
+    first_line: int = 0
+    logged: int | None = None
+    newest: debezium.Position | None = None
+    behind: int = 0
+
+    def keep(self, position: debezium.Position, line: int) -> bool:
+        if self.app_id is None:
+            self.app_id, self.first_line = position.app_id, line
+            self.logged = self.recorded(position.app_id)
+        elif position.app_id != self.app_id:
+            raise InvalidEventError(
+                f"line {line}: an event of {position.app_id}, but line {self.first_line} was "
+                f"of {self.app_id}: append each connector's events on their own (one source "
+                f"position per commit)"
+            )
+        if self.newest is None or position.version > self.newest.version:
+            self.newest = position
+        if self.logged is not None and (
+            position.version < self.logged
+            or (position.version == self.logged and not position.snapshot)
+        ):
+            self.behind += 1
+            return False
+        return True
+
+    def transaction(self) -> Transaction | None:
+        """The position to record: the newest of the input, if the log is behind it."""
+        if self.newest is None or (self.logged is not None and self.newest.version <= self.logged):
+            return None
+        return Transaction(self.newest.app_id, self.newest.version)
+
+
+def _no_position(app_id: str) -> int | None:
+    return None
+
+
+@dataclass
+class _Brackets:
+    """Source transactions as BEGIN/END records bracket them: which are whole in the input."""
+
+    begun: set[str] = field(default_factory=set)
+    ended: dict[str, int | None] = field(default_factory=dict)
+    events: dict[str, set[str]] = field(default_factory=dict)
+    """Transaction id -> the (distinct) event ids of it in the input."""
+
+    def mark(self, marker: debezium.Marker) -> None:
+        if marker.status == "BEGIN":
+            self.begun.add(marker.id)
+        else:
+            self.ended[marker.id] = marker.event_count
+
+    def count(self, change: debezium.Change) -> None:
+        if change.transaction_id is not None:
+            ids = self.events.setdefault(change.transaction_id, set())
+            ids.add(str(change.record["event_id"]))
+
+    def whole(self) -> tuple[int, list[str]]:
+        """How many transactions the input holds whole, and the ids of those it holds part
+        of (only when it has BEGIN/END records at all)."""
+        if not self.begun and not self.ended:
+            return 0, []
+        ids = self.begun | set(self.ended) | set(self.events)
+        whole = {
+            i
+            for i in ids
+            if i in self.begun
+            and i in self.ended
+            and self.ended[i] in (None, len(self.events.get(i, ())))
+        }
+        return len(whole), sorted(ids - whole)
+
+
+@dataclass
+class _Taken:
+    """What an input gave so far: its events and what was dropped on the way (why)."""
+
+    positions: _Positions
+    chunks: _Chunks = field(default_factory=_Chunks)
+    skipped: Counter[str] = field(default_factory=Counter)
+    brackets: _Brackets = field(default_factory=_Brackets)
+    schemas: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+
+    def take(
+        self, converted: debezium.Change | debezium.Skipped | debezium.Marker, line: int
+    ) -> None:
+        """One Debezium record: an event unless the log or an earlier line has it."""
+        if isinstance(converted, debezium.Marker):
+            self.brackets.mark(converted)
+            self.skipped[f"transaction {converted.status} record"] += 1
+            return
+        if isinstance(converted, debezium.Skipped):  # a record that carries no event
+            self.skipped[converted.reason] += 1
+            return
+        self.brackets.count(converted)
+        if converted.position is not None and not self.positions.keep(converted.position, line):
+            return
+        if not self.chunks.add(converted.record, line):
+            return  # a redelivery of an earlier line
+        collection = converted.record["collection"]
+        if converted.digest is not None and converted.schema is not None and collection:
+            self.schemas.setdefault((collection, converted.digest), converted.schema)
 
 
 def read_lines(
@@ -171,21 +303,27 @@ def read_lines(
     format: str = "replog",
     key_fields: tuple[str, ...] = (),
     progress: Callable[[int], None] | None = None,
+    recorded: Callable[[str], int | None] = _no_position,
+    now: int | None = None,
 ) -> Ingested:
     """Parse and validate JSON lines (blank lines are skipped).
 
     Args:
         lines: the input, one JSON object per line.
-        format: ``"replog"`` (change events) or ``"debezium"`` (Debezium values).
+        format: ``"replog"`` (change events) or ``"debezium"`` (Debezium values, or Kafka
+            records ``{"key", "value"}`` of them).
         key_fields: for Debezium, the row fields that make an event's key.
         progress: called with the byte length of each line read.
+        recorded: the source position a log holds for a connector's app id (Debezium:
+            events at or before it are dropped and counted).
+        now: the time of events that carry none (marked in their metadata).
 
     Raises:
         InvalidEventError: a line is not valid JSON or not a valid event (names the line).
     """
-    convert = _converter(format, key_fields)
-    chunks = _Chunks()
-    skipped: Counter[str] = Counter()
+    _converter(format, key_fields)
+    taken = _Taken(positions=_Positions(recorded))
+    filled_ms = now if now is not None else now_ms()
     count = 0
     for count, line in enumerate(lines, start=1):
         if progress is not None:
@@ -193,14 +331,45 @@ def read_lines(
         if not line.strip():
             continue
         if format == "debezium" and line.strip() == "null":
-            skipped["tombstone (null value)"] += 1
+            taken.skipped["tombstone (null value)"] += 1
             continue
-        converted = _parse(line, count, convert)
-        if isinstance(converted, debezium.Skipped):  # a record that carries no event
-            skipped[converted.reason] += 1
-        else:
-            chunks.add(converted, count)
-    return Ingested(chunks.table(), count, skipped)
+        members = _members(line, count)
+        if format != "debezium":
+            taken.chunks.add(replog_record(members), count)
+            continue
+        try:
+            converted = debezium.convert(members, key_fields, text=line, filled_ms=filled_ms)
+        except InvalidEventError as exc:
+            raise InvalidEventError(f"line {count}: {exc}") from exc
+        taken.take(converted, count)
+    whole, partial = taken.brackets.whole()
+    if partial:
+        logger.warning(
+            "the input holds part of source transaction(s) %s only (BEGIN/END): they are "
+            "split across commits",
+            ", ".join(partial[:5]),
+        )
+    return Ingested(
+        taken.chunks.table(),
+        count,
+        taken.skipped,
+        duplicates=taken.chunks.duplicates,
+        behind=taken.positions.behind,
+        position=taken.positions.transaction(),
+        schemas=taken.schemas,
+        transactions=whole,
+        partial_transactions=partial,
+    )
+
+
+def _recorded(log: ReplicationLog) -> Callable[[str], int | None]:
+    """The source position the log holds for an app id (its idempotent transaction)."""
+
+    def recorded(app_id: str) -> int | None:
+        mark = log.refresh(verify_within=0).sinks.get(app_id)
+        return mark.epoch_of(TXN_QUERY) if mark else None
+
+    return recorded
 
 
 def append_lines(
@@ -216,10 +385,22 @@ def append_lines(
 
     A bad line raises :class:`InvalidEventError` naming it, and nothing is written. With a
     ``transaction`` already in the log, nothing is appended (``already_applied``).
+
+    Debezium input is idempotent by itself: the connector's newest source position is
+    recorded in the commit (a :class:`Transaction` ``debezium.<source.name>`` whose version
+    is the position), and events at or before the position the log holds are dropped and
+    counted. An explicit ``transaction`` takes the place of the position. The schemas the
+    events name are registered (put-if-absent) before the commit.
     """
-    ingested = read_lines(lines, format=format, key_fields=key_fields, progress=progress)
+    ingested = read_lines(
+        lines, format=format, key_fields=key_fields, progress=progress, recorded=_recorded(log)
+    )
+    transaction = transaction or ingested.position
     record = None
     if ingested.table.num_rows:
+        for (collection, digest), schema in ingested.schemas.items():
+            registered = registry.register(log.storage, collection, schema)
+            assert registered == digest
         record = log.append(ingested.table, transaction=transaction)
     return AppendReport(
         log.url,
@@ -228,4 +409,8 @@ def append_lines(
         ingested.skipped,
         transaction=transaction,
         already_applied=record is None and ingested.table.num_rows > 0,
+        duplicates=ingested.duplicates,
+        behind=ingested.behind,
+        transactions=ingested.transactions,
+        partial_transactions=ingested.partial_transactions,
     )

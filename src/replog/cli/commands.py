@@ -33,6 +33,7 @@ from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
 from replog.ops import compaction, recovery, retention, status, verify
+from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, now_ms
 
@@ -205,6 +206,12 @@ def cmd_append(args: argparse.Namespace, out: Output) -> int:
         finally:
             close()
     out.appended(report)
+    return 0
+
+
+def cmd_schemas(args: argparse.Namespace, out: Output) -> int:
+    log = open_log(args)
+    out.schemas(log.url, registry.versions(log.storage, args.collection))
     return 0
 
 

@@ -25,6 +25,8 @@ from replog.ops.recovery import RecoveryReport
 from replog.ops.retention import TruncationPlan
 from replog.ops.status import ConsumerStatus, LogStatus
 from replog.ops.verify import VerifyReport
+from replog.schemas.connect import Column
+from replog.schemas.registry import SchemaVersion
 from replog.timeutil import now_ms
 
 
@@ -85,6 +87,9 @@ class Output(ABC):
 
     @abstractmethod
     def info(self, info: LogInfo) -> None: ...
+
+    @abstractmethod
+    def schemas(self, url: str, versions: list[SchemaVersion]) -> None: ...
 
     @abstractmethod
     def verified(self, report: VerifyReport) -> None: ...
@@ -149,14 +154,57 @@ class TextOutput(Output):
                 f"{report.transaction.version} is already in {report.url}"
             )
         elif report.record is None:
-            self.line("nothing to append (no events in the input)")
+            self.line("nothing to append (no new events in the input)")
         else:
             self.line(
                 f"appended {report.events} events to {report.url} as version "
                 f"{report.record.version} ({len(report.record.add)} segments)"
             )
+        dropped = [
+            f"{report.duplicates} duplicates of earlier lines" if report.duplicates else "",
+            f"{report.behind} events at or before the source position already in the log"
+            if report.behind
+            else "",
+        ]
+        if any(dropped):
+            self.line("not appended: " + ", ".join(d for d in dropped if d))
+        if report.transaction is not None and report.record is not None:
+            self.line(
+                f"recorded {report.transaction.app_id} at version {report.transaction.version}"
+            )
+        if report.transactions or report.partial_transactions:
+            self.line(
+                f"{report.transactions} whole source transactions"
+                + (
+                    f"; part of {len(report.partial_transactions)} more "
+                    f"({', '.join(report.partial_transactions[:3])})"
+                    if report.partial_transactions
+                    else ""
+                )
+            )
         if skipped:
             self.line(f"skipped {skipped}")
+
+    def schemas(self, url: str, versions: list[SchemaVersion]) -> None:
+        if not versions:
+            self.line(f"no schemas registered in {url}")
+        for version in versions:
+            stamp = datetime.fromtimestamp(version.registered_ms / 1000, timezone.utc)
+            self.line(
+                f"{version.collection}  version {version.digest}  "
+                f"(registered {stamp:%Y-%m-%d %H:%M:%S}Z)"
+            )
+            for column in version.columns():
+                self._column(column, "  ")
+
+    def _column(self, column: Column, indent: str) -> None:
+        logical = f"  {column.logical}" if column.logical else ""
+        optional = "" if column.optional else "  not null"
+        kind = f"{column.type!s:<28} {column.connect}"
+        self.line(f"{indent}{column.name:<20} {kind}{logical}{optional}")
+        if column.connect == "struct":
+            for child in column.children:
+                self._column(child, indent + "  ")
 
     def captured(self, url: str, progress: CaptureProgress) -> None:
         self.line(
@@ -363,6 +411,9 @@ class JsonOutput(Output):
 
     def info(self, info: LogInfo) -> None:
         self.document(info.to_json())
+
+    def schemas(self, url: str, versions: list[SchemaVersion]) -> None:
+        self.document({"url": url, "versions": [version.to_json() for version in versions]})
 
     def verified(self, report: VerifyReport) -> None:
         self.document(report.to_json())

@@ -145,6 +145,17 @@ def _read_commands(command: _Command) -> None:
     p = command("info", commands.cmd_info, help="summarise a log")
     p.add_argument("url")
 
+    p = command(
+        "schemas",
+        commands.cmd_schemas,
+        help="list the Kafka Connect schema versions registered in a log",
+        description="List the schema versions 'append --format debezium' registered, per "
+        "collection and oldest first, with each field's Arrow type, Connect type and "
+        "logical name (io.debezium.time.Date, ...).",
+    )
+    p.add_argument("url")
+    p.add_argument("--collection", help="only this collection (e.g. inventory.customers)")
+
     p = command("read", commands.cmd_read, help="print events as JSON lines")
     p.add_argument("url")
     p.add_argument("--shard", type=int, help="only this shard")

@@ -28,8 +28,11 @@ from pyspark.sql.types import StructType, TimestampType
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
+from replog.spark.typed import typed
 from replog.tables import changes as rows
 from replog.tables.delta import apply_batch
+
+__all__ = ["apply_changes", "from_debezium", "parse_payload", "to_debezium", "typed"]
 
 EVENT_DDL = (
     "event_id string, ts_ms long, operation string, collection string, key string, "

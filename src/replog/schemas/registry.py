@@ -1,0 +1,108 @@
+"""Schema versions kept in the log: ``_replog/schemas/<collection>/<sha256>.json``
+(FORMAT.md, "Schema registry").
+
+A version is written put-if-absent before the commit whose events name it (their
+``metadata.schema``), so a reader that sees an event can always find its schema. Its
+name is the SHA-256 of the schema's canonical JSON, so writers that register one schema
+at once agree on the file, and a reader checks the content against the name.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote, unquote
+
+from replog.errors import CorruptionError
+from replog.format.commits import META_DIR
+from replog.schemas import connect
+from replog.storage import Storage
+from replog.timeutil import now_ms
+
+logger = logging.getLogger(__name__)
+
+SCHEMAS_DIR = f"{META_DIR}/schemas"
+
+
+def schema_path(collection: str, digest: str) -> str:
+    return f"{SCHEMAS_DIR}/{quote(collection, safe='.-_')}/{digest}.json"
+
+
+@dataclass(frozen=True)
+class SchemaVersion:
+    """One registered schema of a collection."""
+
+    collection: str
+    digest: str
+    registered_ms: int
+    schema: Mapping[str, Any]
+
+    def columns(self) -> tuple[connect.Column, ...]:
+        return connect.row_columns(self.schema)
+
+    def to_bytes(self) -> bytes:
+        document = {
+            "collection": self.collection,
+            "digest": self.digest,
+            "registered_ms": self.registered_ms,
+            "schema": self.schema,
+        }
+        return json.dumps(document, sort_keys=True, ensure_ascii=False).encode()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "collection": self.collection,
+            "version": self.digest,
+            "registered_ms": self.registered_ms,
+            "fields": [c.to_json() for c in self.columns()],
+        }
+
+    @classmethod
+    def from_bytes(cls, data: bytes, path: str) -> SchemaVersion:
+        try:
+            body = json.loads(data)
+            version = cls(
+                str(body["collection"]), str(body["digest"]), int(body["registered_ms"]),
+                body["schema"],
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise CorruptionError(path, f"malformed schema version: {exc}") from exc
+        if connect.digest(version.schema) != version.digest or not path.endswith(
+            f"/{version.digest}.json"
+        ):
+            raise CorruptionError(path, "the schema does not match its content address")
+        return version
+
+
+def register(storage: Storage, collection: str, schema: Mapping[str, Any]) -> str:
+    """Store ``schema`` for ``collection`` unless it is there; its digest."""
+    digest = connect.digest(schema)
+    path = schema_path(collection, digest)
+    if storage.exists(path):
+        return digest
+    version = SchemaVersion(collection, digest, now_ms(), schema)
+    try:
+        storage.put_if_absent(path, version.to_bytes())
+        logger.info("%s: registered schema %s of %s", storage, digest, collection)
+    except FileExistsError:
+        pass  # another writer registered it meanwhile (same schema, its own time)
+    return digest
+
+
+def versions(storage: Storage, collection: str | None = None) -> list[SchemaVersion]:
+    """The registered versions (of one collection, or all), oldest first per collection."""
+    if collection is not None:
+        folders = [quote(collection, safe=".-_")]
+    else:
+        folders = sorted(storage.listdir(SCHEMAS_DIR))
+    found: list[SchemaVersion] = []
+    for folder in folders:
+        where = f"{SCHEMAS_DIR}/{folder}"
+        for name in storage.listdir(where):
+            if name.endswith(".json"):
+                path = f"{where}/{name}"
+                found.append(SchemaVersion.from_bytes(storage.read(path), path))
+    return sorted(found, key=lambda v: (unquote(v.collection), v.registered_ms, v.digest))
