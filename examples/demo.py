@@ -276,9 +276,17 @@ def run_query(query: Any) -> int:
 
 def spark_pipeline(spark: SparkSession, root: Path, log_url: str, masked_url: str) -> None:
     started = time.perf_counter()
-    source = spark.readStream.format("replog").option("maxEventsPerTrigger", "20000")
+
+    def source(consumer: str, url: str) -> DataFrame:
+        return (
+            spark.readStream.format("replog")
+            .option("consumer", consumer)  # named: replog status shows it by name
+            .option("maxEventsPerTrigger", "10000")
+            .load(url)
+        )
+
     count = run_query(
-        masked(source.load(log_url))
+        masked(source("mask-emails", log_url))
         .writeStream.format("replog-sink")
         .option("checkpointLocation", str(root / "checkpoints" / "mask"))
         .trigger(availableNow=True)
@@ -287,7 +295,7 @@ def spark_pipeline(spark: SparkSession, root: Path, log_url: str, masked_url: st
     print(f"  mask:  {count:,} events -> {masked_url} in {time.perf_counter() - started:.1f}s")
     started = time.perf_counter()
     count = run_query(
-        source.load(masked_url)
+        source("to-delta", masked_url)
         .writeStream.foreachBatch(
             apply_changes(
                 str(root / "orders-delta"),
