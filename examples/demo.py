@@ -184,7 +184,7 @@ class Workload:
 
 
 def _show(progress: CaptureProgress, shown: list[float]) -> None:
-    if time.monotonic() - shown[0] >= 1.0:
+    if time.monotonic() - shown[0] >= 5.0:
         shown[0] = time.monotonic()
         print(
             f"  capture: snapshot {progress.snapshot_rows:,} rows, then {progress.rows:,} rows, "
