@@ -6,11 +6,11 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint dist bench clean
+.PHONY: help install demo demo-throughput test test-fast lint dist bench clean
 
 help: ## show this help
 	@echo "replog — make targets:"
-	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-10s %s\n", $$1, $$2}'
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-16s %s\n", $$1, $$2}'
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null || { echo "Spark needs a Java runtime (17+): apt-get install -y openjdk-17-jre-headless"; exit 1; }
@@ -25,9 +25,13 @@ install: $(STAMP) ## create .venv and install replog with its dev tools
 # set (as on these machines), every Python process Spark starts would compile replog anew.
 BYTECODE := $(PY) -m compileall -q src
 
-demo: $(STAMP) ## the main job: CDC workload -> replog -> Spark (mask PII) -> replog-sink, exactly once
+demo: $(STAMP) ## the main job: PostgreSQL -> capture -> Spark masks e-mails -> replog-sink -> Delta; checks equality
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
+
+demo-throughput: $(STAMP) ## 1M synthetic CDC events -> replog -> mask -> replog-sink, exactly once, with events/s
+	$(BYTECODE)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo_throughput.py
 
 # Plain `pytest` deselects the spark and slow tiers (pyproject's addopts); -m "" selects all.
 test: $(STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)

@@ -277,3 +277,36 @@ def test_cli_captures_and_reports(pg_dsn: str, tmp_path: Path) -> None:
         assert connection.execute("SELECT count(*) FROM pg_replication_slots").fetchone() == (0,)
     failed = replog("capture", "postgres", pg_dsn, url, "--slot", "cli", "--tables", "nope")
     assert failed.returncode == 2 and "'public.nope' does not exist" in failed.stderr
+
+
+def test_status_shows_the_capture_and_its_lag_behind_the_server(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "INSERT INTO t VALUES (1)")
+    progress = run(pg_dsn, url, tables=("t",), slot="shop")
+    plain = json.loads(replog("status", url, "--json").stdout)
+    assert plain["transactions"] == {}  # the capture's position is shown as a capture
+    [capture] = plain["captures"]
+    assert capture["slot"] == "shop" and capture["app_id"] == app_id("shop")
+    assert capture["lsn"] == progress.to_json()["position"]
+    assert capture["lag_bytes"] is None  # the server was not asked
+
+    sql(pg_dsn, "INSERT INTO t SELECT generate_series(2, 500)")  # not captured yet
+    result = replog("status", url, "--source-dsn", pg_dsn, "--json")
+    assert result.returncode == 0, result.stderr
+    [capture] = json.loads(result.stdout)["captures"]
+    assert capture["slot_lsn"] == capture["lsn"]  # the slot was advanced to the log's LSN
+    assert capture["lag_bytes"] > 500 * 20  # the inserts' WAL, at least
+
+    run(pg_dsn, url, tables=("t",), slot="shop")
+    text = replog("status", url, "--source-dsn", pg_dsn).stdout
+    [line] = [line for line in text.splitlines() if line.startswith("  shop ")]
+    assert "at LSN " in line and "lag " in line and "slot confirmed " in line
+    [capture] = json.loads(replog("status", url, "--source-dsn", pg_dsn, "--json").stdout)[
+        "captures"
+    ]
+    assert capture["lag_bytes"] < 500 * 20  # caught up: what is left is not the inserts
+
+    failed = replog("status", url, "--source-dsn", "host=127.0.0.1 port=1 dbname=x")
+    assert failed.returncode != 0 and "cannot connect to PostgreSQL" in failed.stderr

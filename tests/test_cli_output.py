@@ -16,10 +16,12 @@ import pytest
 from support.logs import commit_offsets, filled_log, log_rows
 
 from replog import ingest
+from replog.capture.options import capture_app_id as app_id
 from replog.capture.progress import CaptureProgress
 from replog.checkpoints.consumers import committed_position
 from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
 from replog.cli.output import JsonOutput, Output, TextOutput, age, event_json
+from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.ops import compaction, recovery, retention, status, verify
@@ -56,6 +58,10 @@ def _cases(tmp_path: Path) -> list[Case]:
 
     info = log.info()
     appended = ingest.append_lines(log, ['{"key": "a", "data": {"n": 1}}'])
+    # a capture's position, as replog capture records it (slot "orders", LSN 0/16B3748)
+    log.append(
+        [{"key": "b", "data": {"n": 2}}], transaction=Transaction(app_id("orders"), 0x16B3748)
+    )
     verified = verify.verify(ReplicationLog.open(url))
     store = sink_store(log, "s1")
     listing: list[tuple[int, Any]] = [(i, store.load(i)) for i in store.list_ids()]
@@ -65,7 +71,9 @@ def _cases(tmp_path: Path) -> list[Case]:
     consumer = status.consumer_position(log, "etl")
     position = committed_position(log, "etl")
     assert position is not None
-    log_status = status.log_status(log)
+    log_status = status.with_server(
+        status.log_status(log), 0x16B4000, {"orders": 0x16B3748, "other": None}
+    )
     plan = retention.plan_truncation(log, {0: 2, 1: 2})
     captured = CaptureProgress(
         rows=12, snapshot_rows=5, transactions=4, commits=2, position=0x16B3748
@@ -172,7 +180,17 @@ def _cases(tmp_path: Path) -> list[Case]:
         Case(
             "status",
             (log_status,),
-            (f"log {url}: version", "consumers (1):", "sinks (1):", "  etl ", "  s1 "),
+            (
+                f"log {url}: version",
+                "consumers (1):",
+                "sinks (1):",
+                "  etl ",
+                "  s1 ",
+                "captures (1):",
+                "  orders ",
+                "at LSN 0/16B3748 (log version ",
+                "server at 0/16B4000, lag 2,232 bytes, slot confirmed 0/16B3748",
+            ),
             _equal(log_status.to_json()),
         ),
         Case(
@@ -313,3 +331,26 @@ def test_age_in_words(ago_ms: int | None, shown: str) -> None:
 def test_age_of_a_stamp_ahead_of_the_clock_is_never_negative() -> None:
     with use_clock(lambda: 1_800_000_000.0):
         assert age(1_800_000_000_000 + 5_000) == "0.0s ago"
+
+
+def test_status_shows_captures_without_a_server(tmp_path: Path) -> None:
+    """A capture is shown as such (not as a transaction); its lag needs the server."""
+    log = filled_log(str(tmp_path / "log"), commits=1, per_commit=2, shards=1)
+    log.append([{"key": "b", "data": {}}], transaction=Transaction(app_id("orders"), 0x16B3748))
+    log.append([{"key": "c", "data": {}}], transaction=Transaction("nightly", 3))
+    report = status.log_status(log)
+    assert report.transactions == {"nightly": 3}
+    [capture] = report.captures
+    assert (capture.slot, capture.position, capture.lag_bytes) == ("orders", 0x16B3748, None)
+    assert capture.log_version == log.refresh().version - 1
+    assert capture.committed_ms is not None
+    text = render(TextOutput, Case("status", (report,), (), lambda _: None))
+    assert "  nightly                  version 3" in text
+    assert "at LSN 0/16B3748" in text and "lag: give --source-dsn" in text
+    document = json.loads(render(JsonOutput, Case("status", (report,), (), lambda _: None)))
+    assert document["captures"][0]["lsn"] == "0/16B3748"
+    assert document["captures"][0]["lag_bytes"] is None
+    elsewhere = status.with_server(report, 0x16B4000, {})
+    assert "the server has no slot 'orders'" in render(
+        TextOutput, Case("status", (elsewhere,), (), lambda _: None)
+    )

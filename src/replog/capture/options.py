@@ -15,6 +15,19 @@ transaction is never split)."""
 DEFAULT_POLL_S = 0.05
 """How long a following capture waits after finding no new changes."""
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
+CAPTURE_APP_PREFIX = "pg-capture."
+"""The log records a capture's position as idempotent transaction ``pg-capture.<slot>``."""
+
+
+def capture_app_id(slot: str) -> str:
+    """The transaction app id under which the log records this slot's position."""
+    return CAPTURE_APP_PREFIX + slot
+
+
+def capture_slot(app_id: str) -> str | None:
+    """The slot whose position ``app_id`` records, or None if it is no capture's."""
+    slot = app_id.removeprefix(CAPTURE_APP_PREFIX)
+    return slot if slot != app_id and _SLOT_NAME.fullmatch(slot) else None
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,7 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
-from replog.capture.options import CaptureOptions
+from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.pgoutput import (
     Decoder,
     Relation,
@@ -77,7 +77,7 @@ _OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
 
 def app_id(slot: str) -> str:
     """The transaction app id under which the log records this slot's position."""
-    return f"pg-capture.{slot}"
+    return capture_app_id(slot)
 
 
 @dataclass(frozen=True)
@@ -651,6 +651,21 @@ class PostgresCapture:
         self.progress.rows += len(records)
         self.progress.transactions += len(fresh)
         return True
+
+
+def server_positions(dsn: str) -> tuple[int, dict[str, int | None]]:
+    """The server's current WAL position and each logical slot's confirmed position (None
+    for a slot that has confirmed nothing yet): what ``replog status --source-dsn`` needs."""
+    with connect(dsn) as connection:
+        row = connection.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        slots = connection.execute(
+            "SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots"
+            " WHERE slot_type = 'logical'"
+        ).fetchall()
+    return lsn_to_int(row[0]), {
+        name: None if confirmed is None else lsn_to_int(confirmed) for name, confirmed in slots
+    }
 
 
 def capture(

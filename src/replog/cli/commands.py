@@ -12,6 +12,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from types import ModuleType
 from typing import IO, Any
 
 from replog import ingest
@@ -81,6 +82,17 @@ def _progress_line(progress: CaptureProgress) -> str:
     )
 
 
+def _postgres() -> ModuleType:
+    """:mod:`replog.capture.postgres`, which needs the 'postgres' extra (psycopg)."""
+    try:
+        from replog.capture import postgres  # noqa: PLC0415 - needs the 'postgres' extra
+    except ImportError as exc:
+        raise InvalidOptionError(
+            f"reading PostgreSQL needs psycopg: pip install 'pyspark-replog[postgres]' ({exc})"
+        ) from exc
+    return postgres
+
+
 def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     """``replog capture postgres``: stops cleanly on Ctrl-C or SIGTERM (after the commit in
     progress), with a progress line on stderr."""
@@ -96,12 +108,7 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
         max_changes=args.max_changes,
     )
     options.check()
-    try:
-        from replog.capture import postgres  # noqa: PLC0415 - needs the 'postgres' extra
-    except ImportError as exc:
-        raise InvalidOptionError(
-            f"capture needs psycopg: pip install 'pyspark-replog[postgres]' ({exc})"
-        ) from exc
+    postgres = _postgres()
     stop = threading.Event()
     last_shown = [0.0]
 
@@ -368,7 +375,11 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
-    out.status(status.log_status(open_log(args)))
+    report = status.log_status(open_log(args))
+    if args.source_dsn:
+        postgres = _postgres()
+        report = status.with_server(report, *postgres.server_positions(args.source_dsn))
+    out.status(report)
     return 0
 
 

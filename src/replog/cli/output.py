@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime, timezone
 from typing import IO, Any
 
+from replog.capture.pgoutput import lsn_to_text
 from replog.capture.progress import CaptureProgress
 from replog.checkpoints.consumers import ConsumerPosition
 from replog.checkpoints.manifest import CheckpointManifest
@@ -23,7 +24,7 @@ from replog.log import LogInfo
 from replog.ops.compaction import CompactionResult
 from replog.ops.recovery import RecoveryReport
 from replog.ops.retention import TruncationPlan
-from replog.ops.status import ConsumerStatus, LogStatus
+from replog.ops.status import CaptureStatus, ConsumerStatus, LogStatus
 from replog.ops.verify import VerifyReport
 from replog.schemas.connect import Column
 from replog.schemas.registry import SchemaVersion
@@ -57,6 +58,22 @@ def age(ms: int | None) -> str:
         if seconds >= size:
             return f"{seconds / size:.1f}{unit} ago"
     return f"{seconds:.1f}s ago"
+
+
+def _capture_line(capture: CaptureStatus, server_asked: bool) -> str:
+    line = (
+        f"at LSN {lsn_to_text(capture.position)} (log version {capture.log_version}, "
+        f"{age(capture.committed_ms)})"
+    )
+    if not server_asked:
+        return line + "; lag: give --source-dsn"
+    assert capture.server_lsn is not None
+    if capture.slot_lsn is None:
+        return line + f"; the server has no slot {capture.slot!r}"
+    return (
+        f"{line}; server at {lsn_to_text(capture.server_lsn)}, lag {capture.lag_bytes:,} bytes, "
+        f"slot confirmed {lsn_to_text(capture.slot_lsn)}"
+    )
 
 
 class Output(ABC):
@@ -340,6 +357,10 @@ class TextOutput(Output):
             self.line(f"transactions ({len(report.transactions)}):")
             for app_id, version in sorted(report.transactions.items()):
                 self.line(f"  {app_id:<24} version {version}")
+        if report.captures:
+            self.line(f"captures ({len(report.captures)}):")
+            for capture in report.captures:
+                self.line(f"  {capture.slot:<24} {_capture_line(capture, report.server_asked)}")
 
     def truncation_plan(self, plan: TruncationPlan, force: bool) -> None:
         for blocker in plan.blockers:

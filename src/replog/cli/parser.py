@@ -205,9 +205,17 @@ def _checkpoint_commands(command: _Command) -> None:
     p.add_argument("--execute", action="store_true", help="do it (default: a dry run)")
 
     p = command(
-        "status", commands.cmd_status, help="consumers (offsets, lag) and sinks (epoch, status)"
+        "status",
+        commands.cmd_status,
+        help="consumers (offsets, lag), sinks (epoch, status) and captures (LSN, lag)",
     )
     p.add_argument("url")
+    p.add_argument(
+        "--source-dsn",
+        metavar="DSN",
+        help="the PostgreSQL server the log's captures read: adds each capture's lag behind "
+        "it (its current WAL position minus the log's) and its slot's confirmed position",
+    )
 
 
 def _operate_commands(command: _Command) -> None:

@@ -7,11 +7,15 @@ shards), which is what an operator alerts on.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from replog.capture.options import capture_app_id, capture_slot
+from replog.capture.pgoutput import lsn_to_text
 from replog.checkpoints import consumers, sinks
 from replog.core.files import read_segment
+from replog.core.history import read_commit
 from replog.errors import ManifestNotFoundError
 from replog.format.commits import TXN_QUERY
 from replog.format.state import LogState, retained_events
@@ -73,6 +77,45 @@ class SinkStatus:
 
 
 @dataclass(frozen=True)
+class CaptureStatus:
+    """A PostgreSQL capture's position in the log (transaction ``pg-capture.<slot>``) and,
+    when the server was asked (:func:`with_server`), how far the log is behind it."""
+
+    slot: str
+    position: int
+    """The end LSN of the last source transaction the log holds."""
+    log_version: int
+    """The log commit that recorded it."""
+    committed_ms: int | None
+    """When that commit was made (None once retention removed its record)."""
+    server_lsn: int | None = None
+    """The server's ``pg_current_wal_lsn()`` when asked."""
+    slot_lsn: int | None = None
+    """The slot's ``confirmed_flush_lsn`` on that server (None: no such slot there)."""
+
+    @property
+    def lag_bytes(self) -> int | None:
+        """WAL the server wrote past the log's position (an upper bound: it counts every
+        database's WAL); None unless the server was asked and has the slot."""
+        if self.server_lsn is None or self.slot_lsn is None:
+            return None
+        return max(self.server_lsn - self.position, 0)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "slot": self.slot,
+            "app_id": capture_app_id(self.slot),
+            "lsn": lsn_to_text(self.position),
+            "position": self.position,
+            "log_version": self.log_version,
+            "committed_ms": self.committed_ms,
+            "server_lsn": None if self.server_lsn is None else lsn_to_text(self.server_lsn),
+            "slot_lsn": None if self.slot_lsn is None else lsn_to_text(self.slot_lsn),
+            "lag_bytes": self.lag_bytes,
+        }
+
+
+@dataclass(frozen=True)
 class LogStatus:
     url: str
     version: int
@@ -82,7 +125,11 @@ class LogStatus:
     sinks: tuple[SinkStatus, ...]
     generated_ms: int
     transactions: dict[str, int] = field(default_factory=dict)
-    """Idempotent appends' app ids and the last version of each the log holds."""
+    """Idempotent appends' app ids and the last version of each the log holds (captures'
+    are in :attr:`captures`)."""
+    captures: tuple[CaptureStatus, ...] = ()
+    server_asked: bool = False
+    """Whether :attr:`captures` carry the source server's positions (``--source-dsn``)."""
 
     @property
     def events(self) -> int:
@@ -98,6 +145,7 @@ class LogStatus:
             "consumers": [c.to_json(self.generated_ms) for c in self.consumers],
             "sinks": [s.to_json() for s in self.sinks],
             "transactions": dict(self.transactions),
+            "captures": [c.to_json() for c in self.captures],
         }
 
 
@@ -170,6 +218,19 @@ def log_status(log: ReplicationLog) -> LogStatus:
         if app_id not in sink_dirs and (version := mark.epoch_of(TXN_QUERY)) is not None
     }
     sink_ids = sorted((sink_dirs | set(state.sinks)) - set(transactions))
+    captures = []
+    for app_id in sorted(transactions):
+        slot = capture_slot(app_id)
+        if slot is not None:
+            record = read_commit(log.storage, state.sinks[app_id].version)
+            captures.append(
+                CaptureStatus(
+                    slot=slot,
+                    position=transactions.pop(app_id),
+                    log_version=state.sinks[app_id].version,
+                    committed_ms=record.timestamp_ms if record else None,
+                )
+            )
     return LogStatus(
         url=log.url,
         version=state.version,
@@ -181,7 +242,17 @@ def log_status(log: ReplicationLog) -> LogStatus:
         sinks=tuple(sink_status(log, state, sink_id) for sink_id in sink_ids),
         generated_ms=now_ms(),
         transactions=transactions,
+        captures=tuple(captures),
     )
+
+
+def with_server(report: LogStatus, server_lsn: int, slots: Mapping[str, int | None]) -> LogStatus:
+    """``report`` with its captures' lag behind a source server: its current WAL position
+    and its logical slots' confirmed positions (``replog status --source-dsn``)."""
+    captures = tuple(
+        replace(c, server_lsn=server_lsn, slot_lsn=slots.get(c.slot)) for c in report.captures
+    )
+    return replace(report, captures=captures, server_asked=True)
 
 
 def consumer_position(log: ReplicationLog, name: str) -> ConsumerStatus:
