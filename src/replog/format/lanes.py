@@ -51,6 +51,10 @@ CHANGES_SCHEMA = TABLE_SCHEMA
 """A format 3 changes file: ``change`` is ``added`` (since the table, live), ``removed``
 (an entry of the table, gone) or ``dropped`` (added since the table and gone again)."""
 
+ROWS_FIELD = pa.field("rows", pa.int64(), nullable=False)
+"""Appended to a table or changes file holding a holed entry: each entry's rows (-1:
+dense). Files without holed entries are written without it, as before."""
+
 LIVE, REMOVED, ADDED, DROPPED = "live", "removed", "added", "dropped"
 
 
@@ -137,6 +141,8 @@ def _entries(table: pa.Table) -> list[SegmentInfo]:
     columns = [table.column(name).to_pylist() for name in SEGMENT_TABLE_SCHEMA.names]
     if "offset" in table.column_names:
         columns.append(table.column("offset").to_pylist())
+        if "rows" in table.column_names:
+            columns.append(table.column("rows").to_pylist())
     return [SegmentInfo(*values) for values in zip(*columns, strict=True)]
 
 
