@@ -25,6 +25,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from replog import merges as merge_plans
@@ -816,6 +817,15 @@ class ReplicationLog:
             raise DataLossError(shard, first, state.lows[shard])
         wanted = [(segment, first, last) for segment in state.covering(shard, first, last)]
         return files.read_segments(self.storage, wanted, self._files)
+
+    def row_sequences(self, segment: SegmentInfo) -> np.ndarray:
+        """The sequence of each row of a live entry (a holed entry's are read from its
+        file, decoded once for this object's reads): rate limits end a batch inside one."""
+        if not segment.holed:
+            return segments.row_sequences(pa.table({}), segment)
+        return segments.row_sequences(
+            files.read_stored(self.storage, segment, self._files), segment
+        )
 
     def scan(
         self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None

@@ -8,8 +8,10 @@ never on the age of the log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 from replog.errors import DataLossError
 from replog.format.segments import SegmentInfo
@@ -17,6 +19,9 @@ from replog.format.state import LogState
 from replog.offsets import Offsets
 
 logger = logging.getLogger(__name__)
+
+RowSequences = Callable[[SegmentInfo], np.ndarray]
+"""The sequence of each row of a live entry (a holed entry's read from its file)."""
 
 
 @dataclass(frozen=True)
@@ -34,7 +39,11 @@ class ReadTask:
 
 
 def cap_events(
-    start: Offsets, target: Offsets, max_events: int, state: LogState | None = None
+    start: Offsets,
+    target: Offsets,
+    max_events: int,
+    state: LogState | None = None,
+    sequences: RowSequences | None = None,
 ) -> Offsets:
     """Advance from ``start`` towards ``target`` by about ``max_events`` in all, fairly.
 
@@ -47,8 +56,8 @@ def cap_events(
     With ``state``, backlogs count events, not sequences: a range key compaction left
     holes in holds fewer events than sequences (:func:`backlog_events`), so a batch
     crosses it at the full rate rather than at the rate of the holes, and never reads
-    more than its share (:func:`advance`). A shard whose backlog holds no event moves to
-    its target at no cost.
+    more than its share (:func:`advance`, given ``sequences``). A shard whose backlog
+    holds no event moves to its target at no cost.
     """
     backlog = {}
     for shard in target:
@@ -68,7 +77,9 @@ def cap_events(
     if state is None:
         return {shard: start.get(shard, 0) + grant[shard] for shard in target}
     return {
-        shard: advance(state, shard, start.get(shard, 0), target[shard], grant[shard])
+        shard: advance(
+            state, shard, start.get(shard, 0), target[shard], grant[shard], sequences=sequences
+        )
         if backlog[shard]
         else max(target[shard], start.get(shard, 0))
         for shard in target
@@ -92,14 +103,28 @@ def backlog_events(state: LogState, shard: int, first: int, last: int) -> int:
     return sum(events for _, _, events in _overlaps(state, shard, first, last))
 
 
-def advance(state: LogState, shard: int, after: int, last: int, events: int) -> int:
+def advance(
+    state: LogState,
+    shard: int,
+    after: int,
+    last: int,
+    events: int,
+    *,
+    sequences: RowSequences | None = None,
+) -> int:
     """The offset of ``shard`` that reads at most ``events`` events after offset
-    ``after`` (and not past ``last``): whole entries while they fit, then, inside a holed
-    entry, as many sequences as events remain (each sequence holds at most one)."""
+    ``after`` (and not past ``last``): whole entries while they fit; inside a holed
+    entry, the sequence of its ``events``-th row given its rows' ``sequences`` (read
+    from its file), else as many sequences as events remain (slower, never more)."""
     position = after
     for low, high, held in _overlaps(state, shard, after + 1, last):
         if held > events:
-            return low - 1 + events
+            if sequences is None:
+                return low - 1 + events
+            segment = next(s for s in state.covering(shard, low, low))
+            found = sequences(segment)
+            index = int(np.searchsorted(found, low, side="left")) + events - 1
+            return int(found[index]) if events else low - 1
         events -= held
         position = high
         if events == 0:

@@ -260,8 +260,7 @@ def files_from_json(items: list[Any]) -> tuple[SegmentInfo, ...]:
                 or {*map(type, part)} != _INT
             ):
                 raise ValueError(
-                    f"a part must list {', '.join(PART_FIELDS)} (and rows, if holed), "
-                    f"got {part!r}"
+                    f"a part must list {', '.join(PART_FIELDS)} (and rows, if holed), got {part!r}"
                 )
             shard, first, last, offset, size, low, high = part[: len(PART_FIELDS)]
             rows = part[len(PART_FIELDS)] if len(part) > len(PART_FIELDS) else DENSE

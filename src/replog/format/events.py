@@ -419,9 +419,7 @@ def to_event_batch(
     if isinstance(first_sequence, np.ndarray):
         sequence_col = pa.array(first_sequence, type=pa.int64())
     else:
-        sequence_col = pa.array(
-            np.arange(first_sequence, first_sequence + rows, dtype=np.int64)
-        )
+        sequence_col = pa.array(np.arange(first_sequence, first_sequence + rows, dtype=np.int64))
     return pa.RecordBatch.from_arrays(
         [shard_col, sequence_col, *stored.columns], schema=EVENT_SCHEMA
     )

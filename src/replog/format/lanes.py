@@ -117,7 +117,10 @@ def _rows(segments: Iterable[SegmentInfo], change: str) -> list[tuple[SegmentInf
 
 def entries_table(rows: list[tuple[SegmentInfo, str]], schema: pa.Schema) -> pa.Table:
     """Entries with their change as a table, built column by column (a shared file's
-    entries repeat its path and digest: the files are written LZ4-compressed)."""
+    entries repeat its path and digest: the files are written LZ4-compressed). A holed
+    entry among them adds the ``rows`` column."""
+    if any(entry.holed for entry, _ in rows):
+        schema = schema.append(ROWS_FIELD)
     columns = []
     for field in schema:
         if field.name == "change":

@@ -153,9 +153,7 @@ def parse_payload(
 _EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
 
 
-def _changes(
-    batch: DataFrame, keys: tuple[str, ...], schema: StructType | str | None
-) -> DataFrame:
+def _changes(batch: DataFrame, keys: tuple[str, ...], schema: StructType | str | None) -> DataFrame:
     """The source's rows as a batch of changes: ``data``'s fields plus the bookkeeping
     columns of :mod:`replog.tables.changes`."""
     absent = [c for c in _EVENT_COLUMNS if c not in batch.columns]
@@ -230,9 +228,7 @@ def apply_changes(
         if mode == "scd1":  # reduced in Spark: the driver gets one change per key
             frame = (
                 frame.groupBy(*wanted)
-                .agg(
-                    F.max_by(F.struct(*frame.columns), F.struct(*rows.POSITION)).alias("__last")
-                )
+                .agg(F.max_by(F.struct(*frame.columns), F.struct(*rows.POSITION)).alias("__last"))
                 .select("__last.*")
             )
         apply_batch(
