@@ -24,7 +24,7 @@ from replog.cli.output import JsonOutput, Output, TextOutput, age, event_json
 from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
-from replog.ops import compaction, recovery, retention, status, verify
+from replog.ops import compaction, keys, recovery, retention, status, verify
 from replog.schemas import registry
 from replog.timeutil import now_ms, use_clock
 
@@ -83,6 +83,9 @@ def _cases(tmp_path: Path) -> list[Case]:
     merges = compaction.CompactionResult(tuple(plan_full(log.refresh())), None)
     compacted = compaction.compact(ReplicationLog.open(url))
     assert merges.merges and compacted.record is not None
+    keyed = filled_log(str(tmp_path / "keyed"), commits=3, per_commit=10, auto_compact=False)
+    key_compacted = keys.compact_by_key(keyed)
+    assert key_compacted.record is not None
 
     def manifests_json(document: Any) -> None:
         assert [entry["checkpoint_id"] for entry in document] == [i for i, _ in listing]
@@ -222,6 +225,12 @@ def _cases(tmp_path: Path) -> list[Case]:
             (url, compacted, False),
             (f"compacted {url} at version {compacted.record.version}: merged",),
             _equal(compacted.to_json(False)),
+        ),
+        Case(
+            "key_compacted",
+            (url, key_compacted, False),
+            (f"key-compacted {url} at version {key_compacted.record.version}", "cleaner points"),
+            _equal(key_compacted.to_json(False)),
         ),
     ]
 

@@ -1,4 +1,5 @@
-"""Crash points for crash tests: die at a named step of the sink protocol.
+"""Crash points for crash tests: die at a named step of the sink protocol (or of
+``apply_changes``, capture).
 
 Set ``REPLOG_FAULT=<step>`` or ``<step>@<epoch>`` (for example ``after_pending@1``).
 At that step the process group named by ``REPLOG_FAULT_PGID`` (default: the caller's)
@@ -28,7 +29,11 @@ STEPS = (
     "after_committed",
     "write_task",
     "capture_committed",
+    "apply_before_delta",
+    "apply_after_delta",
 )
+"""``apply_before_delta``/``apply_after_delta``: in ``apply_changes``, with the micro-batch
+id as epoch, just before its Delta commit and just after it (before Spark's commit log)."""
 
 
 def crash_point(step: str, epoch: int | None = None) -> None:

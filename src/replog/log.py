@@ -25,6 +25,7 @@ from concurrent.futures import wait as futures_wait
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 
 from replog import merges as merge_plans
@@ -548,6 +549,8 @@ class ReplicationLog:
         """
         if not merges:
             return None
+        if any(source.holed for merge in merges for source in merge.sources):
+            raise ValueError("merges rewrite dense entries; key compaction rewrites holed ones")
         since = StagingStart(self.state().version, now_ms())
         plans: list[tuple[Sequence[Part], Callable[[], pa.Table]]] = []
         firsts: list[int] = []
@@ -558,19 +561,41 @@ class ReplicationLog:
         staged = files.write_files(self.storage, plans, self._written)
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
         removed = tuple(source for merge in merges for source in merge.sources)
+        return self.replace(merged, removed, since, lease=lease, refreshed=refreshed)
+
+    def replace(
+        self,
+        added: Sequence[SegmentInfo],
+        removed: Sequence[SegmentInfo],
+        since: StagingStart,
+        *,
+        lease: Lease | None = None,
+        refreshed: bool = False,
+    ) -> CommitRecord:
+        """Commit staged files ``added`` in place of the live entries ``removed`` (one
+        ``compact`` commit: the same sequences, heads unchanged), under the staging
+        protocol: ``since`` is when staging began, ``lease`` the caller's staging lease.
+        Used by merges and by key compaction.
+
+        Raises :class:`CommitConflictError` (deleting ``added``) if an entry of
+        ``removed`` left the log meanwhile (another compaction or a truncation).
+        """
+        added, removed = tuple(added), tuple(removed)
 
         def build(state: LogState) -> CommitRecord:
             gone = [source.path for source in removed if not state.is_live(source)]
             if gone:
                 raise CommitConflictError(
-                    f"{self.url}: {len(gone)} segments to merge left the log meanwhile "
-                    f"(e.g. {gone[0]}); nothing was merged, plan again"
+                    f"{self.url}: {len(gone)} segments to rewrite left the log meanwhile "
+                    f"(e.g. {gone[0]}); nothing was rewritten, plan again"
                 )
-            self._guard_staged(state, merged, since, lease)
-            return CommitRecord.after(state.version, COMPACT, add=merged, remove=removed)
+            self._guard_staged(state, added, since, lease)
+            return CommitRecord.after(state.version, COMPACT, add=added, remove=removed)
 
-        with staging.committing(self.storage, merged) as attempt:
-            return self.commit(build, attempt=attempt, refreshed=refreshed)
+        with staging.committing(self.storage, added) as attempt:
+            record = self.commit(build, attempt=attempt, refreshed=refreshed)
+        assert record is not None  # build never returns None
+        return record
 
     def check_staged(self, staged: Sequence[StagedSegment | SegmentInfo]) -> None:
         """Raise :class:`MissingFileError` if a staged file is gone (collected by a
@@ -792,6 +817,15 @@ class ReplicationLog:
             raise DataLossError(shard, first, state.lows[shard])
         wanted = [(segment, first, last) for segment in state.covering(shard, first, last)]
         return files.read_segments(self.storage, wanted, self._files)
+
+    def row_sequences(self, segment: SegmentInfo) -> np.ndarray:
+        """The sequence of each row of a live entry (a holed entry's are read from its
+        file, decoded once for this object's reads): rate limits end a batch inside one."""
+        if not segment.holed:
+            return segments.row_sequences(pa.table({}), segment)
+        return segments.row_sequences(
+            files.read_stored(self.storage, segment, self._files), segment
+        )
 
     def scan(
         self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None

@@ -90,7 +90,7 @@ def _tails(state: LogState, small: int) -> list[SegmentInfo]:
     found = []
     for lane in state.segments:
         for segment in reversed(lane):
-            if segment.bytes >= small:
+            if segment.bytes >= small or segment.holed:
                 break
             found.append(segment)
     return found
@@ -170,13 +170,15 @@ def plan_full(
     """What ``replog compact`` merges: per shard, greedy runs of consecutive entries that
     together stay within both limits, into one file each. A single entry is rewritten
     too when its file holds other shards' rows (a shared file), so a compacted shard is
-    read from files of its own."""
+    read from files of its own. Holed entries (key compaction's) are left alone."""
     file_shards: dict[str, set[int]] = {}
     for lane in state.segments:
         for entry in lane:
             file_shards.setdefault(entry.path, set()).add(entry.shard)
 
     def worth_merging(run: list[SegmentInfo]) -> bool:
+        if any(entry.holed for entry in run):
+            return False
         return len(run) >= 2 or (len(run) == 1 and len(file_shards[run[0].path]) > 1)
 
     merges = []
@@ -185,7 +187,10 @@ def plan_full(
         size = events = 0
         for segment in lane:
             if run and (
-                size + segment.bytes > target_bytes or events + segment.events > max_events
+                segment.holed  # key compaction rewrites those (merges keep rows dense)
+                or run[-1].holed
+                or size + segment.bytes > target_bytes
+                or events + segment.events > max_events
             ):
                 if worth_merging(run):
                     merges.append(Merge(tuple(run)))

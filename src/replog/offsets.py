@@ -15,6 +15,7 @@ import json
 
 from replog.core.files import read_stored
 from replog.errors import InvalidOptionError
+from replog.format.segments import row_sequences
 from replog.format.state import LogState
 from replog.log import ReplicationLog
 
@@ -88,11 +89,12 @@ def for_timestamp(log: ReplicationLog, state: LogState, timestamp_ms: int) -> Of
         for segment in state.covering(shard, state.lows[shard], state.heads[shard]):
             if segment.max_timestamp_ms < timestamp_ms:
                 continue
-            stamps = read_stored(log.storage, segment).column("timestamp").cast("int64")
+            rows = read_stored(log.storage, segment)
+            stamps = rows.column("timestamp").cast("int64")
             reached = pc.greater_equal(stamps, timestamp_ms * 1000)
             index = pc.index(reached, True).as_py()
             if index >= 0:
-                first = segment.first_sequence + index
+                first = int(row_sequences(rows, segment)[index])  # holed entries skip some
                 offsets[shard] = max(first, state.lows[shard]) - 1
                 break
     return offsets

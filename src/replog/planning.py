@@ -8,7 +8,10 @@ never on the age of the log.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+
+import numpy as np
 
 from replog.errors import DataLossError
 from replog.format.segments import SegmentInfo
@@ -16,6 +19,9 @@ from replog.format.state import LogState
 from replog.offsets import Offsets
 
 logger = logging.getLogger(__name__)
+
+RowSequences = Callable[[SegmentInfo], np.ndarray]
+"""The sequence of each row of a live entry (a holed entry's read from its file)."""
 
 
 @dataclass(frozen=True)
@@ -32,7 +38,13 @@ class ReadTask:
         return self.last - self.first + 1
 
 
-def cap_events(start: Offsets, target: Offsets, max_events: int) -> Offsets:
+def cap_events(
+    start: Offsets,
+    target: Offsets,
+    max_events: int,
+    state: LogState | None = None,
+    sequences: RowSequences | None = None,
+) -> Offsets:
     """Advance from ``start`` towards ``target`` by about ``max_events`` in all, fairly.
 
     Every shard with a backlog is admitted in every batch: the budget is filled like
@@ -40,8 +52,19 @@ def cap_events(start: Offsets, target: Offsets, max_events: int) -> Offsets:
     shard a million behind. When there are more backlogged shards than ``max_events``,
     each still gets one event (the limit is exceeded by at most shards - 1, as Kafka's
     source does for its partitions).
+
+    With ``state``, backlogs count events, not sequences: a range key compaction left
+    holes in holds fewer events than sequences (:func:`backlog_events`), so a batch
+    crosses it at the full rate rather than at the rate of the holes, and never reads
+    more than its share (:func:`advance`, given ``sequences``). A shard whose backlog
+    holds no event moves to its target at no cost.
     """
-    backlog = {shard: max(target[shard] - start.get(shard, 0), 0) for shard in target}
+    backlog = {}
+    for shard in target:
+        first, last = start.get(shard, 0) + 1, target[shard]
+        backlog[shard] = (
+            max(last - first + 1, 0) if state is None else backlog_events(state, shard, first, last)
+        )
     waiting = sorted((pending, shard) for shard, pending in backlog.items() if pending > 0)
     if sum(pending for pending, _ in waiting) <= max_events:
         return {shard: max(target[shard], start.get(shard, 0)) for shard in target}
@@ -51,7 +74,62 @@ def cap_events(start: Offsets, target: Offsets, max_events: int) -> Offsets:
         share = max(budget // (len(waiting) - index), 1)
         grant[shard] = min(pending, share)
         budget -= grant[shard]
-    return {shard: start.get(shard, 0) + grant[shard] for shard in target}
+    if state is None:
+        return {shard: start.get(shard, 0) + grant[shard] for shard in target}
+    return {
+        shard: advance(
+            state, shard, start.get(shard, 0), target[shard], grant[shard], sequences=sequences
+        )
+        if backlog[shard]
+        else max(target[shard], start.get(shard, 0))
+        for shard in target
+    }
+
+
+def _overlaps(state: LogState, shard: int, first: int, last: int) -> Iterator[tuple[int, int, int]]:
+    """For each live entry of ``shard`` overlapping ``[first, last]``: the overlap's first
+    and last sequence and the most events it can hold (fewer than its sequences when
+    the entry has holes)."""
+    if first > last:
+        return
+    for segment in state.covering(shard, first, last):
+        low, high = max(first, segment.first_sequence), min(last, segment.last_sequence)
+        yield low, high, min(high - low + 1, segment.events)
+
+
+def backlog_events(state: LogState, shard: int, first: int, last: int) -> int:
+    """At most how many events sequences ``[first, last]`` of ``shard`` hold (exact
+    without holes; a holed entry counts at most its rows)."""
+    return sum(events for _, _, events in _overlaps(state, shard, first, last))
+
+
+def advance(
+    state: LogState,
+    shard: int,
+    after: int,
+    last: int,
+    events: int,
+    *,
+    sequences: RowSequences | None = None,
+) -> int:
+    """The offset of ``shard`` that reads at most ``events`` events after offset
+    ``after`` (and not past ``last``): whole entries while they fit; inside a holed
+    entry, the sequence of its ``events``-th row given its rows' ``sequences`` (read
+    from its file), else as many sequences as events remain (slower, never more)."""
+    position = after
+    for low, high, held in _overlaps(state, shard, after + 1, last):
+        if held > events:
+            if sequences is None:
+                return low - 1 + events
+            segment = next(s for s in state.covering(shard, low, low))
+            found = sequences(segment)
+            index = int(np.searchsorted(found, low, side="left")) + events - 1
+            return int(found[index]) if events else low - 1
+        events -= held
+        position = high
+        if events == 0:
+            break
+    return position
 
 
 def events_for_bytes(state: LogState, start: Offsets, target: Offsets, max_bytes: int) -> int:
@@ -68,8 +146,8 @@ def events_for_bytes(state: LogState, start: Offsets, target: Offsets, max_bytes
             continue
         for segment in state.covering(shard, first, end):
             overlap = min(end, segment.last_sequence) - max(first, segment.first_sequence) + 1
-            total_bytes += segment.bytes * overlap / segment.events
-            total_events += overlap
+            total_bytes += segment.bytes * overlap / segment.sequences
+            total_events += min(overlap, segment.events)  # a holed entry holds fewer
     if total_events == 0 or total_bytes <= max_bytes:
         return max(total_events, 1)
     return max(int(max_bytes / (total_bytes / total_events)), 1)

@@ -33,7 +33,7 @@ from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
-from replog.ops import compaction, recovery, retention, status, verify
+from replog.ops import compaction, keys, recovery, retention, status, verify
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, now_ms
@@ -412,7 +412,20 @@ def cmd_recover(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_compact(args: argparse.Namespace, out: Output) -> int:
+    if args.keep_deletes_for is not None and not args.by_key:
+        raise InvalidOptionError("--keep-deletes-for needs --by-key")
+    keep_deletes_for = (
+        None
+        if args.keep_deletes_for is None
+        else duration_ms(args.keep_deletes_for, "--keep-deletes-for")
+    )
     log = open_log(args)
+    if args.by_key:
+        result = keys.compact_by_key(
+            log, keep_deletes_for_ms=keep_deletes_for, dry_run=args.dry_run
+        )
+        out.key_compacted(log.url, result, args.dry_run)
+        return 0
     if args.dry_run:
         merges = plan_full(log.refresh(), target_bytes=args.target_bytes)
         out.compacted(log.url, compaction.CompactionResult(tuple(merges), None), True)

@@ -22,6 +22,7 @@ from replog.format.commits import TXN_QUERY
 from replog.ingest import AppendReport
 from replog.log import LogInfo
 from replog.ops.compaction import CompactionResult
+from replog.ops.keys import KeyCompactionResult
 from replog.ops.recovery import RecoveryReport
 from replog.ops.retention import TruncationPlan
 from replog.ops.status import CaptureStatus, ConsumerStatus, LogStatus
@@ -154,6 +155,9 @@ class Output(ABC):
 
     @abstractmethod
     def compacted(self, url: str, result: CompactionResult, dry_run: bool) -> None: ...
+
+    @abstractmethod
+    def key_compacted(self, url: str, result: KeyCompactionResult, dry_run: bool) -> None: ...
 
 
 class TextOutput(Output):
@@ -414,6 +418,29 @@ class TextOutput(Output):
                 f"files are deleted after the log's retention"
             )
 
+    def key_compacted(self, url: str, result: KeyCompactionResult, dry_run: bool) -> None:
+        points = ", ".join(f"{s}:{p}" for s, p in sorted(result.cleaner_points.items()))
+        who = (
+            f"{len(result.consumers)} registered consumers" if result.consumers else "no consumers"
+        )
+        self.line(f"cleaner points (shard:sequence, {who}): {points}")
+        if not result.shards:
+            self.line("nothing to compact: no event below the cleaner points is superseded")
+            return
+        verb = "would keep" if dry_run else "kept"
+        for shard in result.shards:
+            self.line(
+                f"  shard {shard.shard} sequences {shard.first}..{shard.last}: {verb} "
+                f"{shard.events_after} of {shard.events_before} events "
+                f"({shard.deletes_dropped} old deletes dropped)"
+            )
+        if result.record is not None:
+            self.line(
+                f"key-compacted {url} at version {result.record.version}: "
+                f"{result.events_before} events -> {result.events_after}; sequences keep "
+                f"their values, the replaced files are deleted after the log's retention"
+            )
+
 
 class JsonOutput(Output):
     """One JSON document per result (for scripts and monitoring agents)."""
@@ -502,4 +529,7 @@ class JsonOutput(Output):
         self.document(report.to_json())
 
     def compacted(self, url: str, result: CompactionResult, dry_run: bool) -> None:
+        self.document(result.to_json(dry_run))
+
+    def key_compacted(self, url: str, result: KeyCompactionResult, dry_run: bool) -> None:
         self.document(result.to_json(dry_run))

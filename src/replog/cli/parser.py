@@ -252,7 +252,9 @@ def _operate_commands(command: _Command) -> None:
     p.add_argument("--dry-run", action="store_true", help="only say what would be done")
 
     p = command(
-        "compact", commands.cmd_compact, help="merge small segments of each shard in one commit"
+        "compact",
+        commands.cmd_compact,
+        help="merge small segments of each shard in one commit (--by-key: key compaction)",
     )
     p.add_argument("url")
     p.add_argument(
@@ -260,6 +262,18 @@ def _operate_commands(command: _Command) -> None:
         type=int,
         default=DEFAULT_TARGET_BYTES,
         help="largest merged segment in bytes (default 64 MiB)",
+    )
+    p.add_argument(
+        "--by-key",
+        action="store_true",
+        help="keep only the newest event per (collection, key) up to the slowest registered "
+        "consumer's committed offset (the cleaner point); sequences keep their values",
+    )
+    p.add_argument(
+        "--keep-deletes-for",
+        metavar="DURATION",
+        help="with --by-key: drop deletes (newest for their key) older than this, e.g. 1d "
+        "(default: keep every delete)",
     )
     p.add_argument("--dry-run", action="store_true", help="only say what would be merged")
 

@@ -14,7 +14,7 @@ from typing import Any
 from replog.errors import CorruptionError
 from replog.format.gc import GcMark
 from replog.format.sealed import seal, unseal
-from replog.format.segments import SegmentInfo
+from replog.format.segments import DENSE, SegmentInfo
 from replog.timeutil import now_ms
 
 FORMAT_VERSION = 3
@@ -230,6 +230,8 @@ def files_to_json(entries: tuple[SegmentInfo, ...], *, ordered: bool) -> list[di
     by_file: dict[tuple[str, str], dict[str, Any]] = {}
     for entry in entries:
         part = [getattr(entry, name) for name in PART_FIELDS]
+        if entry.holed:
+            part.append(entry.rows)  # an eighth member: the rows a holed entry holds
         identity = (entry.path, entry.sha256)
         group = by_file.get(identity)
         if group is None or (ordered and group is not files[-1]):
@@ -254,14 +256,19 @@ def files_from_json(items: list[Any]) -> tuple[SegmentInfo, ...]:
         for part in item["parts"]:
             if (
                 type(part) is not list
-                or len(part) != len(PART_FIELDS)
+                or len(part) not in (len(PART_FIELDS), len(PART_FIELDS) + 1)
                 or {*map(type, part)} != _INT
             ):
-                raise ValueError(f"a part must list {', '.join(PART_FIELDS)}, got {part!r}")
-            shard, first, last, offset, size, low, high = part
-            if offset < 0 or size < 0:
-                raise ValueError(f"a part has a negative offset or size: {part!r}")
-            entries.append(SegmentInfo(path, shard, first, last, size, sha256, low, high, offset))
+                raise ValueError(
+                    f"a part must list {', '.join(PART_FIELDS)} (and rows, if holed), got {part!r}"
+                )
+            shard, first, last, offset, size, low, high = part[: len(PART_FIELDS)]
+            rows = part[len(PART_FIELDS)] if len(part) > len(PART_FIELDS) else DENSE
+            if offset < 0 or size < 0 or rows < DENSE:
+                raise ValueError(f"a part has a negative offset, size or rows: {part!r}")
+            entries.append(
+                SegmentInfo(path, shard, first, last, size, sha256, low, high, offset, rows)
+            )
     return tuple(entries)
 
 

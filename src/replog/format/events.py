@@ -409,11 +409,17 @@ def upgrade_stored(table: pa.Table) -> pa.Table:
     return table
 
 
-def to_event_batch(stored: pa.RecordBatch, shard: int, first_sequence: int) -> pa.RecordBatch:
-    """Prepend ``shard`` and ``sequence`` to a stored batch (giving :data:`EVENT_SCHEMA`)."""
+def to_event_batch(
+    stored: pa.RecordBatch, shard: int, first_sequence: int | np.ndarray
+) -> pa.RecordBatch:
+    """Prepend ``shard`` and ``sequence`` to a stored batch (giving :data:`EVENT_SCHEMA`):
+    consecutive from ``first_sequence``, or each row's given sequence (a holed entry)."""
     rows = stored.num_rows
     shard_col = pa.array(np.full(rows, shard, dtype=np.int32))
-    sequence_col = pa.array(np.arange(first_sequence, first_sequence + rows, dtype=np.int64))
+    if isinstance(first_sequence, np.ndarray):
+        sequence_col = pa.array(first_sequence, type=pa.int64())
+    else:
+        sequence_col = pa.array(np.arange(first_sequence, first_sequence + rows, dtype=np.int64))
     return pa.RecordBatch.from_arrays(
         [shard_col, sequence_col, *stored.columns], schema=EVENT_SCHEMA
     )

@@ -51,6 +51,10 @@ CHANGES_SCHEMA = TABLE_SCHEMA
 """A format 3 changes file: ``change`` is ``added`` (since the table, live), ``removed``
 (an entry of the table, gone) or ``dropped`` (added since the table and gone again)."""
 
+ROWS_FIELD = pa.field("rows", pa.int64(), nullable=False)
+"""Appended to a table or changes file holding a holed entry: each entry's rows (-1:
+dense). Files without holed entries are written without it, as before."""
+
 LIVE, REMOVED, ADDED, DROPPED = "live", "removed", "added", "dropped"
 
 
@@ -113,7 +117,10 @@ def _rows(segments: Iterable[SegmentInfo], change: str) -> list[tuple[SegmentInf
 
 def entries_table(rows: list[tuple[SegmentInfo, str]], schema: pa.Schema) -> pa.Table:
     """Entries with their change as a table, built column by column (a shared file's
-    entries repeat its path and digest: the files are written LZ4-compressed)."""
+    entries repeat its path and digest: the files are written LZ4-compressed). A holed
+    entry among them adds the ``rows`` column."""
+    if any(entry.holed for entry, _ in rows):
+        schema = schema.append(ROWS_FIELD)
     columns = []
     for field in schema:
         if field.name == "change":
@@ -137,6 +144,8 @@ def _entries(table: pa.Table) -> list[SegmentInfo]:
     columns = [table.column(name).to_pylist() for name in SEGMENT_TABLE_SCHEMA.names]
     if "offset" in table.column_names:
         columns.append(table.column("offset").to_pylist())
+        if "rows" in table.column_names:
+            columns.append(table.column("rows").to_pylist())
     return [SegmentInfo(*values) for values in zip(*columns, strict=True)]
 
 

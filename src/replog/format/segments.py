@@ -42,6 +42,11 @@ BATCH_ROWS = 65_536
 """Rows per IPC record batch inside a segment: the unit a reader decodes at a time."""
 WRITE_COMPRESSION = "lz4"
 
+SEQUENCE_COLUMN = "sequence"
+HOLED_SCHEMA = STORED_SCHEMA.append(pa.field(SEQUENCE_COLUMN, pa.int64(), nullable=False))
+"""A file written by key compaction: the stored columns and each row's sequence (its
+entries have holes, FORMAT.md "Holes")."""
+
 MAX_SEGMENT_EVENTS = 262_144
 MAX_SEGMENT_BYTES = 64 * 1024 * 1024
 """A staged segment holds at most this many events and about this many bytes of rows
@@ -49,6 +54,10 @@ MAX_SEGMENT_BYTES = 64 * 1024 * 1024
 MAX_ROUTED_BYTES = 256 * 1024 * 1024
 """Rows are routed (sorted by shard) in slices of about this many bytes."""
 IO_THREADS = 8
+
+
+DENSE = -1
+"""``SegmentInfo.rows`` of an entry without holes: one row per sequence of its range."""
 
 
 class SegmentInfo(NamedTuple):
@@ -71,10 +80,23 @@ class SegmentInfo(NamedTuple):
     min_timestamp_ms: int
     max_timestamp_ms: int
     offset: int = 0
+    rows: int = DENSE
+
+    @property
+    def sequences(self) -> int:
+        """How many sequences the entry covers (its range, holes included)."""
+        return self.last_sequence - self.first_sequence + 1
 
     @property
     def events(self) -> int:
-        return self.last_sequence - self.first_sequence + 1
+        """How many rows (events) the entry holds: its range, less its holes."""
+        return self.sequences if self.rows == DENSE else self.rows
+
+    @property
+    def holed(self) -> bool:
+        """Whether key compaction left holes in the range: the file then carries each
+        row's sequence (column ``sequence``, FORMAT.md "Holes")."""
+        return self.rows != DENSE
 
     @property
     def key(self) -> tuple[str, int]:
@@ -82,17 +104,21 @@ class SegmentInfo(NamedTuple):
         return (self.path, self.offset)
 
     def to_json(self) -> dict[str, Any]:
-        return self._asdict()
+        document = self._asdict()
+        if not self.holed:
+            del document["rows"]
+        return document
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SegmentInfo:
-        values = {name: data[name] for name in cls._fields if name != "offset"}
+        values = {name: data[name] for name in cls._fields if name not in ("offset", "rows")}
         values["offset"] = data.get("offset", 0)  # format 2 entries have none
+        values["rows"] = data.get("rows", DENSE)
         for name, value in values.items():
             expected = str if name in ("path", "sha256") else int
             if not isinstance(value, expected) or isinstance(value, bool):
                 raise ValueError(f"segment entry field {name!r} is {value!r}")
-        if values["offset"] < 0 or values["bytes"] < 0:
+        if values["offset"] < 0 or values["bytes"] < 0 or values["rows"] < DENSE:
             raise ValueError(f"segment entry has a negative offset or size: {data!r}")
         return cls(**values)
 
@@ -138,10 +164,12 @@ def sha256_hex(data: bytes) -> str:
 
 
 def encode_segment(table: pa.Table) -> bytes:
-    """Serialise stored-schema rows as an Arrow IPC file."""
+    """Serialise stored-schema rows (with a ``sequence`` column: a holed file) as an Arrow
+    IPC file."""
+    schema = HOLED_SCHEMA if table.schema.equals(HOLED_SCHEMA) else STORED_SCHEMA
     sink = pa.BufferOutputStream()
     with ipc.new_file(
-        sink, STORED_SCHEMA, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
+        sink, schema, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
     ) as writer:
         writer.write_table(table, max_chunksize=BATCH_ROWS)
     return bytes(sink.getvalue())
@@ -176,23 +204,57 @@ def decode_segment(data: bytes, *, path: str, expected_sha256: str, min_rows: in
         raise CorruptionError(path, f"not a readable Arrow IPC file: {exc}") from exc
     if table.num_rows < min_rows:
         raise CorruptionError(path, f"holds {table.num_rows} events, its commit needs {min_rows}")
-    if not (table.schema.equals(STORED_SCHEMA) or table.schema.equals(STORED_SCHEMA_V1)):
+    if not any(table.schema.equals(s) for s in (STORED_SCHEMA, STORED_SCHEMA_V1, HOLED_SCHEMA)):
         raise CorruptionError(path, f"unexpected schema {table.schema}")
     return upgrade_stored(table)
 
 
 def entry_rows(table: pa.Table, segment: SegmentInfo) -> pa.Table:
-    """The rows of ``segment`` in its decoded file (zero-copy)."""
+    """The rows of ``segment`` in its decoded file (zero-copy; a holed file's rows keep
+    their ``sequence`` column)."""
     return table.slice(segment.offset, segment.events)
+
+
+def row_sequences(rows: pa.Table, segment: SegmentInfo) -> np.ndarray:
+    """The sequence of each of ``segment``'s rows: its range for a dense entry, the file's
+    ``sequence`` column for a holed one (checked: increasing, within the range)."""
+    if not segment.holed:
+        return np.arange(segment.first_sequence, segment.last_sequence + 1, dtype=np.int64)
+    if SEQUENCE_COLUMN not in rows.column_names:
+        raise CorruptionError(segment.path, "a holed entry's file has no sequence column")
+    found: np.ndarray = np.asarray(rows.column(SEQUENCE_COLUMN).to_numpy(), dtype=np.int64)
+    if len(found) and (
+        found[0] < segment.first_sequence
+        or found[-1] > segment.last_sequence
+        or (len(found) > 1 and not bool(np.all(found[1:] > found[:-1])))
+    ):
+        raise CorruptionError(
+            segment.path,
+            f"sequences of shard {segment.shard} rows are not increasing within "
+            f"{segment.first_sequence}..{segment.last_sequence}",
+        )
+    return found
 
 
 def event_batches(
     rows: pa.Table, segment: SegmentInfo, first: int, last: int
 ) -> Iterator[pa.RecordBatch]:
-    """Events ``[first, last]`` of ``segment``, given its rows, with shard and sequence."""
+    """Events ``[first, last]`` of ``segment``, given its rows, with shard and sequence
+    (the sequences a holed entry's rows carry, skipping its holes)."""
     start = max(first, segment.first_sequence)
     stop = min(last, segment.last_sequence)
     if stop < start:
+        return
+    if segment.holed:
+        sequences = row_sequences(rows, segment)
+        low = int(np.searchsorted(sequences, start, side="left"))
+        high = int(np.searchsorted(sequences, stop, side="right"))
+        stored = rows.drop_columns([SEQUENCE_COLUMN]).slice(low, high - low)
+        taken = sequences[low:high]
+        done = 0
+        for batch in stored.to_batches():
+            yield to_event_batch(batch, segment.shard, taken[done : done + batch.num_rows])
+            done += batch.num_rows
         return
     sequence = start
     for batch in rows.slice(start - segment.first_sequence, stop - start + 1).to_batches():
@@ -259,6 +321,8 @@ def shares(total: int, rows: Sequence[int]) -> list[int]:
     """``total`` bytes divided among parts in proportion to their rows; the remainder
     goes to the first, so the shares add up to ``total`` exactly."""
     count = sum(rows)
+    if count == 0:  # a file of key compaction may keep no rows at all
+        return [total] + [0] * (len(rows) - 1)
     portions = [total * n // count for n in rows]
     portions[0] += total - sum(portions)
     return portions

@@ -253,7 +253,11 @@ class LogState:
         if commit.log_id and self.log_id and commit.log_id != self.log_id:
             raise LogRecreatedError(path, commit.log_id, self.log_id)
         for segment in (*commit.add, *commit.remove):
-            if not 0 <= segment.shard < self.shards or segment.events < 1:
+            if (
+                not 0 <= segment.shard < self.shards
+                or segment.sequences < 1
+                or segment.events > segment.sequences
+            ):
                 raise CorruptionError(
                     path, f"segment {segment.path} has shard or range out of bounds"
                 )
@@ -424,7 +428,8 @@ class LogState:
 
 
 def _check_compaction(commit: CommitRecord, path: str) -> None:
-    """A compaction must cover, per shard, exactly the sequences it removes."""
+    """A compaction must cover, per shard, exactly the sequences it removes (the rows may
+    be fewer: key compaction leaves holes)."""
 
     def ranges(segments: tuple[SegmentInfo, ...]) -> dict[int, tuple[int, int, int]]:
         found: dict[int, tuple[int, int, int]] = {}
@@ -433,7 +438,7 @@ def _check_compaction(commit: CommitRecord, path: str) -> None:
             found[segment.shard] = (
                 min(low, segment.first_sequence),
                 max(high, segment.last_sequence),
-                events + segment.events,
+                events + segment.sequences,
             )
         return found
 

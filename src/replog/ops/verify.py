@@ -20,7 +20,7 @@ from replog.core import history, leases
 from replog.core.files import read_file
 from replog.errors import CorruptionError, ReplogError
 from replog.format.commits import COMMITS_DIR, commit_path
-from replog.format.segments import SegmentInfo
+from replog.format.segments import SegmentInfo, entry_rows, row_sequences
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms
@@ -201,7 +201,8 @@ def _checkpointed_segments(log: ReplicationLog, state: LogState, problems: list[
 
 def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> int:
     """Check every live file once (a shared file holds several entries): its checksum,
-    and that it holds the rows each of its entries names."""
+    that it holds the rows each of its entries names and, for a holed entry, that its
+    rows' sequences increase within its range."""
     by_file: dict[str, list[SegmentInfo]] = {}
     for lane in state.segments:
         for segment in lane:
@@ -221,6 +222,9 @@ def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> 
                         f"holds {table.num_rows} events, its commit needs "
                         f"{entry.offset + entry.events}",
                     )
+            for entry in entries:
+                if entry.holed:  # its rows' sequences: increasing, within its range
+                    row_sequences(entry_rows(table, entry), entry)
         except (ReplogError, OSError) as exc:
             return _problem(exc, log.storage.path(entries[0].path))
         return None

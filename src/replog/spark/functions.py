@@ -26,6 +26,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, TimestampType
 
 from replog import debezium
+from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
 from replog.spark.typed import typed
@@ -234,14 +235,17 @@ def apply_changes(
                 .agg(F.max_by(F.struct(*frame.columns), F.struct(*rows.POSITION)).alias("__last"))
                 .select("__last.*")
             )
+        changes = frame.toArrow()
+        crash_point("apply_before_delta", batch_id)
         apply_batch(
             target,
-            frame.toArrow(),
+            changes,
             wanted,
             app_id=app_id,
             batch_id=batch_id,
             mode=mode,
             storage_options=storage_options,
         )
+        crash_point("apply_after_delta", batch_id)
 
     return apply

@@ -226,7 +226,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         target = {shard: max(target[shard], first.get(shard, 0)) for shard in target}
         max_events = self._max_events(state, first, target, limit)
         if max_events is not None:
-            target = planning.cap_events(first, target, max_events)
+            target = planning.cap_events(first, target, max_events, state, self.log.row_sequences)
         if self._wait_for_more(first, target, limit):
             target = {shard: first.get(shard, 0) for shard in target}
         end = self._offset(target, state.version, consumer)

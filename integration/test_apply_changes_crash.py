@@ -1,0 +1,39 @@
+"""apply_changes through real crashes: the driver's process group is SIGKILLed just
+before a micro-batch's Delta commit or just after it (before Spark's commit log), at a
+random batch, several times; the query restarts from its checkpoint each time. Finally
+the Delta table equals the latest state computed from the log."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+from support.replication import run_app
+
+from replog.log import ReplicationLog
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from test_apply_changes import expected_state, table_state, workload
+
+pytestmark = pytest.mark.slow
+
+STEPS = ["apply_before_delta", "apply_after_delta"]
+
+
+def test_random_driver_kills_at_every_step_leave_the_latest_state(tmp_path: Path) -> None:
+    events = workload(seed=24, events=600, keys=60)
+    log = ReplicationLog.create(str(tmp_path / "log"), 2)
+    for start in range(0, len(events), 100):
+        log.append(events[start : start + 100])
+    target, checkpoint = str(tmp_path / "table"), str(tmp_path / "chk")
+    args = [log.url, target, checkpoint, "--max-events", "100"]
+    steps = STEPS * 3
+    random.Random(24).shuffle(steps)  # every batch id (0..5) killed once, at a random step
+    for batch, step in enumerate(steps):
+        crashed = run_app("apply_to_delta.py", *args, fault=f"{step}@{batch}")
+        assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL, not a clean exit
+    finished = run_app("apply_to_delta.py", *args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert table_state(target) == expected_state(log.read_all().to_pylist())
