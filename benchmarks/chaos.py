@@ -265,6 +265,7 @@ class Chaos:
 
     def run(self) -> dict[str, Any]:
         from replog.log import ReplicationLog
+        from replog.ops import verify  # noqa: F401  (loaded now: the check runs at the end)
 
         for url in self.urls.values():
             ReplicationLog.create(url, 4, storage_options=self.options, snapshot_interval=20)
