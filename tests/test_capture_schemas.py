@@ -25,12 +25,12 @@ ORDERS = """
 CREATE TABLE public.orders (
     id bigint PRIMARY KEY, total numeric(12, 2), placed_at timestamptz, due date,
     note text, free numeric, tags text[], amounts numeric(6, 2)[], local timestamp,
-    flag boolean, qty int
+    flag boolean, qty int, big numeric(30, 8)
 )"""
 ROW_1 = (
     "INSERT INTO orders VALUES (1, 1234.56, '2024-05-01 12:00:00.123456+05:30',"
     " '2024-02-29', 'first', 1.50, '{a,NULL}', '{1.50,NULL}', '2024-05-01 12:00:00.5',"
-    " true, 3)"
+    " true, 3, 1234567890123456789012.12345678)"
 )
 ROW_2 = "INSERT INTO orders (id, total, free) VALUES (2, -0.01, 'NaN')"
 ADD = "ALTER TABLE orders ADD COLUMN discount numeric(12, 2)"
@@ -87,6 +87,7 @@ def test_the_registered_schema_has_the_tables_columns_and_types(
         "local": (pa.timestamp("us"), "io.debezium.time.IsoTimestamp", True),
         "flag": (pa.bool_(), None, True),
         "qty": (pa.int32(), None, True),
+        "big": (pa.decimal128(30, 8), connect.DECIMAL, True),
     }
     assert all(c.numeric for c in version.columns() if c.name in ("total", "free"))
     after = {f["field"]: f for f in version.schema["fields"]}["after"]
@@ -112,6 +113,7 @@ def test_the_registered_schema_has_the_tables_columns_and_types(
     assert table[0]["placed_at"] == datetime(2024, 5, 1, 6, 30, 0, 123456, tzinfo=timezone.utc)
     assert table[0]["due"] == date(2024, 2, 29) and table[0]["free"] == "1.50"
     assert table[0]["amounts"] == [Decimal("1.50"), None]
+    assert table[0]["big"] == Decimal("1234567890123456789012.12345678")
     assert table[0]["local"] == datetime(2024, 5, 1, 12, 0, 0, 500000)
     assert table[1]["free"] == "NaN"  # unconstrained numeric: the exact text, NaN included
 
@@ -179,6 +181,7 @@ def test_typed_reads_a_captured_log_exactly(spark, pg_dsn: str, tmp_path: Path) 
     }
     one, two, three = rows['{"id":1}'], rows['{"id":2}'], rows['{"id":3}']
     assert one["after"]["total"] == Decimal("1234.56")
+    assert one["after"]["big"] == Decimal("1234567890123456789012.12345678")  # > a double
     assert one["placed_us"] == 1714545000123456  # 2024-05-01T06:30:00.123456Z exactly
     assert one["after"]["due"] == date(2024, 2, 29)
     assert one["after"]["local"] == datetime(2024, 5, 1, 12, 0, 0, 500000)
