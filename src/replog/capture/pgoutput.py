@@ -38,6 +38,8 @@ class Column:
     type_oid: int
     in_identity: bool
     """Part of the table's replica identity (the key pgoutput sends for old rows)."""
+    type_modifier: int = -1
+    """``atttypmod``: a ``numeric``'s precision and scale, a ``varchar``'s length; -1: none."""
 
 
 @dataclass(frozen=True)
@@ -133,9 +135,9 @@ def _relation(data: bytes) -> Relation:
     for _ in range(count):
         flags = data[at]
         name, at = _cstring(data, at + 1)
-        type_oid, _modifier = _COLUMN_TAIL.unpack_from(data, at)
+        type_oid, modifier = _COLUMN_TAIL.unpack_from(data, at)
         at += 8
-        columns.append(Column(name, type_oid, bool(flags & 1)))
+        columns.append(Column(name, type_oid, bool(flags & 1), modifier))
     return Relation(oid, schema, table, identity, tuple(columns))
 
 

@@ -51,6 +51,7 @@ from replog.capture.pgoutput import (
     lsn_to_text,
 )
 from replog.capture.progress import CaptureProgress
+from replog.capture.schemas import PgType, table_schema
 from replog.capture.values import SESSION_SETTINGS, ValueReader
 from replog.crashpoints import crash_point
 from replog.errors import (
@@ -64,6 +65,8 @@ from replog.format import jsontext
 from replog.format.commits import TXN_QUERY, Transaction
 from replog.format.jsontext import RawJSON
 from replog.log import ReplicationLog
+from replog.schemas import connect as connect_schemas
+from replog.schemas import registry
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
@@ -88,6 +91,8 @@ class Table:
     name: str
     columns: tuple[tuple[str, int], ...]
     key: tuple[str, ...]
+    modifiers: tuple[int, ...] = ()
+    """Each column's type modifier (``atttypmod``: a numeric's precision and scale)."""
 
     @property
     def qualified(self) -> str:
@@ -129,6 +134,7 @@ class PostgresSource:
         self.database: str = row[0]
         self.base_types: dict[int, int] = {}
         self.tables: dict[str, Table] = {}
+        self._types: dict[int, PgType] = {}
 
     def close(self) -> None:
         self.connection.close()
@@ -192,7 +198,7 @@ class PostgresSource:
             )
         columns = self.connection.execute(
             "SELECT a.attname, a.atttypid,"
-            " CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END"
+            " CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END, a.atttypmod"
             " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
             " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
             (oid,),
@@ -208,7 +214,7 @@ class PostgresSource:
             ).fetchall()
         ]
         key = tuple(self.options.keys.get(qualified, ())) or tuple(primary)
-        names = {column for column, _, _ in columns}
+        names = {column for column, _, _, _ in columns}
         if not key:
             raise SourceConfigError(
                 f"table {qualified!r} has no primary key: give its key columns "
@@ -223,9 +229,40 @@ class PostgresSource:
                 f"table {qualified!r} has no primary key, so its deletes would carry no key: "
                 f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
             )
-        for _, type_oid, base_oid in columns:
+        for _, type_oid, base_oid, _ in columns:
             self.base_types[type_oid] = base_oid
-        return Table(schema, table, tuple((c, t) for c, t, _ in columns), key)
+        return Table(
+            schema,
+            table,
+            tuple((c, t) for c, t, _, _ in columns),
+            key,
+            tuple(m for _, _, _, m in columns),
+        )
+
+    def pg_type(self, type_oid: int) -> PgType:
+        """A type id's base type (domains resolved), the domain's modifier and an array's
+        element type, from the catalog (once per id: type ids never change meaning)."""
+        found = self._types.get(type_oid)
+        if found is not None:
+            return found
+        row = self.connection.execute(
+            "SELECT typtype, typbasetype, typtypmod, typelem, typcategory FROM pg_type"
+            " WHERE oid = %s",
+            (type_oid,),
+        ).fetchone()
+        if row is None:  # dropped meanwhile: its values are text
+            found = PgType(type_oid)
+        elif row[0] == "d":  # a domain: its base type, and its modifier if it sets one
+            base = self.pg_type(row[1])
+            found = PgType(
+                base.base_oid, row[2] if row[2] >= 0 else base.modifier, base.element_oid
+            )
+        elif row[4] == "A" and row[3]:
+            found = PgType(type_oid, -1, row[3])
+        else:
+            found = PgType(type_oid)
+        self._types[type_oid] = found
+        return found
 
     def _check_slot(self) -> None:
         slot = self.slot()
@@ -356,6 +393,30 @@ class _Events:
         self.reader = ValueReader()
         self.source = source
         self.slot = slot
+        self._digests: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+        self.schemas: dict[str, tuple[str, dict[str, Any]]] = {}
+        """digest -> (collection, Kafka Connect schema) of every schema an event named."""
+
+    def schema_digest(self, table: Table, relation: Relation | None = None) -> str:
+        """The digest of the table's schema as ``relation`` (else the catalog) describes
+        it; the schema is kept in :attr:`schemas` for registering before the commit."""
+        columns = (
+            tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
+            if relation is not None
+            else tuple(
+                (name, type_oid, table.modifiers[index] if index < len(table.modifiers) else -1)
+                for index, (name, type_oid) in enumerate(table.columns)
+            )
+        )
+        cache_key = (table.qualified, columns)
+        digest = self._digests.get(cache_key)
+        if digest is None:
+            prefix = f"{self.slot}.{table.qualified}"
+            schema = table_schema(prefix, columns, table.key, self.source.pg_type)
+            digest = connect_schemas.digest(schema)
+            self._digests[cache_key] = digest
+            self.schemas[digest] = (table.qualified, schema)
+        return digest
 
     def _row(
         self, relation: Relation | Table, values: Sequence[Value], fallback: Sequence[Value] = ()
@@ -390,6 +451,7 @@ class _Events:
         before: dict[str, Any] | None,
         source: dict[str, Any],
         identity: str,
+        schema: str,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
         image = after if after is not None else before
@@ -400,6 +462,7 @@ class _Events:
             "ts_ms": now_ms(),
             "source": source,
             **(extra or {}),
+            "schema": schema,
         }
         return {
             "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
@@ -435,7 +498,15 @@ class _Events:
         source = self._source(table, ts_ms, "true", None, position)
         key = jsontext.encode_exact({name: after.get(name) for name in table.key})
         identity = f"{self.slot}:snapshot:{position}:{table.qualified}:{key}"
-        return self.event(table, op="r", after=after, before=None, source=source, identity=identity)
+        return self.event(
+            table,
+            op="r",
+            after=after,
+            before=None,
+            source=source,
+            identity=identity,
+            schema=self.schema_digest(table),
+        )
 
     def change(
         self, table: Table, change: RowChange, txn: SourceTransaction, order: int
@@ -470,6 +541,7 @@ class _Events:
             before=before,
             source=source,
             identity=identity,
+            schema=self.schema_digest(table, relation),
             extra=extra,
         )
 
@@ -507,6 +579,7 @@ class PostgresCapture:
         self.events = _Events(self.source, options.slot)
         self.decoder = Decoder()
         self.by_relation: dict[str, Table] = self.source.tables
+        self._registered: set[str] = set()
 
     def close(self) -> None:
         self.source.close()
@@ -610,12 +683,21 @@ class PostgresCapture:
         """One atomic commit of ``records`` that records ``position`` (also with no
         records: transactions of tables not captured still move the position on)."""
         transaction = Transaction(self.app_id, position)
+        self._register()
         if records:
             record = self.log.append(records, transaction=transaction)
         else:
             record = self.log.commit_staged([], writer=transaction.writer())
         if record is not None:
             self.progress.commits += 1
+
+    def _register(self) -> None:
+        """Store (put-if-absent) each schema an event was given that this capture has not
+        stored yet: before the commit, so a reader that sees an event finds its schema."""
+        for digest, (collection, schema) in list(self.events.schemas.items()):
+            if digest not in self._registered:
+                registry.register(self.log.storage, collection, schema)
+                self._registered.add(digest)
 
     # -- streaming -----------------------------------------------------------------------
 

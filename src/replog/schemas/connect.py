@@ -20,8 +20,17 @@ io.debezium.time.ZonedTimestamp            ISO 8601 string     timestamp[ns, UTC
 io.debezium.time.Time, connect Time        int32 ms            time32[ms]
 io.debezium.time.MicroTime                 int64 µs            time64[us]
 io.debezium.time.NanoTime                  int64 ns            time64[ns]
+io.debezium.time.IsoDate                   ISO 8601 string     date32
+io.debezium.time.IsoTimestamp              ISO 8601 string     timestamp[us] (no zone)
+io.debezium.time.IsoTime                   ISO 8601 string     time64[us]
 io.debezium.data.Json, Enum, Uuid, ...     string              string
 =========================================  ==================  ==========================
+
+A Decimal or VariableScaleDecimal whose parameters hold ``decimal.format: NUMERIC`` is a
+JSON number with the exact digits instead (Kafka JsonConverter's ``decimal.format=NUMERIC``;
+``replog capture postgres`` stores numerics so); a string there (PostgreSQL's ``NaN``,
+``Infinity``) is no Decimal and decodes to None (a VariableScaleDecimal, typed as the
+exact text, keeps it).
 """
 
 from __future__ import annotations
@@ -41,6 +50,10 @@ from replog.errors import IncompatibleSchemaError, InvalidEventError
 
 DECIMAL = "org.apache.kafka.connect.data.Decimal"
 VARIABLE_SCALE_DECIMAL = "io.debezium.data.VariableScaleDecimal"
+DECIMAL_FORMAT = "decimal.format"
+"""The schema parameter saying how a decimal's value is written (JsonConverter's setting)."""
+NUMERIC_FORMAT = "NUMERIC"
+"""``decimal.format``: a JSON number with the exact digits (the default is base64 bytes)."""
 DEFAULT_DECIMAL_PRECISION = 38
 """A Decimal whose schema does not give ``connect.decimal.precision``."""
 
@@ -56,6 +69,9 @@ _TIME_TYPES: dict[str, pa.DataType] = {
     "org.apache.kafka.connect.data.Time": pa.time32("ms"),
     "io.debezium.time.MicroTime": pa.time64("us"),
     "io.debezium.time.NanoTime": pa.time64("ns"),
+    "io.debezium.time.IsoDate": pa.date32(),
+    "io.debezium.time.IsoTimestamp": pa.timestamp("us"),
+    "io.debezium.time.IsoTime": pa.time64("us"),
 }
 _PRIMITIVES: dict[str, pa.DataType] = {
     "int8": pa.int8(),
@@ -87,6 +103,8 @@ class Column:
     """A Decimal's scale (only the schema holds it)."""
     children: tuple[Column, ...] = ()
     """A struct's fields; an array's element; a map's key and value."""
+    numeric: bool = False
+    """A decimal written as a JSON number (``decimal.format: NUMERIC``), not base64."""
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -122,6 +140,7 @@ def column(schema: Mapping[str, Any], name: str | None = None) -> Column:  # noq
     logical = schema.get("name")
     optional = bool(schema.get("optional", False))
     parameters = schema.get("parameters") or {}
+    numeric = parameters.get(DECIMAL_FORMAT) == NUMERIC_FORMAT
     if logical == DECIMAL:
         try:
             scale = int(parameters["scale"])
@@ -133,13 +152,11 @@ def column(schema: Mapping[str, Any], name: str | None = None) -> Column:  # noq
             ) from exc
         precision = max(precision, scale, 1)
         arrow = (
-            pa.decimal128(precision, scale)
-            if precision <= 38
-            else pa.decimal256(precision, scale)
+            pa.decimal128(precision, scale) if precision <= 38 else pa.decimal256(precision, scale)
         )
-        return Column(field, arrow, str(kind), logical, optional, scale)
+        return Column(field, arrow, str(kind), logical, optional, scale, numeric=numeric)
     if logical == VARIABLE_SCALE_DECIMAL:
-        return Column(field, pa.string(), str(kind), logical, optional)
+        return Column(field, pa.string(), str(kind), logical, optional, numeric=numeric)
     if isinstance(logical, str) and logical in _TIME_TYPES:
         return Column(field, _TIME_TYPES[logical], str(kind), logical, optional)
     if kind in _PRIMITIVES:
@@ -183,7 +200,7 @@ _FLOATS = ["float32", "float64"]
 def _merge(old: Column, new: Column, where: str, versions: tuple[str, str]) -> Column:
     """One column that holds the values of both (a widening), else an error."""
     optional = old.optional or new.optional
-    if old.logical == new.logical and old.connect == new.connect:
+    if (old.logical, old.connect, old.numeric) == (new.logical, new.connect, new.numeric):
         if old.connect == "struct":
             children = _union(old.children, new.children, f"{where}.", versions)
             arrow = pa.struct([pa.field(c.name, c.type) for c in children])
@@ -205,7 +222,8 @@ def _merge(old: Column, new: Column, where: str, versions: tuple[str, str]) -> C
 
 
 def _describe(c: Column) -> str:
-    return f"{c.type} ({c.connect}{', ' + c.logical if c.logical else ''})"
+    numeric = ", as JSON numbers" if c.numeric else ""
+    return f"{c.type} ({c.connect}{', ' + c.logical if c.logical else ''}{numeric})"
 
 
 def _union(
@@ -253,17 +271,43 @@ def decode_variable_scale(value: Mapping[str, Any]) -> Decimal:
     return decode_decimal(str(value["value"]), int(value["scale"]))
 
 
+def decode_number(value: Any) -> Decimal | None:
+    """A decimal written as a JSON number (parsed to a ``Decimal``, an int, or a float):
+    the exact value; a string (``NaN``, ``Infinity``: no decimal holds them) is None."""
+    if isinstance(value, str | bool):
+        return None
+    return value if isinstance(value, Decimal) else Decimal(str(value))
+
+
+def _iso(kind: pa.DataType, text: str) -> Any:
+    """An ISO 8601 date, time or timestamp (None for what Python cannot hold: ``infinity``,
+    dates before year 1)."""
+    try:
+        if pa.types.is_date32(kind):
+            return date.fromisoformat(text)
+        if pa.types.is_time(kind):
+            return time.fromisoformat(text)
+        stamp = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return stamp.astimezone(timezone.utc) if kind.tz is not None else stamp
+
+
 def _epoch(value: int, unit: str) -> datetime:
     seconds, rest = divmod(int(value), _UNITS[unit])
     micros = rest * 1_000_000 // _UNITS[unit]
     return _EPOCH + timedelta(seconds=seconds, microseconds=micros)
 
 
-def decode(c: Column, value: Any) -> Any:
+def decode(c: Column, value: Any) -> Any:  # noqa: PLR0911 - one return per type
     """A JSON value of column ``c`` as the Python value of its Arrow type (``pa.array``
     takes it; nanoseconds are cut to microseconds, Python's resolution)."""
     if value is None:
         return None
+    if c.numeric and c.logical == VARIABLE_SCALE_DECIMAL:  # a string: NaN, Infinity kept
+        return value if isinstance(value, str) else str(decode_number(value))
+    if c.numeric:
+        return decode_number(value)
     if c.logical == VARIABLE_SCALE_DECIMAL:
         return str(decode_variable_scale(value))
     if c.connect == "struct":
@@ -279,11 +323,11 @@ def _scalar(c: Column, value: Any) -> Any:  # noqa: PLR0911 - one return per typ
     if c.logical == DECIMAL:
         return decode_decimal(value, c.scale or 0)
     kind = c.type
+    if isinstance(value, str) and c.connect == "string" and pa.types.is_temporal(kind):
+        return _iso(kind, value)
     if pa.types.is_date32(kind):
         return date(1970, 1, 1) + timedelta(days=int(value))
     if pa.types.is_timestamp(kind):
-        if isinstance(value, str):
-            return datetime.fromisoformat(value.replace("Z", "+00:00")).astimezone(timezone.utc)
         return _epoch(value, kind.unit)
     if pa.types.is_time(kind):
         stamp = _epoch(value, kind.unit)

@@ -5,7 +5,11 @@ writes (the *wire* types: base64 strings, epoch integers, ISO strings), and each
 then turned into its exact Spark type with built-in functions (``date_from_unix_date``,
 ``timestamp_micros``, ``unbase64``, casts). Only Decimals, whose base64 two's-complement
 bytes no built-in decodes exactly at 38 digits, go through a small Python UDF
-(:func:`replog.schemas.connect.decode_decimal`).
+(:func:`replog.schemas.connect.decode_decimal`). Decimals written as JSON numbers
+(``decimal.format: NUMERIC``, as ``replog capture postgres`` stores them) are parsed as
+variants, which keep a number's digits (a string would go through a double), and read
+with ``try_variant_get``: exact, and NULL for PostgreSQL's ``NaN``/``Infinity``. ISO 8601
+dates, times and timestamps are ``try_cast``: NULL for ``infinity``, never a failed query.
 """
 
 from __future__ import annotations
@@ -35,7 +39,9 @@ from pyspark.sql.types import (
     StringType,
     StructField,
     StructType,
+    TimestampNTZType,
     TimestampType,
+    VariantType,
 )
 
 from replog.errors import InvalidOptionError
@@ -60,6 +66,8 @@ _PER_MICRO = {"s": None, "ms": 1_000, "us": 1, "ns": None}
 
 def wire_type(c: connect.Column) -> DataType:
     """The Spark type of a column's value as JsonConverter writes it."""
+    if c.numeric:
+        return VariantType()  # a JSON number, its digits kept
     if c.logical == VARIABLE_SCALE_DECIMAL:
         return StructType([StructField("scale", IntegerType()), StructField("value", StringType())])
     if c.connect == "struct":
@@ -84,7 +92,7 @@ def spark_type(c: connect.Column) -> DataType:  # noqa: C901, PLR0911 - one retu
     if pa.types.is_date32(kind):
         return DateType()
     if pa.types.is_timestamp(kind):
-        return TimestampType()
+        return TimestampType() if kind.tz is not None else TimestampNTZType()
     if pa.types.is_time(kind):
         return DayTimeIntervalType(DayTimeIntervalType.DAY, DayTimeIntervalType.SECOND)
     if pa.types.is_binary(kind):
@@ -119,6 +127,8 @@ def _micros(value: Column, unit: str) -> Column:
 
 def _convert(c: connect.Column, value: Column) -> Column:
     """A wire-typed column as its exact Spark type."""
+    if c.numeric:  # a variant holding the number (or a string: NaN, Infinity -> NULL)
+        return F.try_variant_get(value, "$", spark_type(c).simpleString())
     if c.logical == VARIABLE_SCALE_DECIMAL:  # a struct on the wire, the exact text typed
         return F.udf(_variable, StringType(), useArrow=False)(value)
     if c.connect == "struct":
@@ -132,6 +142,8 @@ def _convert(c: connect.Column, value: Column) -> Column:
 
 def _scalar(c: connect.Column, value: Column) -> Column:  # noqa: PLR0911 - one per type
     kind = c.type
+    if c.connect == "string" and pa.types.is_temporal(kind):
+        return _iso(kind, value)
     if c.logical == DECIMAL:
         scale = c.scale or 0
         target = spark_type(c)
@@ -143,8 +155,6 @@ def _scalar(c: connect.Column, value: Column) -> Column:  # noqa: PLR0911 - one 
     if pa.types.is_date32(kind):
         return F.date_from_unix_date(value)
     if pa.types.is_timestamp(kind):
-        if c.connect == "string":  # ZonedTimestamp: ISO 8601 with its offset
-            return value.cast("timestamp")
         return F.timestamp_micros(_micros(value, kind.unit))
     if pa.types.is_time(kind):
         since_midnight = _micros(value, kind.unit)
@@ -152,6 +162,19 @@ def _scalar(c: connect.Column, value: Column) -> Column:  # noqa: PLR0911 - one 
     if pa.types.is_binary(kind):
         return F.unbase64(value)
     return value
+
+
+def _iso(kind: pa.DataType, value: Column) -> Column:
+    """An ISO 8601 string (ZonedTimestamp with its offset, IsoTimestamp, IsoDate, IsoTime)
+    as its exact Spark type; NULL for what Spark cannot hold (``infinity``)."""
+    if pa.types.is_date32(kind):
+        return value.try_cast("date")
+    if pa.types.is_timestamp(kind):
+        return value.try_cast("timestamp" if kind.tz is not None else "timestamp_ntz")
+    since_midnight = F.unix_micros(
+        F.concat(F.lit("1970-01-01T"), value, F.lit("Z")).try_cast("timestamp")
+    )
+    return F.timestamp_micros(since_midnight) - F.timestamp_micros(F.lit(0))
 
 
 def _struct(columns: Sequence[connect.Column], parsed: Column) -> Column:
