@@ -108,3 +108,27 @@ def test_a_reader_resuming_elsewhere_does_not_undo_an_operators_reset(tmp_path: 
     fresh.commit({0: 9, 1: 9}, log_version=version, note="spark")  # and moves on from it
     again = OffsetCommitter(log, "etl", "replog-cli")  # a second reset by an operator is fine
     again.commit({0: 20, 1: 20}, log_version=version, note=consumers.OPERATOR_NOTE)
+
+
+def test_an_operators_rewind_is_not_raised_back_to_what_a_linked_sink_wrote(
+    tmp_path: Path,
+) -> None:
+    """After ``replog consumer set`` rewinds a consumer that feeds a replog sink, a query
+    on a new checkpoint starts at the rewind (it is meant to repeat), not at the sink's
+    positions, and its first commit passes the reset check."""
+    source = filled_log(str(tmp_path / "A"), commits=2)
+    target = ReplicationLog.create(str(tmp_path / "B"), 2)
+    consumers.write_link(source.storage, "mirror", SinkLink(target.url, target.log_id, "to-b"))
+    position = SourcePosition(source.log_id, "mirror", {0: 20, 1: 20})
+    SinkCommitter(target, "to-b").commit(
+        Batch("q", 0, tuple(target.stage(log_rows(4))), sources=(position,))
+    )
+    version = source.refresh().version
+    OffsetCommitter(source, "mirror", "cli").commit(
+        {0: 0, 1: 0}, log_version=version, note=consumers.OPERATOR_NOTE
+    )
+    resumed = consumers.resume_offsets(source, "mirror", {})
+    assert resumed is not None and resumed.offsets == {0: 0, 1: 0}
+    OffsetCommitter(source, "mirror", "new-query").commit(
+        resumed.offsets, log_version=version, note="spark"
+    )

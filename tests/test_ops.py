@@ -351,6 +351,8 @@ def test_a_compaction_whose_lease_is_lost_commits_nothing(tmp_path: Path) -> Non
     [
         "_replog/sinks/.DS_Store",
         "_replog/consumers/my consumer (copy)/0000000001.json",
+        "_replog/consumers/README",
+        "_replog/sinks/notes.txt",
         "_replog/leases/x.json",
     ],
 )

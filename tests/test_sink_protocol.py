@@ -310,6 +310,59 @@ def test_a_forgotten_zombie_run_is_fenced_from_a_fresh_process(memory_url: str) 
     assert outcome is Outcome.COMMITTED
 
 
+@pytest.mark.parametrize("lost", ["run record write", "first commit's answer"])
+def test_a_run_whose_record_was_never_written_is_still_fenced(tmp_path: Path, lost: str) -> None:
+    """The run record is best effort: if writing it fails, or the run's first commit
+    landed unseen (its retry is a replay), the committer still knows the generation its
+    run committed with, and the run is fenced once the mark has forgotten it."""
+    from replog.format.commits import COMMITS_DIR
+    from replog.format.state import MAX_QUERIES_PER_SINK
+    from replog.storage import RetryPolicy, Storage
+    from replog.storage.backends import Durability
+
+    url = str(tmp_path / "log")
+    created = ReplicationLog.create(url, 2)
+
+    class Faulty(Storage):
+        fail_run_records = lost == "run record write"
+        lose_commit_answer = lost == "first commit's answer"
+        blind: set[str] = set()
+
+        def _create_once(self, path: str, data: bytes, durability: Durability) -> None:
+            if self.fail_run_records and "/runs/" in path:
+                raise PermissionError("injected: run record refused")
+            super()._create_once(path, data, durability)
+            if self.lose_commit_answer and f"/{COMMITS_DIR}/" in path:
+                type(self).lose_commit_answer = False
+                self.blind.add(path)
+                raise TimeoutError("injected: answer lost")
+
+        def _read_once(self, path: str) -> bytes:
+            if path in self.blind:
+                raise TimeoutError("injected: no answer")
+            return super()._read_once(path)
+
+    storage = Faulty(url, retry=RetryPolicy(attempts=2, first_delay_s=0.001))
+    log = ReplicationLog(storage, created.descriptor, auto_compact=False)
+    zombie = SinkCommitter(log, "s")
+    if lost == "run record write":
+        assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.COMMITTED
+    else:
+        with pytest.raises(ReplogError):
+            zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0"))
+        Faulty.blind.clear()
+        assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.REPLAYED
+    Faulty.fail_run_records = False
+    for run in range(1, MAX_QUERIES_PER_SINK + 2):
+        restarted = SinkCommitter(ReplicationLog.open(url), "s")
+        outcome = restarted.commit(batch(log, f"q{run}", 0, run, 1, run_id=f"r{run}"))
+        assert outcome is Outcome.COMMITTED
+    assert log.refresh().sinks["s"].generation_of("r0") is None
+    with pytest.raises(FencedError):
+        zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
+    assert "e1000" not in event_ids(log)
+
+
 def test_a_warm_commit_sends_only_what_the_protocol_needs(tmp_path: Path) -> None:
     """No staged file is probed (no gc began since the batch did), the Pending manifest
     moves no pointer, and the two pruned manifests go in one request."""

@@ -33,14 +33,17 @@ from replog.timeutil import now_ms
 logger = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
+@dataclass
 class BatchWrite:
     """A planned batch write: its staging lease, where it began staging, and its
-    transaction (if it is idempotent)."""
+    transaction (if it is idempotent). ``in_doubt``: its commit was sent and may land
+    (abort must then keep its files, whatever the lease says: a task renewing the lease
+    late may have written "staging" over "committing")."""
 
     lease: Lease
     since: StagingStart
     transaction: Transaction | None = None
+    in_doubt: bool = False
 
 
 class BatchCommitter:
@@ -64,13 +67,16 @@ class BatchCommitter:
         attempt: staging.CommitAttempt | None = None
         try:
             with staging.committing(storage, staged) as attempt:
+                write.in_doubt = True
                 record = self.log.commit_staged(
                     staged, writer=writer, attempt=attempt, since=write.since, lease=write.lease
                 )
         except BaseException:
             if attempt is not None and attempt.safe_to_discard:
+                write.in_doubt = False
                 leases.release_quietly(storage, write.lease)
             raise
+        write.in_doubt = False
         if record is None:
             assert transaction is not None
             self.log.discard_staged(staged)
@@ -92,7 +98,8 @@ class BatchCommitter:
             logger.warning("%s: abort ignored: this write's commit is in the log", self.log.url)
             return
         current = leases.read(self.log.storage, write.lease)
-        if current is not None and current.state == COMMITTING and staged:
+        committing = current is not None and current.state == COMMITTING
+        if (write.in_doubt or committing) and staged:
             logger.warning(
                 "%s: write aborted while its commit may still land; its %d staged files are "
                 "kept ('replog recover' deletes them if no commit names them)",

@@ -359,9 +359,12 @@ def resume_offsets(
 ) -> ConsumerPosition | None:
     """Where ``consumer`` resumes: its committed offsets, raised per shard to what any
     linked sink has already written (a sink commits before Spark's own commit log, so a
-    replaced checkpoint would otherwise repeat that micro-batch)."""
+    replaced checkpoint would otherwise repeat that micro-batch). Offsets an operator
+    set (``replog consumer set``) are taken as they are: a rewind is meant to repeat."""
     position = committed_position(log, consumer)
     offsets = dict(position.offsets) if position else None
+    if position is not None and position.set_by_operator:
+        return position
     for link in links(log, consumer):
         try:
             written = sink_positions(log, consumer, link, storage_options)

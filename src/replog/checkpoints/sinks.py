@@ -115,6 +115,7 @@ class SinkCommitter:
         log's sink mark has forgotten still knows it, and is fenced by it. Each run's
         first commit also records it on storage (:meth:`_record_run`), so a process that
         builds a fresh committer for an old run (a zombie driver) finds it there."""
+        self._recorded_runs: set[str] = set()
 
     # -- state --------------------------------------------------------------------------
 
@@ -243,14 +244,19 @@ class SinkCommitter:
         """The generation ``run_id`` committed with (0: a run new to this sink)."""
         if run_id not in self._generations:
             data = self.store.storage.read_optional(_run_path(run_id))
-            self._generations[run_id] = 0 if data is None else int(json.loads(data)["generation"])
+            if data is None:
+                return 0  # new to this sink (or not recorded yet): not remembered as such
+            self._generations[run_id] = int(json.loads(data)["generation"])
+            self._recorded_runs.add(run_id)
         return self._generations[run_id]
 
     def _record_run(self, run_id: str, generation: int) -> None:
-        """Keep ``run_id``'s generation where no later run pushes it out (the sink mark
-        keeps the newest runs only): once per run, best effort (its commit has landed;
-        a failure is tried again at its next commit)."""
-        if self._generations.get(run_id) == generation:
+        """Keep ``run_id``'s generation in memory, and on storage where no later run
+        pushes it out (the sink mark keeps the newest runs only): written once per run,
+        best effort (its commit has landed; a failure is tried again at its next
+        commit, and memory fences it meanwhile)."""
+        self._generations[run_id] = generation
+        if run_id in self._recorded_runs:
             return
         document = json.dumps({"run_id": run_id, "generation": generation}).encode()
         try:
@@ -260,12 +266,16 @@ class SinkCommitter:
         except Exception as exc:
             logger.warning("sink %s: could not record run %s: %s", self.sink_id, run_id, exc)
             return
-        self._generations[run_id] = generation
+        self._recorded_runs.add(run_id)
 
     def _replayed(self, manifest: CheckpointManifest, batch: Batch) -> Outcome:
         """The log holds the epoch already: another attempt's commit, or this very
         attempt's (a commit called again after an unknown outcome). Delete only the files
         no commit names, and bring the manifest up to date."""
+        mark = self.log.state().sinks.get(self.sink_id)
+        known = mark.generation_of(batch.run_id) if mark and batch.run_id else None
+        if batch.run_id and known:  # an attempt of this run landed (perhaps in doubt)
+            self._record_run(batch.run_id, known)
         named = self.log.added_since(batch.since_version, batch.paths) if batch.staged else set()
         self.log.discard_staged(s for s in batch.staged if s.path not in named)
         if manifest.sink_epochs.get(self.sink_id, -1) < batch.epoch or (

@@ -249,12 +249,14 @@ def named_stores(storage: Storage, directory: str) -> tuple[list[str], list[str]
     command. ``verify`` reports them."""
     names, stray = [], []
     for name in sorted(storage.listdir(directory)):
-        if is_valid_name(name):
-            names.append(name)
+        relative = f"{directory}/{name}"
+        if not is_valid_name(name):
+            problem = "is not a replog name (letters, digits, '.', '_', '-')"
+        elif storage.is_file(relative):
+            problem = "is a file, not a manifest store"
         else:
-            logger.warning(
-                "%s is not a replog name (letters, digits, '.', '_', '-'); skipped: remove it",
-                storage.path(f"{directory}/{name}"),
-            )
-            stray.append(f"{directory}/{name}")
+            names.append(name)
+            continue
+        logger.warning("%s %s; skipped: remove it", storage.path(relative), problem)
+        stray.append(relative)
     return names, stray

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 from replog.errors import CorruptionError, StagingCollectedError
 from replog.format.gc import CLOCK_SKEW_MS
-from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, Lease, UnreadableLease
+from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, STAGING, Lease, UnreadableLease
 from replog.storage import Storage
 from replog.timeutil import now_ms
 
@@ -28,8 +28,12 @@ def acquire(storage: Storage, owner: str, duration_ms: int = DEFAULT_LEASE_MS) -
 
 
 def mark(storage: Storage, lease: Lease, state: str) -> Lease:
-    """Record that ``lease``'s writer moved to ``state``."""
-    marked = dataclasses.replace(lease, state=state)
+    """Record that ``lease``'s writer moved to ``state``, keeping the latest expiry its
+    tasks renewed it to (the driver's copy of the lease may be older)."""
+    current = read(storage, lease) or lease
+    marked = dataclasses.replace(
+        current, state=state, expires_ms=max(current.expires_ms, lease.expires_ms)
+    )
     storage.write(marked.relative, marked.to_bytes())
     return marked
 
@@ -66,8 +70,8 @@ def renew(storage: Storage, lease: Lease, duration_ms: int = DEFAULT_LEASE_MS) -
     will be refused at its commit). Reads it once; writes it only when extended."""
     current = read(storage, lease)
     now = now_ms()
-    if current is None or current.expires_ms - now >= duration_ms // 2:
-        return current
+    if current is None or current.state != STAGING or current.expires_ms - now >= duration_ms // 2:
+        return current  # a lease marked committing is the driver's to write from now on
     renewed = dataclasses.replace(current, expires_ms=now + duration_ms)
     storage.write(renewed.relative, renewed.to_bytes())
     return renewed

@@ -65,7 +65,9 @@ class SchemaVersion:
         try:
             body = json.loads(data)
             version = cls(
-                str(body["collection"]), str(body["digest"]), int(body["registered_ms"]),
+                str(body["collection"]),
+                str(body["digest"]),
+                int(body["registered_ms"]),
                 body["schema"],
             )
         except (KeyError, TypeError, ValueError) as exc:

@@ -200,6 +200,12 @@ class Storage:
         path = self.path(relative)
         return self._retrying("probe", path, lambda: self._exists_once(path))
 
+    def is_file(self, relative: str) -> bool:
+        """Whether ``relative`` is a file (on object stores: an object of that key, not
+        only a prefix of others)."""
+        path = self.path(relative)
+        return self._retrying("probe", path, lambda: self._is_file_once(path))
+
     def listdir(self, relative: str) -> list[str]:
         """Names (not paths) directly below ``relative``; empty if it does not exist.
 
@@ -356,6 +362,9 @@ class Storage:
 
     def _exists_once(self, path: str) -> bool:
         return self.backend.exists(path)
+
+    def _is_file_once(self, path: str) -> bool:
+        return self.backend.is_file(path)
 
     def _list_once(self, path: str) -> list[str]:
         return self.backend.list_names(path)

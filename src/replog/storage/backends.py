@@ -112,6 +112,9 @@ class Backend:
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
 
+    def is_file(self, path: str) -> bool:
+        return bool(self.fs.isfile(path))
+
     def delete(self, path: str) -> None:
         """Delete a file; one already gone is fine."""
         with contextlib.suppress(FileNotFoundError):

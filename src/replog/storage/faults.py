@@ -114,6 +114,10 @@ class FaultyStorage(Storage):
         self.injector.before("probe", path)
         return super()._exists_once(path)
 
+    def _is_file_once(self, path: str) -> bool:
+        self.injector.before("probe", path)
+        return super()._is_file_once(path)
+
     def _list_once(self, path: str) -> list[str]:
         self.injector.before("list", path)
         return super()._list_once(path)
