@@ -59,7 +59,7 @@ def test_starting_timestamp_takes_iso_8601_as_well_as_milliseconds() -> None:
 
 
 def test_offset_errors_state_exclusive_start_and_inclusive_end() -> None:
-    with pytest.raises(InvalidOptionError, match="the read starts after it - exclusive, unlike Kafka"):
+    with pytest.raises(InvalidOptionError, match="starts after it - exclusive, unlike Kafka"):
         SourceOptions.parse({"path": "/l", "startingOffsets": "first"}, streaming=False)
     with pytest.raises(InvalidOptionError, match="the last sequence to read - inclusive"):
         SourceOptions.parse({"path": "/l", "endingOffsets": "end"}, streaming=False)
