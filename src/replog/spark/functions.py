@@ -217,7 +217,10 @@ def parse_payload(
     ``options={"mode": "FAILFAST"}``.
     """
     source = F.col(column) if isinstance(column, str) else column
-    return F.from_json(source.cast("string"), schema, options or {})
+    if not options:  # no map at all: Spark Connect sends {} as MAP<VOID, VOID>, which
+        return F.from_json(source.cast("string"), schema)  # from_json refuses
+    given = {str(name): str(value) for name, value in options.items()}
+    return F.from_json(source.cast("string"), schema, given)
 
 
 _EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
