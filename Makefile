@@ -38,8 +38,8 @@ test: $(STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" --durations=20 $(PYTEST_ARGS)
 
-test-fast: $(STAMP) ## run the tests that need neither Spark nor subprocesses (= plain pytest)
-	$(PY) -m pytest -m "not spark and not slow" $(PYTEST_ARGS)
+test-fast: $(STAMP) ## run the tests that need neither Spark, Spark Connect nor subprocesses (= plain pytest)
+	$(PY) -m pytest -m "not spark and not slow and not connect" $(PYTEST_ARGS)
 
 lint: $(STAMP) ## ruff and mypy (strict)
 	$(VENV)/bin/ruff check src tests integration benchmarks examples

@@ -130,3 +130,49 @@ def pg_dsn(postgres_server) -> Iterator[str]:
     """A fresh database on the session's server, dropped after the test."""
     with postgres_server.database() as dsn:
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def connect_url() -> Iterator[str]:
+    """A local Spark Connect server for the run, in a process of its own
+    (tests/procs/connect_server.py): this process may hold the ``spark`` fixture's classic
+    context, and a Python process holds one."""
+    import subprocess
+    from pathlib import Path
+
+    script = Path(__file__).parent / "tests" / "procs" / "connect_server.py"
+    env = {**os.environ, "PYSPARK_PYTHON": os.environ["PYSPARK_PYTHON"]}
+    for name in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
+        env.pop(name, None)
+    server = subprocess.Popen(
+        [sys.executable, str(script), "local[2,3]"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    assert server.stdin is not None and server.stdout is not None
+    line = server.stdout.readline()
+    if not line.startswith("READY "):
+        server.kill()
+        raise RuntimeError(f"the Spark Connect server did not start: {line!r}")
+    yield f"sc://127.0.0.1:{line.split()[1]}"
+    server.stdin.close()  # the server stops its session when its stdin closes
+    try:
+        server.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        server.kill()
+
+
+@pytest.fixture
+def connect(connect_url: str) -> Iterator[Any]:
+    """A Spark Connect session (one per run, on :func:`connect_url`). Connect mode is on
+    for the test only: PySpark builds Connect or classic columns by that switch, and the
+    ``spark`` fixture's tests need classic ones."""
+    from pyspark.sql.connect.session import SparkSession as RemoteSparkSession
+
+    os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
+    try:
+        yield RemoteSparkSession.builder.remote(connect_url).getOrCreate()
+    finally:
+        os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)

@@ -7,8 +7,15 @@ Recipe (a), the wheel installed in the cluster's Python (formats found by name):
 Recipe (b), the wheel shipped with the job (Spark 4.3 does not make ``--py-files``
 visible to Python streaming data sources, so the app registers them by value):
 
-    spark-submit --py-files dist/pyspark_replog-0.1.0-py3-none-any.whl \\
+    make dist   # builds dist/pyspark_replog-<version>-py3-none-any.whl (replog.__version__)
+    spark-submit --py-files dist/pyspark_replog-*-py3-none-any.whl \\
         examples/replicate_masked.py SOURCE TARGET CHECKPOINT --register
+
+The job reads SOURCE as consumer ``--consumer`` (default: one per TARGET,
+``replicate-masked-<digest of TARGET>``). A consumer's offsets say what has been read: two
+jobs that share a consumer split the source between them, and a second one started
+after the first has finished writes nothing. Give each replica its own consumer (the
+default does), and keep the name when you replace the checkpoint of the same replica.
 
 Storage options for S3 and the like: ``--fs endpoint_url=http://... --fs key=...``.
 It runs with Trigger.AvailableNow (a catch-up job for a scheduler); drop ``--once`` to
@@ -18,6 +25,7 @@ keep it running. Prints one JSON line ``RESULT {...}`` at the end.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 
@@ -32,7 +40,14 @@ parser.add_argument("--register", action="store_true", help="call replog.registe
 parser.add_argument("--fs", action="append", default=[], metavar="NAME=VALUE")
 parser.add_argument("--max-events", default="100000", help="maxEventsPerTrigger")
 parser.add_argument("--once", action=argparse.BooleanOptionalAction, default=True)
+parser.add_argument(
+    "--consumer", help="the source consumer (default: replicate-masked-<digest of TARGET>)"
+)
 args = parser.parse_args()
+consumer = (
+    args.consumer
+    or f"replicate-masked-{hashlib.sha256(args.target.encode()).hexdigest()[:12]}"
+)
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 spark = SparkSession.builder.appName("replog-replicate-masked").getOrCreate()
@@ -45,7 +60,7 @@ fs_options = {f"fs.{pair.partition('=')[0]}": pair.partition("=")[2] for pair in
 events = (
     spark.readStream.format("replog")
     .options(**fs_options)
-    .option("consumer", "replicate-masked")
+    .option("consumer", consumer)
     .option("maxEventsPerTrigger", args.max_events)
     .load(args.source)
 )
@@ -76,6 +91,7 @@ print(
             "replog_module": replog.__file__,
             "batches": [p["numInputRows"] for p in query.recentProgress],
             "registered_explicitly": args.register,
+            "consumer": consumer,
         }
     ),
     flush=True,

@@ -26,3 +26,23 @@ def test_every_module_pickles_by_value() -> None:
     finally:
         for module in [replog, *modules]:
             cloudpickle.unregister_pickle_by_value(module)
+
+
+def test_a_storage_of_another_class_copy_is_not_taken_for_a_url(tmp_path) -> None:
+    """By-value pickling (``replog.register``) can put two copies of the Storage class in
+    one Python process; a Storage of the other copy must still be used as a Storage, not
+    opened as a URL (issue 23: every stream after a batch read and register failed with
+    "cannot open URL Storage(...): argument of type 'method' is not iterable")."""
+    import pytest
+
+    from replog.checkpoints.store import ManifestStore
+    from replog.errors import InvalidOptionError
+    from replog.storage import Storage
+
+    copy = type("Storage", (), dict(Storage.__dict__))  # what a second pickle rebuilds
+    storage = copy(str(tmp_path / "consumer"))
+    assert not isinstance(storage, Storage)
+    store = ManifestStore(storage)
+    assert store.storage is storage and store.list_ids() == []
+    with pytest.raises(InvalidOptionError, match="a storage URL must be a string"):
+        Storage(storage)  # type: ignore[arg-type]

@@ -130,7 +130,7 @@ def test_fs_options_become_coerced_storage_options() -> None:
         ({"startingOffsets": "beginning"}, "option 'startingOffsets': 'beginning'"),
         ({"startingOffsets": "manifest"}, "set option 'consumer' too"),
         ({"startingTimestamp": "1700000000"}, "startingTimestamp: 1700000000 .* seconds"),
-        ({"startingTimestamp": "soon"}, "startingTimestamp: 'soon' is not milliseconds"),
+        ({"startingTimestamp": "soon"}, "startingTimestamp: 'soon' is not an ISO 8601 time"),
         (
             {"startingTimestamp": "1735689600000", "startingOffsets": "earliest"},
             "'startingOffsets' and 'startingTimestamp' are both set",

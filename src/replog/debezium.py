@@ -23,7 +23,8 @@ wrapper) becomes one replog event:
 * :func:`position_of` orders events by the connector's source position (ingestion skips
   redeliveries with it).
 
-Out: :func:`envelope` builds the Debezium value for a replog event (used by
+Out: :func:`original_envelope` rebuilds the Debezium value an event was appended from;
+:func:`envelope` builds one for an event that did not come from Debezium (both used by
 :func:`replog.spark.functions.to_debezium`).
 """
 
@@ -420,6 +421,57 @@ def position_of(source: Mapping[str, Any]) -> Position | None:
     return None
 
 
+_ENVELOPE_OPS = frozenset(OPERATIONS)
+
+
+def original_envelope(
+    metadata: str | None, *, operation: str, data: str | None, before: str | None
+) -> str | None:
+    """The Debezium value an event was appended from, rebuilt from what ingestion kept
+    (``metadata``: ``op``, ``ts_ms``/``ts_us``/``ts_ns``, ``source``, ``transaction``, all as
+    their exact text; ``data`` and ``before`` as given), or None for an event that did not
+    come from Debezium (or ``replog capture``, which writes the same metadata).
+
+    Members come in Debezium's order (``before, after, source, transaction, op, ts_ms,
+    ts_us, ts_ns``); a ``ts_*`` the envelope did not carry is left out. A flattened row
+    (ExtractNewRecordState) is ``data`` itself, the row as it was given. MongoDB sends
+    documents as JSON strings: they are given back as strings.
+    """
+    if not metadata:
+        return None
+    try:
+        members = jsontext.parse_object(metadata)
+    except ValueError:
+        return None
+    op, source = members.get("op"), members.get("source")
+    if op is None or op.value not in _ENVELOPE_OPS or source is None:
+        return None
+    if not isinstance(source.value, dict):
+        return None
+    flattened = members.get("flattened")
+    if flattened is not None and flattened.value is True:
+        return data
+    as_string = source.value.get("connector") == "mongodb"
+
+    def image(text: str | None) -> RawJSON | str | None:
+        if text is None:
+            return None
+        return RawJSON(text) if not as_string and jsontext.is_object_text(text) else text
+
+    document: dict[str, Any] = {
+        "before": image(before),
+        "after": None if operation == "delete" else image(data),
+        "source": RawJSON(source.text),
+        "transaction": RawJSON(members["transaction"].text) if "transaction" in members else None,
+        "op": RawJSON(op.text),
+    }
+    for name in ("ts_ms", "ts_us", "ts_ns"):
+        member = members.get(name)
+        if member is not None and member.value is not None:
+            document[name] = RawJSON(member.text)
+    return jsontext.encode(document)
+
+
 def envelope(
     *,
     operation: str,
@@ -428,8 +480,9 @@ def envelope(
     ts_ms: int,
     source: Mapping[str, Any],
 ) -> str:
-    """A Debezium change-event value for one replog event (payloads spliced in exactly;
-    a payload that is not JSON text is given as a JSON string)."""
+    """A replog-made Debezium change-event value for an event that did not come from
+    Debezium (payloads spliced in exactly; a payload that is not JSON text is given as a
+    JSON string): ``op`` c for insert and bulk, ``source`` replog's own block."""
 
     def payload(text: str | None) -> RawJSON | str | None:
         if text is None:
@@ -443,8 +496,9 @@ def envelope(
         {
             "before": before_image,
             "after": after_image,
+            "source": dict(source),
+            "transaction": None,
             "op": OPS_OUT[operation],
             "ts_ms": ts_ms,
-            "source": dict(source),
         }
     )

@@ -36,6 +36,20 @@ def latest(state: LogState) -> Offsets:
     return dict(enumerate(state.heads))
 
 
+def meaning(option: str) -> str:
+    """What a sequence given to ``option`` means: batch reads take ``startingOffsets``
+    exclusive and ``endingOffsets`` inclusive, the reverse of Kafka's; error messages say so
+    because that is where a Kafka user finds out."""
+    if option == "endingOffsets":
+        return "the last sequence to read (inclusive, unlike Kafka's endingOffsets)"
+    if option == "startingOffsets":
+        return (
+            "the last processed sequence (exclusive: the read starts after it, unlike "
+            "Kafka's startingOffsets)"
+        )
+    return "the last processed sequence"
+
+
 def parse_offsets_json(text: str, shards: int, option: str) -> Offsets:
     """Offsets given by a user as JSON ``{"0": 41, "1": 0}``; missing shards default to 0.
 
@@ -65,8 +79,8 @@ def parse_offsets_json(text: str, shards: int, option: str) -> Offsets:
             )
         if not isinstance(value, int) or isinstance(value, bool) or value < 0:
             raise InvalidOptionError(
-                f"option {option!r}: shard {shard} has {value!r}; expected the last processed "
-                f"sequence, an integer >= 0"
+                f"option {option!r}: shard {shard} has {value!r}; expected {meaning(option)}, "
+                f"an integer >= 0"
             )
         offsets[shard] = value
     return offsets
@@ -117,6 +131,6 @@ def resolve(
         if sequence > state.heads[shard]:
             raise InvalidOptionError(
                 f"option {option!r}: shard {shard} offset {sequence} is beyond its head "
-                f"{state.heads[shard]}"
+                f"{state.heads[shard]} (offsets are {meaning(option)})"
             )
     return offsets

@@ -70,14 +70,57 @@ MICROSECONDS_ABOVE = 100_000_000_000_000
 """Epoch milliseconds above this (year 5138) are taken for micro- or nanoseconds."""
 
 
+_ISO_DURATION = re.compile(
+    r"^P(?:(\d+(?:\.\d+)?)D)?(?:T(?:(\d+(?:\.\d+)?)H)?(?:(\d+(?:\.\d+)?)M)?"
+    r"(?:(\d+(?:\.\d+)?)S)?)?$"
+)
+
+
 def duration_ms(text: str, option: str) -> int:
-    """``"90s"``, ``"15m"``, ``"1h"``, ``"7d"``, ``"250ms"`` or ``"0"`` in milliseconds."""
-    match = _DURATION.match(text.strip().lower())
+    """``"90s"``, ``"15m"``, ``"1h"``, ``"7d"``, ``"250ms"`` or ``"0"`` in milliseconds; also
+    ISO 8601 ``PnDTnHnMnS`` (``P1DT2H``, ``PT15M``), the form Kafka's ``--by-duration``
+    takes."""
+    stripped = text.strip()
+    iso_match = _ISO_DURATION.match(stripped.upper())
+    if iso_match is not None and stripped.upper() not in ("P", "PT"):
+        days, hours, minutes, seconds = (float(part or 0) for part in iso_match.groups())
+        return int(((days * 24 + hours) * 60 + minutes) * 60_000 + seconds * 1000)
+    match = _DURATION.match(stripped.lower())
     if match is None or (match.group(2) is None and float(match.group(1)) != 0):
         raise InvalidOptionError(
-            f"{option}: {text!r} is not a duration; use a number with ms, s, m, h or d, e.g. 1h"
+            f"{option}: {text!r} is not a duration; use a number with ms, s, m, h or d "
+            f"(e.g. 1h) or ISO 8601 PnDTnHnMnS (e.g. PT1H)"
         )
     return int(float(match.group(1)) * _DURATION_UNITS[match.group(2) or "ms"])
+
+
+def iso_instant_ms(text: str, option: str) -> int:
+    """An ISO 8601 instant (``2024-03-01T10:00:00Z``, ``2024-03-01T11:00:00+01:00``,
+    ``2024-03-01``) in milliseconds since the epoch; a time without an offset is UTC (the
+    log's event times are UTC), not the machine's zone."""
+    raw = text.strip()
+    try:
+        parsed = datetime.fromisoformat(raw[:-1] + "+00:00" if raw[-1:] in "zZ" and raw else raw)
+    except ValueError as exc:
+        raise InvalidOptionError(
+            f"{option}: {text!r} is not an ISO 8601 time (e.g. 2024-03-01T10:00:00Z or "
+            f"2024-03-01T11:00:00+01:00)"
+        ) from exc
+    if parsed.tzinfo is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    value = int(parsed.timestamp() * 1000)
+    if value < 0:
+        raise InvalidOptionError(f"{option}: {text!r} is before 1970")
+    return value
+
+
+def instant_ms(raw: str | int, option: str) -> int:
+    """An instant given as milliseconds since the epoch or as ISO 8601 text (anything that
+    is not all digits is read as ISO 8601): ``startingTimestamp`` takes both."""
+    text = str(raw).strip()
+    if text.lstrip("-").isdigit():
+        return check_epoch_ms(text, option)
+    return iso_instant_ms(text, option)
 
 
 def iso(ms: int) -> str:
@@ -95,7 +138,7 @@ def check_epoch_ms(raw: str | int, option: str) -> int:
     except ValueError as exc:
         raise InvalidOptionError(
             f"{option}: {raw!r} is not milliseconds since the epoch (an integer, e.g. "
-            f"1735689600000 for 2025-01-01T00:00:00Z)"
+            f"1735689600000) nor ISO 8601 (e.g. 2025-01-01T00:00:00Z)"
         ) from exc
     if value < 0:
         raise InvalidOptionError(f"{option}: {value} is before 1970")

@@ -65,10 +65,14 @@ class ManifestStore:
     ) -> None:
         if keep < 1:
             raise InvalidOptionError(f"keep must be >= 1, got {keep}")
-        self.storage = (
-            url_or_storage
-            if isinstance(url_or_storage, Storage)
-            else Storage(url_or_storage, storage_options)
+        # A URL is a str; anything else is taken for a Storage. Not isinstance(.., Storage):
+        # replog.register(spark) pickles replog by value, so one Python process can hold two
+        # copies of the Storage class (one per pickle or import), and a Storage of the other
+        # copy would be taken for a URL ("cannot open URL Storage(...)").
+        self.storage: Storage = (
+            Storage(url_or_storage, storage_options)
+            if isinstance(url_or_storage, str)
+            else url_or_storage
         )
         self.keep = keep
         self._pointer = ForwardPointer(self.storage, LATEST_POINTER, "checkpoint_id")

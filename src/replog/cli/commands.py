@@ -36,7 +36,7 @@ from replog.names import check_name
 from replog.ops import compaction, keys, recovery, retention, status, verify
 from replog.schemas import registry
 from replog.storage import coerce_option_value
-from replog.timeutil import check_epoch_ms, duration_ms, now_ms
+from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 
@@ -318,20 +318,52 @@ def cmd_manifest(args: argparse.Namespace, out: Output) -> int:
     return 1 if problems else 0
 
 
-def _target(log: ReplicationLog, args: argparse.Namespace) -> dict[int, int]:
+def _shifted(
+    log: ReplicationLog, current: dict[int, int] | None, shift: int, consumer: str
+) -> dict[int, int]:
+    """Committed offsets moved by ``shift`` events per shard, kept between earliest and
+    latest (Kafka's ``--shift-by``)."""
+    if current is None:
+        raise InvalidOptionError(
+            f"consumer set --shift-by {shift}: consumer {consumer!r} has no committed offsets "
+            f"to shift; give an absolute target (--to-earliest, --to-datetime, ...)"
+        )
+    state = log.refresh()
+    low, high = positions.earliest(state), positions.latest(state)
+    return {
+        shard: min(max(current.get(shard, low[shard]) + shift, low[shard]), high[shard])
+        for shard in range(log.shards)
+    }
+
+
+def _target(
+    log: ReplicationLog, args: argparse.Namespace, current: dict[int, int] | None
+) -> dict[int, int]:
     given = [
         args.to_earliest,
         args.to_latest,
         args.offsets is not None,
         args.to_timestamp is not None,
+        args.to_datetime is not None,
+        args.by_duration is not None,
+        args.shift_by is not None,
     ]
     if sum(given) != 1:
         raise InvalidOptionError(
             "consumer set: give exactly one target: --to-earliest, --to-latest, "
-            "--offsets JSON or --to-timestamp MS"
+            "--offsets JSON, --to-timestamp MS, --to-datetime ISO8601, --by-duration "
+            "DURATION or --shift-by N"
         )
+    if args.shift_by is not None:
+        return _shifted(log, current, args.shift_by, args.consumer)
+    stamp: int | None = None
     if args.to_timestamp is not None:
         stamp = check_epoch_ms(args.to_timestamp, "--to-timestamp")
+    elif args.to_datetime is not None:
+        stamp = iso_instant_ms(args.to_datetime, "--to-datetime")
+    elif args.by_duration is not None:
+        stamp = max(now_ms() - duration_ms(args.by_duration, "--by-duration"), 0)
+    if stamp is not None:
         return positions.resolve(log, "", "--to-timestamp", timestamp_ms=stamp)
     spec = "earliest" if args.to_earliest else "latest" if args.to_latest else args.offsets
     return positions.resolve(log, spec, "--offsets")
@@ -356,7 +388,7 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
             raise ManifestNotFoundError(f"{log.url} has no consumer {args.consumer!r}")
         out.consumer_deleted(args.consumer, current, args.execute)
         return 0
-    target = _target(log, args)
+    target = _target(log, args, current.offsets if current else None)
     if current is None and not args.create:
         known = ", ".join(consumers.list_consumers(log)) or "none"
         raise ManifestNotFoundError(

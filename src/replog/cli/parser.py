@@ -201,6 +201,21 @@ def _checkpoint_commands(command: _Command) -> None:
     target.add_argument("--to-earliest", action="store_true", help="before the oldest event")
     target.add_argument("--to-latest", action="store_true", help="after the newest event")
     target.add_argument("--to-timestamp", help="before the first event at or after MS")
+    target.add_argument(
+        "--to-datetime",
+        help="before the first event at or after an ISO 8601 time, e.g. 2024-03-01T10:00:00Z "
+        "(no offset: UTC)",
+    )
+    target.add_argument(
+        "--by-duration",
+        help="before the first event at or after now minus DURATION (1h, 7d or ISO PT1H)",
+    )
+    target.add_argument(
+        "--shift-by",
+        type=int,
+        help="move the committed offsets by N events per shard (negative: back), kept "
+        "between earliest and latest",
+    )
     target.add_argument("--offsets", help='JSON {"0": 41, ...}: last processed per shard')
     p.add_argument("--execute", action="store_true", help="do it (default: a dry run)")
 

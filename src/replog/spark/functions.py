@@ -9,9 +9,10 @@
 ``parse_payload`` types a payload column (``data``, ``before``) with a schema, parsed
 in the JVM (``from_json``), not in Python.
 
-``to_debezium`` turns the replog source's rows into Debezium-style envelopes (``key``,
-``value`` strings) for consumers that speak Debezium. Both run the core mapping of
-:mod:`replog.debezium` in Python UDFs: payloads keep their exact text.
+``to_debezium`` turns the replog source's rows into Kafka records (``key``, ``value``,
+``headers``) of Debezium change events: the original envelope for events appended from
+Debezium. Both run the core mapping of :mod:`replog.debezium` in Python UDFs: payloads
+keep their exact text.
 
 ``apply_changes`` returns a ``foreachBatch`` function that merges the source's changes
 into a Delta table exactly once (:mod:`replog.tables.delta`).
@@ -102,6 +103,14 @@ def from_debezium(
 
 
 def _envelope(row: Row, log: str | None) -> str:
+    """The Debezium value of one replog event: the envelope it was appended from when
+    its metadata holds one (:func:`replog.debezium.original_envelope`), else replog's."""
+    data, before = _text(row["data"]), _text(row["before"])
+    original = debezium.original_envelope(
+        row["metadata"], operation=row["operation"], data=data, before=before
+    )
+    if original is not None:
+        return original
     source = {
         "connector": "replog",
         "log": log,
@@ -112,18 +121,55 @@ def _envelope(row: Row, log: str | None) -> str:
         "ts_ms": row["ts_ms"],
     }
     return debezium.envelope(
-        operation=row["operation"],
-        data=_text(row["data"]),
-        before=_text(row["before"]),
-        ts_ms=row["ts_ms"],
-        source=source,
+        operation=row["operation"], data=data, before=before, ts_ms=row["ts_ms"], source=source
     )
 
 
-def to_debezium(frame: DataFrame, *, log: str | None = None) -> DataFrame:
-    """The replog source's rows as Debezium-style change events: ``key`` (the event's
-    key) and ``value`` (``{"before", "after", "op", "ts_ms", "source"}``, payloads
-    spliced in exactly; ``source`` names ``log``, the shard and the sequence)."""
+HEADERS_TYPE = "array<struct<key:string,value:binary>>"
+"""Kafka record headers as Spark's Kafka sink takes them."""
+
+SHARD_HEADER, SEQUENCE_HEADER, LOG_ID_HEADER, EVENT_ID_HEADER = (
+    "replog.shard",
+    "replog.sequence",
+    "replog.log_id",
+    "replog.event_id",
+)
+
+
+def _header(name: str, value: Column) -> Column:
+    return F.struct(F.lit(name).alias("key"), value.cast("string").cast("binary").alias("value"))
+
+
+def _log_id(log: str | None, storage_options: dict[str, str] | None) -> str | None:
+    if log is None:
+        return None
+    from replog.log import ReplicationLog  # noqa: PLC0415 - only when a log is named
+
+    return ReplicationLog.open(log, storage_options=storage_options).log_id
+
+
+def to_debezium(
+    frame: DataFrame,
+    *,
+    log: str | None = None,
+    tombstones: bool = True,
+    storage_options: dict[str, str] | None = None,
+) -> DataFrame:
+    """The replog source's rows as Kafka records of Debezium change events, ready for
+    ``df.write.format("kafka")``: ``key`` (the event's key, Debezium's message-key form),
+    ``value`` (the envelope) and ``headers`` (``replog.shard``, ``replog.sequence``,
+    ``replog.event_id`` and, when ``log`` names the log, ``replog.log_id``; UTF-8 text).
+
+    An event appended from Debezium gets its original envelope back (``source``, ``op``
+    with ``r`` kept, ``transaction``, ``ts_*``, payloads as their exact text); any other
+    event a replog-made one (docs/CDC.md "Debezium out"). Each delete is followed by a
+    tombstone (the same key, a null value), as Debezium sends it for log compaction,
+    unless ``tombstones=False``.
+    """
+    if not isinstance(tombstones, bool):
+        raise InvalidOptionError(
+            f"to_debezium: tombstones must be True or False, not {tombstones!r}"
+        )
     fields = F.struct(
         "shard",
         "sequence",
@@ -133,9 +179,30 @@ def to_debezium(frame: DataFrame, *, log: str | None = None) -> DataFrame:
         "collection",
         "data",
         "before",
+        F.col("metadata").cast("string").alias("metadata"),
     )
     envelope = F.udf(lambda row: _envelope(row, log), "string", useArrow=False)(fields)
-    return frame.select(F.col("key"), envelope.alias("value"))
+    log_id = _log_id(log, storage_options)
+    headers = [
+        _header(SHARD_HEADER, F.col("shard")),
+        _header(SEQUENCE_HEADER, F.col("sequence")),
+        _header(EVENT_ID_HEADER, F.col("event_id")),
+    ]
+    if log_id is not None:
+        headers.append(_header(LOG_ID_HEADER, F.lit(log_id)))
+    records = frame.select(
+        F.col("key"),
+        F.col("operation"),
+        envelope.alias("value"),
+        F.array(*headers).cast(HEADERS_TYPE).alias("headers"),
+    )
+    values = F.array(F.col("value"))
+    if tombstones:  # the delete, then its tombstone: explode keeps the order in the task
+        values = F.when(
+            F.col("operation") == F.lit("delete"),
+            F.array(F.col("value"), F.lit(None).cast("string")),
+        ).otherwise(values)
+    return records.select("key", F.explode(values).alias("value"), "headers")
 
 
 def parse_payload(
@@ -151,7 +218,10 @@ def parse_payload(
     ``options={"mode": "FAILFAST"}``.
     """
     source = F.col(column) if isinstance(column, str) else column
-    return F.from_json(source.cast("string"), schema, options or {})
+    if not options:  # no map at all: Spark Connect sends {} as MAP<VOID, VOID>, which
+        return F.from_json(source.cast("string"), schema)  # from_json refuses
+    given = {str(name): str(value) for name, value in options.items()}
+    return F.from_json(source.cast("string"), schema, given)
 
 
 _EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")

@@ -25,7 +25,7 @@ from replog.errors import InvalidOptionError
 from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS, Transaction
 from replog.names import check_name
 from replog.storage import coerce_option_value
-from replog.timeutil import check_epoch_ms, duration_ms
+from replog.timeutil import duration_ms, instant_ms
 
 FS_PREFIX = "fs."
 DEFAULT_MAX_EVENTS_PER_PARTITION = 500_000
@@ -208,7 +208,8 @@ def _starting_offsets(options: Mapping[str, str], streaming: bool) -> str:
     if not starting.startswith("{"):
         raise InvalidOptionError(
             f"option 'startingOffsets': {starting!r} is not allowed; use manifest, "
-            f'earliest, latest, or JSON like {{"0": 41, "1": 0}}'
+            f'earliest, latest, or JSON like {{"0": 41, "1": 0}} (per shard the last '
+            f"processed sequence: the read starts after it - exclusive, unlike Kafka)"
         )
     return starting
 
@@ -221,7 +222,7 @@ def _starting_timestamp(options: Mapping[str, str]) -> int | None:
         raise InvalidOptionError(
             "options 'startingOffsets' and 'startingTimestamp' are both set; set one"
         )
-    return check_epoch_ms(raw, "startingTimestamp")
+    return instant_ms(raw, "startingTimestamp")
 
 
 def _ending_offsets(options: Mapping[str, str], streaming: bool) -> str:
@@ -233,7 +234,8 @@ def _ending_offsets(options: Mapping[str, str], streaming: bool) -> str:
         return "latest"
     if not ending.startswith("{"):
         raise InvalidOptionError(
-            f"option 'endingOffsets': {ending!r} is not allowed; use latest or JSON"
+            f"option 'endingOffsets': {ending!r} is not allowed; use latest or JSON like "
+            f'{{"0": 99}} (per shard the last sequence to read - inclusive, unlike Kafka)'
         )
     return ending
 

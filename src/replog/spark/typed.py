@@ -209,10 +209,8 @@ def typed(
         InvalidOptionError: no schema of ``collection`` is registered.
         IncompatibleSchemaError: two versions give a column types no one type holds.
     """
-    opened = (
-        log
-        if isinstance(log, ReplicationLog)
-        else ReplicationLog.open(log, storage_options=storage_options)
+    opened = (  # by str, not by class: see ManifestStore (by-value pickling copies classes)
+        ReplicationLog.open(log, storage_options=storage_options) if isinstance(log, str) else log
     )
     found = registry.versions(opened.storage, collection)
     if not found:

@@ -121,6 +121,13 @@ class Storage:
         *,
         retry: RetryPolicy = DEFAULT_RETRY,
     ) -> None:
+        if isinstance(url, os.PathLike):
+            url = os.fspath(url)
+        if not isinstance(url, str):
+            raise InvalidOptionError(
+                f"a storage URL must be a string, got {type(url).__name__} {url!r} (a Storage "
+                f"given where a URL is expected?)"
+            )
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.retry = retry
