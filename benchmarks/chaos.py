@@ -12,7 +12,9 @@ For ``--seconds`` (default 600) the harness keeps running, each as its own proce
   at a step of the sink protocol, and restarted; B2 now and then restarts on a fresh
   checkpoint with the same consumer and sink id;
 * ``replog compact`` (A, B1, B2), ``replog recover --grace 10s`` (A, B1, B2) and
-  ``replog truncate`` of A (behind the slowest consumer), each on a timer.
+  ``replog truncate`` of A (behind the slowest consumer), each on a timer. Both
+  replications' consumers are registered (at the earliest offsets) before anything is
+  appended: truncation waits only for consumers it knows.
 
 Then the appenders stop, each replication runs to the end once more, and the harness
 checks: every acknowledged event is in B1 and in B2 exactly once, no event id appears
@@ -269,6 +271,10 @@ class Chaos:
 
         for url in self.urls.values():
             ReplicationLog.create(url, 4, storage_options=self.options, snapshot_interval=20)
+        for target in ("B1", "B2"):  # truncate waits only for consumers it knows
+            consumer = ["--consumer", f"to-{target}", "--to-earliest", "--create", "--execute"]
+            if not self.cli("consumer", "set", self.urls["A"], *consumer):
+                raise RuntimeError(f"could not register consumer to-{target}")
         threads = [threading.Thread(target=self.appender, args=(w,), name=w) for w in APPENDERS]
         threads += [
             threading.Thread(target=self.operator, args=(op, every, commands), name=op)
