@@ -53,9 +53,7 @@ def test_functions_through_connect(connect, tmp_path: Path) -> None:
     assert sorted(r["event_id"] for r in back) == sorted(r["event_id"] for r in changes.collect())
 
 
-def test_source_and_sink_through_connect_before_and_after_register(
-    connect, tmp_path: Path
-) -> None:
+def test_source_and_sink_through_connect_before_and_after_register(connect, tmp_path: Path) -> None:
     """A batch read, then ``spark.dataSource.register`` and ``replog.register``, then
     streams (the order that made every later stream fail, issue 23)."""
     import replog as replog_package

@@ -228,3 +228,18 @@ def test_typed_gives_exact_values_across_versions(spark, log: ReplicationLog) ->
     assert amounts[0] == ('{"id":1}', "insert", Decimal("1234.560"))
     assert ('{"id":2}', "insert", Decimal("-0.005")) in amounts
     assert ('{"id":3}', "insert", Decimal("7.000")) in amounts
+
+
+def test_versions_registered_in_one_millisecond_keep_their_order(log: ReplicationLog) -> None:
+    """One append registers several versions at once; "oldest first" must not fall back
+    to digest order when their times tie."""
+    from replog.timeutil import use_clock
+
+    schemas = [
+        {"type": "struct", "fields": [{"field": "id", "type": "int32", "optional": False}]},
+        {"type": "struct", "fields": [{"field": "id", "type": "int64", "optional": False}]},
+    ]
+    schemas.sort(key=connect.digest, reverse=True)  # registered in reverse digest order
+    with use_clock(lambda: 1_700_000_000.0):
+        digests = [registry.register(log.storage, "c", schema) for schema in schemas]
+    assert [v.digest for v in registry.versions(log.storage, "c")] == digests

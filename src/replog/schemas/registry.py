@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -79,13 +80,33 @@ class SchemaVersion:
         return version
 
 
+class _RegistrationClock:
+    """Now, but later than any schema this process registered before: versions are
+    ordered by it, and one append registers several in the same millisecond."""
+
+    def __init__(self) -> None:
+        self._last = 0
+        self._lock = threading.Lock()
+
+    def __call__(self) -> int:
+        with self._lock:
+            self._last = max(now_ms(), self._last + 1)
+            return self._last
+
+    def __reduce__(self) -> tuple[type[_RegistrationClock], tuple[()]]:
+        return (_RegistrationClock, ())  # pickled by value with replog: a fresh one
+
+
+_registration_time = _RegistrationClock()
+
+
 def register(storage: Storage, collection: str, schema: Mapping[str, Any]) -> str:
     """Store ``schema`` for ``collection`` unless it is there; its digest."""
     digest = connect.digest(schema)
     path = schema_path(collection, digest)
     if storage.exists(path):
         return digest
-    version = SchemaVersion(collection, digest, now_ms(), schema)
+    version = SchemaVersion(collection, digest, _registration_time(), schema)
     try:
         storage.put_if_absent(path, version.to_bytes())
         logger.info("%s: registered schema %s of %s", storage, digest, collection)
