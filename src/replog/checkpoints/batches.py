@@ -59,9 +59,9 @@ class BatchCommitter:
 
     def commit(self, write: BatchWrite, staged: Sequence[StagedSegment]) -> CommitRecord | None:
         """Step 3: the one append; None when the transaction was already in the log."""
-        leases.check_held(self.log.storage, write.lease, "this write")
         storage = self.log.storage
-        leases.mark(storage, write.lease, COMMITTING)
+        held = leases.check_held(storage, write.lease, "this write")
+        leases.mark(storage, write.lease, COMMITTING, current=held)
         transaction = write.transaction
         writer = transaction.writer() if transaction is not None else None
         attempt: staging.CommitAttempt | None = None

@@ -25,7 +25,6 @@ from replog.checkpoints.store import ManifestStore
 from replog.cli.output import Output, age
 from replog.errors import (
     InvalidOptionError,
-    LogNotFoundError,
     ManifestNotFoundError,
     ReplogError,
 )
@@ -134,10 +133,7 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 def _capture_log(args: argparse.Namespace) -> ReplicationLog:
     """The capture's log, created if absent (after the source was checked)."""
     options = storage_options(args.fs_option)
-    try:
-        return ReplicationLog.open(args.url, storage_options=options)
-    except LogNotFoundError:
-        return ReplicationLog.open_or_create(args.url, args.shards, storage_options=options)
+    return ReplicationLog.open_or_create(args.url, args.shards, storage_options=options)
 
 
 # -- create / append / info / read / tail / verify -----------------------------------------

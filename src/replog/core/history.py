@@ -126,19 +126,15 @@ def check_identity(storage: Storage, log_id: str) -> None:
         raise LogRecreatedError(storage.path(DESCRIPTOR_PATH), found, log_id)
 
 
-def base_is_gone(state: LogState, base: bytes | None) -> bool:
-    """Whether ``base`` (commit ``state.version`` as read now) shows that the history this
-    state was built from is no longer the log's: the record is missing, or it is not the
-    record the state applied (its token differs: something was written there since).
-    Only the members compared are parsed."""
-    if base is None:
-        return True
+def _base_members(base: bytes) -> tuple[str, str | None] | None:
+    """The ``log_id`` and ``token`` of a commit record's raw bytes; None if they do not
+    parse (damage is for the full read of the record to report). Only these members are
+    looked at."""
     try:
         document = json.loads(base)
-        token = document.get("token")
+        return str(document.get("log_id", "")), document.get("token")
     except (ValueError, AttributeError):
-        return False  # damage is for the full read of the record to report
-    return state.last_token is not None and token != state.last_token
+        return None
 
 
 def check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
@@ -158,14 +154,12 @@ def check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
         if storage.exists(EXPIRED_MARKER):
             raise BaseMissing(0)
         return
-    if base is not None:
-        try:
-            found = json.loads(base).get("log_id", "")
-        except (ValueError, AttributeError):
-            found = ""
-        if found and state.log_id and found != state.log_id:
-            check_identity(storage, state.log_id)  # raises if it is another log
-    if base_is_gone(state, base):
+    members = _base_members(base) if base is not None else None
+    found, token = members or ("", state.last_token)
+    if found and state.log_id and found != state.log_id:
+        check_identity(storage, state.log_id)  # raises if it is another log
+    # gone: missing, or not the record the state applied (written there since)
+    if base is None or (state.last_token is not None and token != state.last_token):
         check_identity(storage, state.log_id)  # raises if it is another log
         raise BaseMissing(state.version)
 

@@ -27,10 +27,11 @@ def acquire(storage: Storage, owner: str, duration_ms: int = DEFAULT_LEASE_MS) -
     return lease
 
 
-def mark(storage: Storage, lease: Lease, state: str) -> Lease:
+def mark(storage: Storage, lease: Lease, state: str, current: Lease | None = None) -> Lease:
     """Record that ``lease``'s writer moved to ``state``, keeping the latest expiry its
-    tasks renewed it to (the driver's copy of the lease may be older)."""
-    current = read(storage, lease) or lease
+    tasks renewed it to (the driver's copy of the lease may be older; ``current``: the
+    lease as just read, if the caller has it)."""
+    current = current or read(storage, lease) or lease
     marked = dataclasses.replace(
         current, state=state, expires_ms=max(current.expires_ms, lease.expires_ms)
     )
@@ -45,17 +46,17 @@ def read(storage: Storage, lease: Lease) -> Lease | None:
     return None if data is None else Lease.from_bytes(data, storage.path(lease.relative))
 
 
-def check_held(storage: Storage, lease: Lease, what: str) -> None:
-    """Refuse (:class:`StagingCollectedError`) to commit ``what`` if ``lease`` is gone,
-    damaged or ran out (less the clock skew): ``recover`` honours only live leases, so it
-    may have taken the staged files, or be taking them now."""
+def check_held(storage: Storage, lease: Lease, what: str) -> Lease:
+    """``lease`` as on storage; :class:`StagingCollectedError` (refusing to commit
+    ``what``) if it is gone, damaged or ran out (less the clock skew): ``recover``
+    honours only live leases, so it may have taken the staged files, or be taking them."""
     try:
         current = read(storage, lease)
     except CorruptionError as exc:
         problem = f"is damaged ({exc})"
     else:
         if current is not None and now_ms() < current.expires_ms - CLOCK_SKEW_MS:
-            return
+            return current
         problem = "is gone" if current is None else "ran out"
     raise StagingCollectedError(
         f"{storage.url}: the staging lease of {what} ({storage.path(lease.relative)}) "

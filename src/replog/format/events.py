@@ -70,16 +70,21 @@ MAX_TIMESTAMP_US = 253_402_300_799_999_999
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
-def _utf8(text: str, name: str, where: str) -> str:
-    """``text`` if it can be stored as UTF-8 (a lone surrogate, as ``json.loads('"\\ud800"')``
-    gives, cannot), else :class:`InvalidEventError` naming the field and position."""
+def _utf8_bytes(text: str, name: str, where: str) -> bytes:
+    """``text`` as UTF-8; :class:`InvalidEventError` naming the field and position if it
+    cannot be (a lone surrogate, as ``json.loads('"\\ud800"')`` gives)."""
     try:
-        text.encode("utf-8")
+        return text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise InvalidEventError(
             f"{where}: {name!r} holds {text[exc.start]!r} at position {exc.start}, a lone "
             f"UTF-16 surrogate, which UTF-8 cannot store"
         ) from exc
+
+
+def _utf8(text: str, name: str, where: str) -> str:
+    """``text``, checked to be storable as UTF-8 (:func:`_utf8_bytes`)."""
+    _utf8_bytes(text, name, where)
     return text
 
 
@@ -91,12 +96,12 @@ def _payload(value: Any, name: str, where: str) -> bytes | None:
     if isinstance(value, bytes | bytearray | memoryview):
         return bytes(value)
     if isinstance(value, str):  # RawJSON included: already the exact text
-        return _utf8(value, name, where).encode("utf-8")
+        return _utf8_bytes(value, name, where)
     try:
         text = jsontext.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidEventError(f"{where}: {name!r} cannot be stored as JSON: {exc}") from exc
-    return _utf8(text, name, where).encode("utf-8")
+    return _utf8_bytes(text, name, where)
 
 
 def _micros(value: Any, where: str, default_us: int) -> int:

@@ -13,8 +13,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from replog.checkpoints.consumers import CONSUMERS_DIR, consumer_store, list_consumers
-from replog.checkpoints.sinks import SINKS_DIR, list_sinks, sink_store
+from replog.checkpoints.consumers import CONSUMERS_DIR, consumer_store
+from replog.checkpoints.sinks import SINKS_DIR, sink_store
 from replog.checkpoints.store import ManifestStore, manifest_name, named_stores
 from replog.core import history, leases
 from replog.core.files import read_file
@@ -244,13 +244,21 @@ def _manifests(store: ManifestStore, problems: list[Problem]) -> int:
     return len(ids)
 
 
-def _stray_files(log: ReplicationLog, problems: list[Problem]) -> None:
-    """Entries operator commands skip (with a warning): reported, so they get removed."""
-    for directory in (CONSUMERS_DIR, SINKS_DIR):
-        for relative in named_stores(log.storage, directory)[1]:
-            problems.append(
-                Problem(log.storage.path(relative), "not a replog name: skipped; remove it")
-            )
+def _stores(log: ReplicationLog, problems: list[Problem]) -> int:
+    """Check every consumer's and sink's manifests (listing each directory once); the
+    entries operator commands skip there are reported, so they get removed."""
+    checked = 0
+    for directory, store_of in ((CONSUMERS_DIR, consumer_store), (SINKS_DIR, sink_store)):
+        names, stray = named_stores(log.storage, directory)
+        checked += sum(_manifests(store_of(log, name), problems) for name in names)
+        problems.extend(
+            Problem(log.storage.path(relative), "not a replog name: skipped; remove it")
+            for relative in stray
+        )
+    return checked
+
+
+def _unreadable_leases(log: ReplicationLog, problems: list[Problem]) -> None:
     for lease in leases.leases(log.storage).unreadable:
         problems.append(
             Problem(
@@ -268,10 +276,8 @@ def verify(log: ReplicationLog) -> VerifyReport:
     snapshots = _snapshots(log, problems)
     _checkpointed_segments(log, state, problems)
     segments = _segments(log, state, problems)
-    manifests = sum(
-        _manifests(consumer_store(log, name), problems) for name in list_consumers(log)
-    ) + sum(_manifests(sink_store(log, name), problems) for name in list_sinks(log))
-    _stray_files(log, problems)
+    manifests = _stores(log, problems)
+    _unreadable_leases(log, problems)
     return VerifyReport(
         url=log.url,
         commits=commits,
