@@ -426,7 +426,10 @@ def main() -> None:
     report = run_chaos(args.seconds, workdir, args.seed)
     report["wall_seconds"] = round(time.monotonic() - started)
     print(json.dumps(report, indent=2))
-    bad = any(report[name]["lost"] or report[name]["doubled"] for name in ("B1", "B2"))
+    bad = any(
+        report[name]["lost"] or report[name]["doubled"] or report[name]["unknown"]
+        for name in ("B1", "B2")
+    )
     sys.exit(1 if bad or any(report[f"verify {n}"] != "ok" for n in ("A", "B1", "B2")) else 0)
 
 

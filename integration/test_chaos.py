@@ -23,6 +23,7 @@ def test_a_short_chaos_run_loses_and_doubles_nothing(tmp_path: Path) -> None:
     for replica in ("B1", "B2"):
         assert report[replica]["lost"] == 0, report
         assert report[replica]["doubled"] == 0, report
+        assert report[replica]["unknown"] == 0, report  # no event no appender tried
         assert report[replica]["out_of_order_keys"] == 0, report
     for log in ("A", "B1", "B2"):
         assert report[f"verify {log}"] == "ok", report

@@ -7,6 +7,7 @@ import dataclasses
 import time
 from pathlib import Path
 
+import pytest
 from support.logcheck import check_log
 from support.logs import log_rows
 
@@ -68,11 +69,9 @@ def test_an_abort_while_the_commit_may_land_keeps_the_files(tmp_path: Path) -> N
     committer = BatchCommitter(log)
     write = committer.begin()
     staged = log.stage(log_rows(10))
-    try:
+    with pytest.raises(CommitOutcomeUnknownError):
         committer.commit(write, staged)
-        raise AssertionError("the commit should be in doubt")
-    except CommitOutcomeUnknownError:
-        Unanswered.silent = False
+    Unanswered.silent = False
     late_renewal = dataclasses.replace(write.lease, state=STAGING)  # read before the mark
     log.storage.write(late_renewal.relative, late_renewal.to_bytes())
     committer.abort(write, staged)

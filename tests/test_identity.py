@@ -67,6 +67,8 @@ def test_a_running_stream_stops_when_its_log_is_recreated(spark, tmp_path: Path)
     """The Spark source keeps its log object across micro-batches: the next batch after
     the log was re-created fails, naming the situation, and delivers nothing of the new
     log as if it continued the old one."""
+    from pyspark.errors import StreamingQueryException
+
     url = str(tmp_path / "log")
     old = ReplicationLog.create(url, 2, snapshot_interval=10)
     for n in range(5):
@@ -83,7 +85,7 @@ def test_a_running_stream_stops_when_its_log_is_recreated(spark, tmp_path: Path)
         query.processAllAvailable()
         assert spark.table("recreated_log").count() == 10
         recreate(url, 12)
-        with pytest.raises(Exception, match="re-created"):
+        with pytest.raises(StreamingQueryException, match=r"LogRecreatedError.*re-created"):
             query.processAllAvailable()
         keys = {row["key"] for row in spark.table("recreated_log").collect()}
         assert all(key.startswith("old") for key in keys)

@@ -13,7 +13,7 @@ from support.replication import leave_pending
 
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
 from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError, StagingCollectedError
-from replog.format.commits import COMMITS_DIR, WriterInfo
+from replog.format.commits import COMMITS_DIR, WriterInfo, commit_path
 from replog.format.events import events_from_records
 from replog.format.gc import StagingStart
 from replog.log import ReplicationLog
@@ -135,18 +135,20 @@ def test_a_sink_commit_whose_put_landed_unseen_is_committed_once(log: Replicatio
 
 
 class SilentCommits(Storage):
-    """A store where commit 2 lands, but no answer about it (nor a read-back) arrives."""
+    """A store where commit ``silent_version`` lands, but no answer about it (nor a
+    read-back) arrives while ``blind``."""
 
+    silent_version = 2
     blind = False
 
     def _create_once(self, path: str, data: bytes, sync: bool) -> None:
         super()._create_once(path, data, sync)
-        if path.endswith("/_replog/commits/00000000000000000002.json"):
+        if path.endswith(commit_path(self.silent_version)):
             self.blind = True
             raise TimeoutError(f"no answer for {path}")
 
     def _read_once(self, path: str) -> bytes:
-        if path.endswith("/_replog/commits/00000000000000000002.json") and self.blind:
+        if path.endswith(commit_path(self.silent_version)) and self.blind:
             raise ConnectionResetError(f"no answer for {path}")
         return super()._read_once(path)
 
@@ -315,32 +317,20 @@ def test_a_run_whose_record_was_never_written_is_still_fenced(tmp_path: Path, lo
     """The run record is best effort: if writing it fails, or the run's first commit
     landed unseen (its retry is a replay), the committer still knows the generation its
     run committed with, and the run is fenced once the mark has forgotten it."""
-    from replog.format.commits import COMMITS_DIR
     from replog.format.state import MAX_QUERIES_PER_SINK
-    from replog.storage import RetryPolicy, Storage
     from replog.storage.backends import Durability
 
     url = str(tmp_path / "log")
     created = ReplicationLog.create(url, 2)
 
-    class Faulty(Storage):
+    class Faulty(SilentCommits):
+        silent_version = 1 if lost == "first commit's answer" else 0  # 0: never silent
         fail_run_records = lost == "run record write"
-        lose_commit_answer = lost == "first commit's answer"
-        blind: set[str] = set()
 
         def _create_once(self, path: str, data: bytes, durability: Durability) -> None:
             if self.fail_run_records and "/runs/" in path:
                 raise PermissionError("injected: run record refused")
-            super()._create_once(path, data, durability)
-            if self.lose_commit_answer and f"/{COMMITS_DIR}/" in path:
-                type(self).lose_commit_answer = False
-                self.blind.add(path)
-                raise TimeoutError("injected: answer lost")
-
-        def _read_once(self, path: str) -> bytes:
-            if path in self.blind:
-                raise TimeoutError("injected: no answer")
-            return super()._read_once(path)
+            super()._create_once(path, data, durability)  # type: ignore[arg-type]
 
     storage = Faulty(url, retry=RetryPolicy(attempts=2, first_delay_s=0.001))
     log = ReplicationLog(storage, created.descriptor, auto_compact=False)
@@ -350,7 +340,7 @@ def test_a_run_whose_record_was_never_written_is_still_fenced(tmp_path: Path, lo
     else:
         with pytest.raises(ReplogError):
             zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0"))
-        Faulty.blind.clear()
+        storage.blind = False
         assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.REPLAYED
     Faulty.fail_run_records = False
     for run in range(1, MAX_QUERIES_PER_SINK + 2):
