@@ -131,6 +131,22 @@ def read_ledger(ledger: Path) -> tuple[list[tuple[int, int]], set[tuple[int, int
 # -- the harness ---------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class Mix:
+    """How often replications die where: a crash point at a sink protocol step (else a
+    SIGKILL at a random moment within ``kill_after_s``), and how often B2 restarts on a
+    fresh checkpoint (same consumer and sink id)."""
+
+    crash_point_rate: float = 0.3
+    kill_after_s: tuple[float, float] = (10, 60)
+    fresh_checkpoint_rate: float = 0.25
+
+
+SHORT_MIX = Mix(crash_point_rate=0.8, kill_after_s=(40, 90), fresh_checkpoint_rate=1.0)
+"""For short runs: most deaths at protocol steps, every B2 restart on a fresh checkpoint
+(the interleavings that double or skip a micro-batch when a guard is missing)."""
+
+
 @dataclass
 class Tally:
     appends_acked: int = 0
@@ -142,8 +158,11 @@ class Tally:
 
 
 class Chaos:
-    def __init__(self, workdir: Path, endpoint: str, seconds: float, seed: int) -> None:
+    def __init__(
+        self, workdir: Path, endpoint: str, seconds: float, seed: int, mix: Mix = Mix()
+    ) -> None:
         self.workdir = workdir
+        self.mix = mix
         self.endpoint = endpoint
         self.options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing"}
         self.deadline = time.monotonic() + seconds
@@ -230,7 +249,7 @@ class Chaos:
             ]
             env = dict(self.env)
             fault = None
-            if not final and self.rng.random() < 0.3:
+            if not final and self.rng.random() < self.mix.crash_point_rate:
                 fault = self.rng.choice(FAULT_STEPS)
                 env["REPLOG_FAULT"] = fault
             process = self._python(*args, env=env)
@@ -241,7 +260,7 @@ class Chaos:
                 if process.wait() == 0 or final_runs >= 5:
                     return
                 continue
-            killed_after = self.rng.uniform(10, 60)
+            killed_after = self.rng.uniform(*self.mix.kill_after_s)
             try:
                 code = process.wait(timeout=killed_after)
                 if fault and code != 0:
@@ -249,7 +268,7 @@ class Chaos:
                         self.tally.kills[f"crash point {fault}"] += 1
             except subprocess.TimeoutExpired:
                 self._kill(process, "replication")
-            if target == "B2" and self.rng.random() < 0.25:
+            if target == "B2" and self.rng.random() < self.mix.fresh_checkpoint_rate:
                 generation += 1  # a fresh checkpoint, same consumer and sink id
                 with self.lock:
                     self.tally.fresh_checkpoints += 1
@@ -399,10 +418,10 @@ def start_moto() -> tuple[subprocess.Popen[bytes], str]:
     raise RuntimeError("moto did not start")
 
 
-def run_chaos(seconds: float, workdir: Path, seed: int = 0) -> dict[str, Any]:
+def run_chaos(seconds: float, workdir: Path, seed: int = 0, mix: Mix = Mix()) -> dict[str, Any]:
     server, endpoint = start_moto()
     try:
-        return Chaos(workdir, endpoint, seconds, seed).run()
+        return Chaos(workdir, endpoint, seconds, seed, mix).run()
     finally:
         server.terminate()
         server.wait(timeout=30)

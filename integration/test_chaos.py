@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
-from chaos import run_chaos
+from chaos import SHORT_MIX, run_chaos
 
 pytestmark = pytest.mark.slow
 
 
 def test_a_short_chaos_run_loses_and_doubles_nothing(tmp_path: Path) -> None:
-    report = run_chaos(seconds=75, workdir=tmp_path, seed=7)
+    report = run_chaos(seconds=75, workdir=tmp_path, seed=7, mix=SHORT_MIX)
     assert report["acknowledged_events"] > 0
     assert sum(report["kills"].values()) > 0  # something was killed
     for replica in ("B1", "B2"):
