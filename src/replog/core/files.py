@@ -41,6 +41,7 @@ from replog.format.segments import (
     timestamp_range_ms,
 )
 from replog.storage import Storage
+from replog.storage.backends import Durability
 
 
 def fetch(storage: Storage, segment: SegmentInfo) -> bytes:
@@ -205,7 +206,7 @@ def write_file(storage: Storage, plan: FilePlan, relative: str) -> list[StagedSe
     """
     rows, parts = plan
     data = encode_segment(rows)
-    storage.put_if_absent(relative, data, sync=False)
+    storage.put_if_absent(relative, data, durability=Durability.DEFERRED)
     digest = sha256_hex(data)
     staged = []
     for part, share in zip(parts, shares(len(data), [p.rows for p in parts]), strict=True):

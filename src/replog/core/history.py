@@ -51,6 +51,7 @@ from replog.format.lanes import (
 from replog.format.segments import SegmentInfo, sha256_hex
 from replog.format.state import LogState, SinkMark, Snapshots
 from replog.storage import Storage
+from replog.storage.backends import Durability
 from replog.storage.pointer import ForwardPointer, probe_forward
 
 logger = logging.getLogger(__name__)
@@ -237,11 +238,11 @@ def _ipc_bytes(table: pa.Table) -> bytes:
     return bytes(sink.getvalue())
 
 
-def _put_once(storage: Storage, relative: str, data: bytes, *, best_effort: bool) -> bytes:
+def _put_once(storage: Storage, relative: str, data: bytes, durability: Durability) -> bytes:
     """Write ``data`` put-if-absent; the bytes that are there afterwards (another writer's
     file for the same version, if it was first)."""
     try:
-        storage.put_if_absent(relative, data, best_effort=best_effort)
+        storage.put_if_absent(relative, data, durability=durability)
     except FileExistsError:
         return storage.read(relative)
     return data
@@ -265,7 +266,7 @@ def _write_changes(
     table = changes.since
     encoded = _ipc_bytes(changes.to_table(dropped))
     # Best effort on disk: readers fall back past a changes file a crash tore.
-    data = _put_once(storage, changes_path(state.version), encoded, best_effort=True)
+    data = _put_once(storage, changes_path(state.version), encoded, Durability.BEST_EFFORT)
     return ChangesEntry(table, snapshots.table_sha256(table), sha256_hex(data), since)
 
 
@@ -310,7 +311,7 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
             tombstones = state.changes_since(version - interval).tombstones
         table = segments_table(state.segments, tombstones)
         # Durable: once retention deleted the commits below it, a table is irreplaceable.
-        data = _put_once(storage, table_path(version), _ipc_bytes(table), best_effort=False)
+        data = _put_once(storage, table_path(version), _ipc_bytes(table), Durability.SYNC)
         header = dataclasses.replace(header, table_sha256=sha256_hex(data))
         if snapshots is not None:
             snapshots.remember_table(version, sha256_hex(data))
@@ -329,7 +330,9 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
     sealed = header.to_bytes()
     copy: bytes | None = sealed
     try:
-        storage.put_if_absent(header_path(version), sealed, best_effort=True)  # readers fall back
+        storage.put_if_absent(  # readers fall back
+            header_path(version), sealed, durability=Durability.BEST_EFFORT
+        )
     except FileExistsError:  # another writer's header for this version: not ours to copy
         copy = None
     pointer = snapshots.hint if isinstance(snapshots, LogSnapshots) else hint(storage)

@@ -243,16 +243,18 @@ class Storage:
         if not self.writable:
             raise backends.unsupported(self.fs, f"write to {self.url!r}")
 
-    def write(self, relative: str, data: bytes, *, best_effort: bool = False) -> None:
-        """Create or overwrite atomically (for files read as hints: pointers, GC notes).
-        ``best_effort``: without waiting for the disk (a crash may lose or tear it)."""
+    def write(
+        self, relative: str, data: bytes, *, durability: Durability = Durability.SYNC
+    ) -> None:
+        """Create or overwrite atomically (for files read as hints: pointers, GC notes);
+        ``Durability.BEST_EFFORT``: without waiting for the disk (a crash may lose or tear
+        it)."""
         self.require_writable()
         path = self.path(relative)
-        durability = Durability.BEST_EFFORT if best_effort else Durability.SYNC
         self._retrying("write", path, lambda: self._replace_once(path, data, durability))
 
     def put_if_absent(
-        self, relative: str, data: bytes, *, sync: bool = True, best_effort: bool = False
+        self, relative: str, data: bytes, *, durability: Durability = Durability.SYNC
     ) -> None:
         """Create ``relative`` holding ``data`` only if nothing is there, else ``FileExistsError``.
 
@@ -260,18 +262,12 @@ class Storage:
         partial content. An uncertain outcome is resolved by reading back: the write landed
         if the file holds exactly ``data``. Raises
         :class:`~replog.errors.CommitOutcomeUnknownError` if storage never lets that be
-        decided. ``sync=False`` defers the directory fsync to :meth:`sync`;
-        ``best_effort`` does not wait for the disk at all (files readers can do without).
+        decided. ``Durability.DEFERRED`` leaves the directory fsync to :meth:`sync`;
+        ``Durability.BEST_EFFORT`` does not wait for the disk at all (files readers can do
+        without).
         """
         self.require_writable()
         path = self.path(relative)
-        durability = (
-            Durability.BEST_EFFORT
-            if best_effort
-            else Durability.SYNC
-            if sync
-            else Durability.DEFERRED
-        )
         failure: BaseException | None = None
         for attempt in range(self.retry.attempts):
             try:
@@ -316,7 +312,7 @@ class Storage:
         raise FileExistsError(path)
 
     def sync(self, relatives: list[str]) -> None:
-        """Make files created with ``sync=False`` durable (their directory entries)."""
+        """Make files created with ``Durability.DEFERRED`` durable (their directory entries)."""
         paths = [self.path(relative) for relative in relatives]
         self._retrying("sync", self.root, lambda: self.backend.sync(paths))
 

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from replog.storage import Storage
+from replog.storage.backends import Durability
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +88,9 @@ class ForwardPointer:
             if copy is not None:
                 document[COPY_FIELD] = json.loads(copy)
             # A hint: readers probe past a stale or torn one, so no waiting for the disk.
-            self.storage.write(self.relative, json.dumps(document).encode(), best_effort=True)
+            self.storage.write(
+                self.relative, json.dumps(document).encode(), durability=Durability.BEST_EFFORT
+            )
             self._known = value
 
 
