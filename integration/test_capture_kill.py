@@ -132,6 +132,7 @@ def test_sigterm_finishes_the_commit_and_exits_cleanly(pg_dsn: str, tmp_path: Pa
         [*command, "--follow"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
     while not _snapshot_landed(url):
+        assert process.poll() is None, process.communicate()[1]
         time.sleep(0.05)
     process.terminate()
     stdout, stderr = process.communicate()

@@ -128,6 +128,27 @@ def test_torn_commit_record_is_reported(log_url: str) -> None:
         ReplicationLog.open(log_url).refresh()
 
 
+def test_a_reader_opening_a_new_log_as_its_first_commit_lands_reads_it(log_url: str) -> None:
+    """A process opening a log whose first commit lands between its look for commit 1
+    and its listing of the commits (a monitor polling a capture that just started) reads
+    the commit; commits without commit 1 mean retention ran, and this is not that."""
+    ReplicationLog.create(log_url, 2)
+    reader = ReplicationLog.open(log_url)
+    real_exists = reader.storage.exists
+    landed: list[int] = []
+
+    def exists(relative: str) -> bool:
+        found = real_exists(relative)
+        if relative == commit_path(1) and not landed:
+            landed.append(ReplicationLog.open(log_url).append(events(3)).version)
+        return found
+
+    reader.storage.exists = exists  # type: ignore[method-assign]
+    assert reader.refresh().version == 1
+    assert landed == [1]
+    assert reader.read_table(0).num_rows + reader.read_table(1).num_rows == 3
+
+
 def test_verify_finds_flipped_byte_and_truncation(log_url: str) -> None:
     log = ReplicationLog.create(log_url, 2)
     log.append(events(40))

@@ -770,7 +770,9 @@ class LogReader:
                 # repair path found no header at all: an empty log has no commits either
                 cdir = os.path.join(self.meta, "commits")
                 names = os.listdir(cdir) if os.path.isdir(cdir) else []
-                if any(re.fullmatch(r"[0-9]{20}\.json", n) for n in names):
+                if any(re.fullmatch(r"[0-9]{20}\.json", n) for n in names) and not (
+                    self._exists(self.commit_rel(1))  # landed since (a new log)
+                ):
                     raise UnrecoverableLogError(
                         "%s: commit 1 is gone (retention) and no snapshot header is left: "
                         "the log cannot be rebuilt" % self.commit_rel(1))

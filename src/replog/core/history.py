@@ -726,8 +726,9 @@ def _repair_start(snapshots: LogSnapshots) -> LogState | None:
     """Where to start when the hinted headers are unusable and commit 1 is gone, or the
     hinted header's commit is gone: the hint named a header retention deleted (a slow
     writer moved it back), or every retained header is damaged. Lists the snapshots (a
-    repair path) for the newest usable header; None for a log that has no commit yet.
-    Raises :class:`CorruptionError` if the log has commits but cannot be rebuilt."""
+    repair path) for the newest usable header; None to start from the empty state (no
+    commit yet, or commit 1 landed after the caller looked for it). Raises
+    :class:`CorruptionError` if the log has commits but cannot be rebuilt."""
     newest = _newest_listed_header(snapshots)
     state = _usable_state(snapshots, newest)
     if state is not None:
@@ -738,9 +739,13 @@ def _repair_start(snapshots: LogSnapshots) -> LogState | None:
         )
         return state
     storage = snapshots.storage
-    if storage.listdir(COMMITS_DIR) or storage.exists(EXPIRED_MARKER):
+    if storage.exists(EXPIRED_MARKER):
         raise _unrebuildable(storage)
-    return None  # headers only of another log (written late into this one): empty
+    if storage.listdir(COMMITS_DIR) and not storage.exists(commit_path(1)):
+        raise _unrebuildable(storage)  # commits without the first: expired, unmarked
+    # No commit yet, or the first landed since the caller looked (a log just created):
+    # start from the empty state; headers only of another log (written late) are ignored.
+    return None
 
 
 def _unrebuildable(storage: Storage) -> CorruptionError:
