@@ -20,6 +20,9 @@ from replog.log import ReplicationLog
 from replog.ops.keys import compact_by_key
 from replog.ops.verify import verify
 from replog.planning import cap_events
+from replog.spark.offsets import SparkOffset
+from replog.spark.options import SourceOptions
+from replog.spark.source import ReplogStreamReader
 from replog.tables.changes import latest_events
 from replog.timeutil import now_utc
 
@@ -191,6 +194,25 @@ def test_a_rate_limit_crosses_holes_at_full_rate_and_never_reads_more(tmp_path: 
         position, batches = end, batches + 1
     assert sorted(seen) == sorted(expected)
     assert batches <= len(expected) // 25 + 3  # holes cost nothing: batches are full
+
+
+def test_min_events_per_trigger_counts_events_not_sequences_across_holes(tmp_path: Path) -> None:
+    """40 sequences compacted to 2 events are not 20 events waiting: the source holds the
+    batch back until 20 events are there (the decision alone: no Spark session)."""
+    log = ReplicationLog.create(str(tmp_path / "log"), 1, auto_compact=False)
+    log.append([{"key": f"k{n % 2}", "data": {"n": n}} for n in range(40)])
+    compact_by_key(log)  # no consumer: the whole range, two events kept
+    assert log.refresh().events_between(0, 1, 40) == 2
+    reader = ReplogStreamReader(
+        SourceOptions.parse({"path": log.url, "minEventsPerTrigger": "20"}, streaming=True)
+    )
+    start = reader.initialOffset()
+    limit = reader.getDefaultReadLimit()
+    assert SparkOffset.from_json(reader.latestOffset(start, limit)).offsets == {0: 0}  # waits
+    log.append([{"key": f"new{n}", "data": {"n": n}} for n in range(17)])
+    assert SparkOffset.from_json(reader.latestOffset(start, limit)).offsets == {0: 0}  # 20 - 1
+    log.append([{"key": "last", "data": {}}])
+    assert SparkOffset.from_json(reader.latestOffset(start, limit)).offsets == {0: 58}
 
 
 def test_bad_cli_options_are_refused_before_anything_is_written(tmp_path: Path) -> None:
