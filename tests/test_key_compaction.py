@@ -15,6 +15,8 @@ import pytest
 from support.cli import replog
 from support.logs import commit_offsets
 
+from replog.core import files
+from replog.core.files import DecodedFiles
 from replog.errors import InvalidOptionError
 from replog.log import ReplicationLog
 from replog.ops.keys import compact_by_key
@@ -194,6 +196,27 @@ def test_a_rate_limit_crosses_holes_at_full_rate_and_never_reads_more(tmp_path: 
         position, batches = end, batches + 1
     assert sorted(seen) == sorted(expected)
     assert batches <= len(expected) // 25 + 3  # holes cost nothing: batches are full
+
+
+def test_a_holed_entrys_row_sequences_are_decoded_once_per_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning asks for them on every trigger that stops inside the entry: its file
+    (up to 64 MB, more than DecodedFiles keeps of one file) is not decoded again."""
+    log = filled(str(tmp_path / "log"), commits=10)
+    compact_by_key(log)
+    reader = ReplicationLog.open(log.url)
+    reader._files = DecodedFiles(max_bytes=0)  # keeps no file, as for one past its limit
+    entry = next(e for lane in reader.refresh().segments for e in lane if e.holed)
+    decoded: list[str] = []
+    decode = files.decode_file
+    monkeypatch.setattr(
+        files, "decode_file", lambda s, e, d: decoded.append(e.path) or decode(s, e, d)
+    )
+    found = reader.row_sequences(entry)
+    assert reader.row_sequences(entry) is found and decoded == [entry.path]
+    read = reader.read_table(entry.shard, entry.first_sequence, entry.last_sequence)
+    assert found.tolist() == read.column("sequence").to_pylist() and len(found) < entry.sequences
 
 
 def test_min_events_per_trigger_counts_events_not_sequences_across_holes(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -819,13 +820,29 @@ class ReplicationLog:
         return files.read_segments(self.storage, wanted, self._files)
 
     def row_sequences(self, segment: SegmentInfo) -> np.ndarray:
-        """The sequence of each row of a live entry (a holed entry's are read from its
-        file, decoded once for this object's reads): rate limits end a batch inside one."""
+        """The sequence of each row of a live entry: rate limits end a batch inside one.
+
+        A holed entry's are read from its file once for this object: only the sequence
+        array is kept (by entry), not the decoded file, which a key compaction writes up
+        to 64 MB large, past what :class:`DecodedFiles` keeps of one file; planning asks
+        on every trigger that stops inside the entry.
+        """
         if not segment.holed:
             return segments.row_sequences(pa.table({}), segment)
-        return segments.row_sequences(
-            files.read_stored(self.storage, segment, self._files), segment
-        )
+        # created here, not in __init__: only a planning reader of a holed log needs it
+        kept: OrderedDict[tuple[str, int], np.ndarray]
+        kept = self.__dict__.setdefault("_row_sequences", OrderedDict())
+        found = kept.get(segment.key)
+        if found is not None:
+            kept.move_to_end(segment.key)
+            return found
+        rows = files.read_stored(self.storage, segment, self._files)
+        found = np.array(segments.row_sequences(rows, segment))  # a copy: not the file's buffer
+        found.setflags(write=False)  # shared by every later call
+        kept[segment.key] = found
+        while len(kept) > 1 and sum(a.nbytes for a in kept.values()) > 32 * 1024 * 1024:
+            kept.popitem(last=False)  # the least recently used: 32 MB is 4M rows' sequences
+        return found
 
     def scan(
         self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None
