@@ -171,7 +171,7 @@ def _scd1(
     if table is None:
         upserts = latest.filter(pc.not_equal(latest.column(OPERATION), DELETE))
         return _create(target, upserts.drop_columns([OPERATION]), commit, storage_options)
-    source, _added = rows.align(latest, table_schema(table))
+    source = rows.align(latest, table_schema(table))
     columns = [c for c in source.column_names if c != OPERATION]
     values = {quoted(c): f"s.{quoted(c)}" for c in columns}
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
@@ -226,7 +226,7 @@ def _scd2(
     if table is None:
         versions = source.filter(pc.equal(source.column(ACTION), "insert"))
         return _create(target, versions.drop_columns([ACTION]), commit, storage_options)
-    source, _added = rows.align(source, table_schema(table))
+    source = rows.align(source, table_schema(table))
     columns = [c for c in source.column_names if c != ACTION]
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
     metrics: dict[str, Any] = (
