@@ -64,12 +64,32 @@ def _deltalake() -> Any:
 
 
 def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
-    """The Delta table at ``target``, or None when there is none yet."""
+    """The Delta table at ``target``, or None when there is none yet (its log read once)."""
     deltalake = _deltalake()
-    if not deltalake.DeltaTable.is_deltatable(target, storage_options=storage_options):
+    try:
+        table: DeltaTable = deltalake.DeltaTable(target, storage_options=storage_options)
+    except deltalake.exceptions.TableNotFoundError:
         return None
-    table: DeltaTable = deltalake.DeltaTable(target, storage_options=storage_options)
     return table
+
+
+def _replayed(table: DeltaTable | None, app_id: str, batch_id: int) -> bool:
+    """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped)."""
+    done = None if table is None else table.transaction_version(app_id)
+    if done is None or batch_id > done:
+        return False
+    logger.info(
+        "apply_changes %s: batch %d already committed (%d), skipped", app_id, batch_id, done
+    )
+    return True
+
+
+def already_applied(
+    target: str, app_id: str, batch_id: int, storage_options: dict[str, str] | None = None
+) -> bool:
+    """Whether ``app_id``'s batch ``batch_id`` is committed to the table at ``target``: a
+    caller can skip a replayed batch before it computes the batch's changes."""
+    return _replayed(open_table(target, storage_options), app_id, batch_id)
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:
@@ -109,13 +129,8 @@ def apply_batch(
         raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
     rows.check_changes(changes, keys)
     table = open_table(target, storage_options)
-    if table is not None:
-        done = table.transaction_version(app_id)
-        if done is not None and batch_id <= done:
-            logger.info(
-                "apply_changes %s: batch %d already committed (%d), skipped", app_id, batch_id, done
-            )
-            return Applied(batch_id, True, changes.num_rows, None, {})
+    if _replayed(table, app_id, batch_id):
+        return Applied(batch_id, True, changes.num_rows, None, {})
     if changes.num_rows == 0:
         return Applied(batch_id, False, 0, None, {})
     if mode == "scd1":
@@ -136,12 +151,13 @@ def apply_batch(
             commit=_commit(app_id, batch_id),
             storage_options=storage_options,
         )
-    version = open_table(target, storage_options)
-    assert version is not None
-    logger.info(
-        "apply_changes %s: batch %d -> table version %d", app_id, batch_id, version.version()
-    )
-    return Applied(batch_id, False, changes.num_rows, version.version(), metrics)
+    if table is None:  # created by this batch
+        table = open_table(target, storage_options)
+        assert table is not None
+    # else the merge's handle: delta-rs moves it to the version its commit made
+    version: int = table.version()
+    logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
+    return Applied(batch_id, False, changes.num_rows, version, metrics)
 
 
 def _create(
