@@ -65,31 +65,23 @@ ATTEMPTS = 5
 # -- pure: which rows stay ----------------------------------------------------------------
 
 
-def kept_rows(rows: pa.Table, *, drop_deletes_before_ms: int | None) -> np.ndarray:
+def kept_rows(rows: pa.Table, *, drop_deletes_before_ms: int | None) -> tuple[np.ndarray, int]:
     """Indices (ascending) of the rows of one shard's range to keep: the last row of each
     ``(collection, key)`` (rows are in sequence order), unless it is a delete whose event
-    time is before ``drop_deletes_before_ms`` (None: keep every delete)."""
+    time is before ``drop_deletes_before_ms`` (None: keep every delete); and how many
+    such deletes were dropped."""
     import pyarrow.compute as pc  # noqa: PLC0415 (as segments.py: not on the planning path)
 
-    if rows.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    indexed = pa.table(
-        {
-            "collection": rows.column("collection"),
-            "key": rows.column("key"),
-            "index": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
-        }
-    )
-    newest = indexed.group_by(["collection", "key"], use_threads=False).aggregate(
-        [("index", "max")]
-    )
-    keep = np.sort(newest.column("index_max").to_numpy())
-    if drop_deletes_before_ms is not None and len(keep):
-        chosen = rows.take(pa.array(keep))
-        deleted = pc.equal(chosen.column("operation"), "delete").to_numpy(zero_copy_only=False)
-        stamps = chosen.column("timestamp").cast(pa.int64()).to_numpy() // 1000
-        keep = keep[~(deleted & (stamps < drop_deletes_before_ms))]
-    return keep
+    from replog.tables.changes import EVENT_KEY, last_per_key  # noqa: PLC0415 (imports pc)
+
+    newest = last_per_key(rows, EVENT_KEY)
+    if drop_deletes_before_ms is None or not len(newest):
+        return newest, 0
+    chosen = rows.take(pa.array(newest))
+    deleted = pc.equal(chosen.column("operation"), "delete").to_numpy(zero_copy_only=False)
+    stamps = chosen.column("timestamp").cast(pa.int64()).to_numpy() // 1000
+    old = deleted & (stamps < drop_deletes_before_ms)
+    return newest[~old], int(old.sum())
 
 
 def placed(
@@ -215,17 +207,16 @@ def _plan_shard(
     if not entries:
         return None
     rows, sequences = _shard_rows(log, entries, state.lows[shard], cache)
-    keep = kept_rows(rows, drop_deletes_before_ms=drop_deletes_before_ms)
+    keep, deletes_dropped = kept_rows(rows, drop_deletes_before_ms=drop_deletes_before_ms)
     if len(keep) == rows.num_rows:
         return None  # nothing superseded: rewriting would only add holes' bookkeeping
-    newest = kept_rows(rows, drop_deletes_before_ms=None)
     kept = rows.take(pa.array(keep)).append_column(
         HOLED_SCHEMA.field(SEQUENCE_COLUMN), pa.array(sequences[keep], type=pa.int64())
     )
     first, last = entries[0].first_sequence, entries[-1].last_sequence
     pieces = cuts(row_sizes(kept), MAX_SEGMENT_EVENTS, MAX_SEGMENT_BYTES) if len(keep) else []
     summary = ShardCompaction(
-        shard, first, last, rows.num_rows, len(keep), deletes_dropped=len(newest) - len(keep)
+        shard, first, last, rows.num_rows, len(keep), deletes_dropped=deletes_dropped
     )
     ranges = placed(first, last, sequences[keep], pieces)
     return entries, kept, list(zip(pieces or [(0, 0)], ranges, strict=True)), summary

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -90,6 +91,18 @@ def check_changes(changes: pa.Table, keys: Sequence[str]) -> None:
             )
 
 
+def last_per_key(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """Indices (ascending) of the last row of each key among ``table``'s rows, in the
+    order they come in (a null key value is a key like any other)."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    indexed = table.select(list(keys)).append_column(
+        _ROW_INDEX, pa.array(np.arange(table.num_rows, dtype=np.int64))
+    )
+    last = indexed.group_by(list(keys), use_threads=False).aggregate([(_ROW_INDEX, "max")])
+    return np.sort(last.column(f"{_ROW_INDEX}_max").to_numpy())
+
+
 def latest_per_key(
     changes: pa.Table, keys: Sequence[str], position: Sequence[str] = POSITION
 ) -> pa.Table:
@@ -97,10 +110,7 @@ def latest_per_key(
     if changes.num_rows == 0:
         return changes
     ordered = changes.sort_by([(column, "ascending") for column in position])
-    indexed = ordered.append_column(_ROW_INDEX, pa.array(range(ordered.num_rows), pa.int64()))
-    last = indexed.group_by(list(keys)).aggregate([(_ROW_INDEX, "max")])
-    chosen = last.column(f"{_ROW_INDEX}_max")
-    return ordered.take(pc.take(chosen, pc.sort_indices(chosen)))  # in log order
+    return ordered.take(last_per_key(ordered, keys))  # in log order
 
 
 def newer_sql(source: str = "s", target: str = "t") -> str:
