@@ -46,7 +46,6 @@ from replog.format.segments import (
     given,
     row_sequences,
     row_sizes,
-    timestamp_range_ms,
 )
 from replog.format.state import LogState
 from replog.log import ReplicationLog
@@ -226,25 +225,13 @@ def _write_shard(
     log: ReplicationLog, shard: int, kept: pa.Table, plan: FilePieces
 ) -> list[SegmentInfo]:
     """Write one shard's kept rows (one file per piece) and place each as a holed entry."""
-    plans = []
-    for (start, stop), _ in plan:
-        piece = kept.slice(start, stop - start)
-        stamps = timestamp_range_ms(piece)
-        plans.append(([Part(shard, 0, stop - start, stamps)], functools.partial(given, piece)))
+    plans = [
+        ([Part(shard, 0, stop - start)], functools.partial(given, kept.slice(start, stop - start)))
+        for (start, stop), _ in plan
+    ]  # each file's event times are found as it is written, in parallel
     staged = files.write_files(log.storage, plans)
-    return [
-        SegmentInfo(
-            path=s.path,
-            shard=shard,
-            first_sequence=low,
-            last_sequence=high,
-            bytes=s.bytes,
-            sha256=s.sha256,
-            min_timestamp_ms=s.min_timestamp_ms,
-            max_timestamp_ms=s.max_timestamp_ms,
-            offset=s.offset,
-            rows=s.events,
-        )
+    return [  # a holed entry: its rows cover the range [low, high], holes included
+        s.at(low)._replace(last_sequence=high, rows=s.events)
         for s, (_, (low, high)) in zip(staged, plan, strict=True)
     ]
 
