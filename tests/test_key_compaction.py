@@ -19,6 +19,7 @@ from replog.core import files
 from replog.core.files import DecodedFiles
 from replog.errors import InvalidOptionError
 from replog.log import ReplicationLog
+from replog.ops import keys
 from replog.ops.keys import compact_by_key
 from replog.ops.verify import verify
 from replog.planning import cap_events
@@ -129,6 +130,26 @@ def test_a_compacted_log_read_from_earliest_gives_the_same_final_state(tmp_path:
     assert reopened.refresh().heads[0] >= heads[0]
     assert verify(reopened).ok
     assert compact_by_key(reopened).record is None  # nothing superseded any more
+
+
+def test_a_failure_planning_a_later_shard_leaves_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = filled(str(tmp_path / "log"))
+    before = sorted((tmp_path / "log").rglob("*.arrow"))
+    version = log.refresh().version
+    plan_shard = keys._plan_shard
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if args[2] == 1:  # shard 0 was planned and written
+            raise OSError("storage went away")
+        return plan_shard(*args, **kwargs)
+
+    monkeypatch.setattr(keys, "_plan_shard", failing)
+    with pytest.raises(OSError, match="storage went away"):
+        compact_by_key(log)
+    assert sorted((tmp_path / "log").rglob("*.arrow")) == before
+    assert log.refresh().version == version
 
 
 def test_holed_entries_survive_segment_tables_and_later_merges(tmp_path: Path) -> None:

@@ -236,6 +236,44 @@ def _write_shard(
     ]
 
 
+def _rewrite(
+    log: ReplicationLog,
+    state: LogState,
+    points: Mapping[int, int],
+    *,
+    drop_deletes_before_ms: int | None,
+    dry_run: bool,
+) -> tuple[list[ShardCompaction], list[SegmentInfo], list[SegmentInfo]]:
+    """Plan every shard and (unless ``dry_run``) write its kept rows: the summaries, the
+    entries to remove and the entries written. If anything fails, planning a later shard
+    included, the files written are deleted (no commit names them yet)."""
+    cache = DecodedFiles()
+    summaries: list[ShardCompaction] = []
+    removed: list[SegmentInfo] = []
+    added: list[SegmentInfo] = []
+    try:
+        for shard in range(log.shards):
+            planned = _plan_shard(
+                log,
+                state,
+                shard,
+                cleaner=points[shard],
+                drop_deletes_before_ms=drop_deletes_before_ms,
+                cache=cache,
+            )
+            if planned is None:
+                continue
+            entries, kept, plan, summary = planned
+            summaries.append(summary)
+            removed.extend(entries)
+            if not dry_run:
+                added.extend(_write_shard(log, shard, kept, plan))
+    except BaseException:
+        staging.discard(log.storage, added)
+        raise
+    return summaries, removed, added
+
+
 def compact_by_key(
     log: ReplicationLog,
     *,
@@ -258,31 +296,10 @@ def compact_by_key(
             committed = consumers.all_committed(log)
             points = cleaner_points(state, committed)
             cutoff = None if keep_deletes_for_ms is None else now_ms() - keep_deletes_for_ms
-            cache = DecodedFiles()
-            added: list[SegmentInfo] = []
-            removed: list[SegmentInfo] = []
-            summaries: list[ShardCompaction] = []
             try:
-                for shard in range(log.shards):
-                    planned = _plan_shard(
-                        log,
-                        state,
-                        shard,
-                        cleaner=points[shard],
-                        drop_deletes_before_ms=cutoff,
-                        cache=cache,
-                    )
-                    if planned is None:
-                        continue
-                    entries, kept, plan, summary = planned
-                    summaries.append(summary)
-                    removed.extend(entries)
-                    if not dry_run:
-                        try:
-                            added.extend(_write_shard(log, shard, kept, plan))
-                        except BaseException:
-                            staging.discard(log.storage, added)  # no commit names them
-                            raise
+                summaries, removed, added = _rewrite(
+                    log, state, points, drop_deletes_before_ms=cutoff, dry_run=dry_run
+                )
                 result = KeyCompactionResult(points, tuple(summaries), None, tuple(committed))
                 if dry_run or not summaries:
                     return result
