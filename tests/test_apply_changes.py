@@ -144,6 +144,27 @@ def test_a_replayed_batch_id_is_skipped(tmp_path: Path) -> None:
         target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=1
     )
     assert not done.skipped and table_state(target)[1]["name"] == "b"
+    # the version the merge's own handle reports is the table's, as a fresh open reads it
+    assert done.table_version == open_table(target, None).version() == version + 1  # type: ignore[union-attr]
+
+
+class Untouchable:
+    """A micro-batch that must not be looked at."""
+
+    def __getattr__(self, name: str) -> Any:
+        raise AssertionError(f"a replayed batch was computed (DataFrame.{name})")
+
+
+def test_a_replayed_micro_batch_is_skipped_before_spark_computes_it(tmp_path: Path) -> None:
+    target = str(tmp_path / "t")
+    first = apply_batch(
+        target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0
+    )
+    assert first.table_version == 0
+    apply_changes(target, ["id"], app_id="q", schema=SCHEMA)(Untouchable(), 0)  # type: ignore[arg-type]
+    assert open_table(target, None).version() == 0  # type: ignore[union-attr]
+    with pytest.raises(AssertionError, match="was computed"):  # a new batch id is not skipped
+        apply_changes(target, ["id"], app_id="q", schema=SCHEMA)(Untouchable(), 1)  # type: ignore[arg-type]
 
 
 def test_an_older_change_never_rolls_a_row_back(tmp_path: Path) -> None:

@@ -15,11 +15,17 @@ import pytest
 from support.cli import replog
 from support.logs import commit_offsets
 
+from replog.core import files
+from replog.core.files import DecodedFiles
 from replog.errors import InvalidOptionError
 from replog.log import ReplicationLog
+from replog.ops import keys
 from replog.ops.keys import compact_by_key
 from replog.ops.verify import verify
 from replog.planning import cap_events
+from replog.spark.offsets import SparkOffset
+from replog.spark.options import SourceOptions
+from replog.spark.source import ReplogStreamReader
 from replog.tables.changes import latest_events
 from replog.timeutil import now_utc
 
@@ -126,6 +132,26 @@ def test_a_compacted_log_read_from_earliest_gives_the_same_final_state(tmp_path:
     assert compact_by_key(reopened).record is None  # nothing superseded any more
 
 
+def test_a_failure_planning_a_later_shard_leaves_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = filled(str(tmp_path / "log"))
+    before = sorted((tmp_path / "log").rglob("*.arrow"))
+    version = log.refresh().version
+    plan_shard = keys._plan_shard
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        if args[2] == 1:  # shard 0 was planned and written
+            raise OSError("storage went away")
+        return plan_shard(*args, **kwargs)
+
+    monkeypatch.setattr(keys, "_plan_shard", failing)
+    with pytest.raises(OSError, match="storage went away"):
+        compact_by_key(log)
+    assert sorted((tmp_path / "log").rglob("*.arrow")) == before
+    assert log.refresh().version == version
+
+
 def test_holed_entries_survive_segment_tables_and_later_merges(tmp_path: Path) -> None:
     log = filled(str(tmp_path / "log"))
     compact_by_key(log)
@@ -191,6 +217,46 @@ def test_a_rate_limit_crosses_holes_at_full_rate_and_never_reads_more(tmp_path: 
         position, batches = end, batches + 1
     assert sorted(seen) == sorted(expected)
     assert batches <= len(expected) // 25 + 3  # holes cost nothing: batches are full
+
+
+def test_a_holed_entrys_row_sequences_are_decoded_once_per_reader(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Planning asks for them on every trigger that stops inside the entry: its file
+    (up to 64 MB, more than DecodedFiles keeps of one file) is not decoded again."""
+    log = filled(str(tmp_path / "log"), commits=10)
+    compact_by_key(log)
+    reader = ReplicationLog.open(log.url)
+    reader._files = DecodedFiles(max_bytes=0)  # keeps no file, as for one past its limit
+    entry = next(e for lane in reader.refresh().segments for e in lane if e.holed)
+    decoded: list[str] = []
+    decode = files.decode_file
+    monkeypatch.setattr(
+        files, "decode_file", lambda s, e, d: decoded.append(e.path) or decode(s, e, d)
+    )
+    found = reader.row_sequences(entry)
+    assert reader.row_sequences(entry) is found and decoded == [entry.path]
+    read = reader.read_table(entry.shard, entry.first_sequence, entry.last_sequence)
+    assert found.tolist() == read.column("sequence").to_pylist() and len(found) < entry.sequences
+
+
+def test_min_events_per_trigger_counts_events_not_sequences_across_holes(tmp_path: Path) -> None:
+    """40 sequences compacted to 2 events are not 20 events waiting: the source holds the
+    batch back until 20 events are there (the decision alone: no Spark session)."""
+    log = ReplicationLog.create(str(tmp_path / "log"), 1, auto_compact=False)
+    log.append([{"key": f"k{n % 2}", "data": {"n": n}} for n in range(40)])
+    compact_by_key(log)  # no consumer: the whole range, two events kept
+    assert log.refresh().events_between(0, 1, 40) == 2
+    reader = ReplogStreamReader(
+        SourceOptions.parse({"path": log.url, "minEventsPerTrigger": "20"}, streaming=True)
+    )
+    start = reader.initialOffset()
+    limit = reader.getDefaultReadLimit()
+    assert SparkOffset.from_json(reader.latestOffset(start, limit)).offsets == {0: 0}  # waits
+    log.append([{"key": f"new{n}", "data": {"n": n}} for n in range(17)])
+    assert SparkOffset.from_json(reader.latestOffset(start, limit)).offsets == {0: 0}  # 20 - 1
+    log.append([{"key": "last", "data": {}}])
+    assert SparkOffset.from_json(reader.latestOffset(start, limit)).offsets == {0: 58}
 
 
 def test_bad_cli_options_are_refused_before_anything_is_written(tmp_path: Path) -> None:

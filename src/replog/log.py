@@ -19,6 +19,7 @@ import logging
 import random
 import time
 import uuid
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -148,6 +149,8 @@ class ReplicationLog:
         """Files this object read (checked against their digests), for its reads."""
         self._written = DecodedFiles(max_bytes=16 * 1024 * 1024)
         """Rows of the files this object wrote lately: its merges take them from here."""
+        self._row_sequences: OrderedDict[tuple[str, int], np.ndarray] = OrderedDict()
+        """Holed entries' row sequences, by entry (:meth:`row_sequences`)."""
         self._background: ThreadPoolExecutor | None = None
         """Merges and retention run in a thread of this object's own: a merge costs a few
         commits' time, and deleting files ~0.1 ms each on local disk; either would stall
@@ -819,13 +822,27 @@ class ReplicationLog:
         return files.read_segments(self.storage, wanted, self._files)
 
     def row_sequences(self, segment: SegmentInfo) -> np.ndarray:
-        """The sequence of each row of a live entry (a holed entry's are read from its
-        file, decoded once for this object's reads): rate limits end a batch inside one."""
+        """The sequence of each row of a live entry: rate limits end a batch inside one.
+
+        A holed entry's are read from its file once for this object: only the sequence
+        array is kept (by entry), not the decoded file, which a key compaction writes up
+        to 64 MB large, past what :class:`DecodedFiles` keeps of one file; planning asks
+        on every trigger that stops inside the entry.
+        """
         if not segment.holed:
             return segments.row_sequences(pa.table({}), segment)
-        return segments.row_sequences(
-            files.read_stored(self.storage, segment, self._files), segment
-        )
+        kept = self._row_sequences
+        found = kept.get(segment.key)
+        if found is not None:
+            kept.move_to_end(segment.key)
+            return found
+        rows = files.read_stored(self.storage, segment, self._files)
+        found = np.array(segments.row_sequences(rows, segment))  # a copy: not the file's buffer
+        found.setflags(write=False)  # shared by every later call
+        kept[segment.key] = found
+        while len(kept) > 1 and sum(a.nbytes for a in kept.values()) > 32 * 1024 * 1024:
+            kept.popitem(last=False)  # the least recently used: 32 MB is 4M rows' sequences
+        return found
 
     def scan(
         self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None

@@ -8,7 +8,7 @@ never on the age of the log.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,7 +54,7 @@ def cap_events(
     source does for its partitions).
 
     With ``state``, backlogs count events, not sequences: a range key compaction left
-    holes in holds fewer events than sequences (:func:`backlog_events`), so a batch
+    holes in holds fewer events than sequences (:meth:`LogState.events_between`), so a batch
     crosses it at the full rate rather than at the rate of the holes, and never reads
     more than its share (:func:`advance`, given ``sequences``). A shard whose backlog
     holds no event moves to its target at no cost.
@@ -63,7 +63,7 @@ def cap_events(
     for shard in target:
         first, last = start.get(shard, 0) + 1, target[shard]
         backlog[shard] = (
-            max(last - first + 1, 0) if state is None else backlog_events(state, shard, first, last)
+            max(last - first + 1, 0) if state is None else state.events_between(shard, first, last)
         )
     waiting = sorted((pending, shard) for shard, pending in backlog.items() if pending > 0)
     if sum(pending for pending, _ in waiting) <= max_events:
@@ -86,23 +86,6 @@ def cap_events(
     }
 
 
-def _overlaps(state: LogState, shard: int, first: int, last: int) -> Iterator[tuple[int, int, int]]:
-    """For each live entry of ``shard`` overlapping ``[first, last]``: the overlap's first
-    and last sequence and the most events it can hold (fewer than its sequences when
-    the entry has holes)."""
-    if first > last:
-        return
-    for segment in state.covering(shard, first, last):
-        low, high = max(first, segment.first_sequence), min(last, segment.last_sequence)
-        yield low, high, min(high - low + 1, segment.events)
-
-
-def backlog_events(state: LogState, shard: int, first: int, last: int) -> int:
-    """At most how many events sequences ``[first, last]`` of ``shard`` hold (exact
-    without holes; a holed entry counts at most its rows)."""
-    return sum(events for _, _, events in _overlaps(state, shard, first, last))
-
-
 def advance(
     state: LogState,
     shard: int,
@@ -117,11 +100,10 @@ def advance(
     entry, the sequence of its ``events``-th row given its rows' ``sequences`` (read
     from its file), else as many sequences as events remain (slower, never more)."""
     position = after
-    for low, high, held in _overlaps(state, shard, after + 1, last):
+    for segment, low, high, held in state.overlaps(shard, after + 1, last):
         if held > events:
             if sequences is None:
                 return low - 1 + events
-            segment = next(s for s in state.covering(shard, low, low))
             found = sequences(segment)
             index = int(np.searchsorted(found, low, side="left")) + events - 1
             return int(found[index]) if events else low - 1
@@ -141,13 +123,9 @@ def events_for_bytes(state: LogState, start: Offsets, target: Offsets, max_bytes
     total_bytes = 0.0
     total_events = 0
     for shard, end in target.items():
-        first = start.get(shard, 0) + 1
-        if first > end:
-            continue
-        for segment in state.covering(shard, first, end):
-            overlap = min(end, segment.last_sequence) - max(first, segment.first_sequence) + 1
-            total_bytes += segment.bytes * overlap / segment.sequences
-            total_events += min(overlap, segment.events)  # a holed entry holds fewer
+        for segment, low, high, held in state.overlaps(shard, start.get(shard, 0) + 1, end):
+            total_bytes += segment.bytes * (high - low + 1) / segment.sequences
+            total_events += held  # a holed entry holds fewer events than sequences
     if total_events == 0 or total_bytes <= max_bytes:
         return max(total_events, 1)
     return max(int(max_bytes / (total_bytes / total_events)), 1)

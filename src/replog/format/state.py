@@ -13,7 +13,7 @@ from __future__ import annotations
 import bisect
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
@@ -412,6 +412,24 @@ class LogState:
                 f"table or changes file is damaged; run 'replog verify'",
             )
         return result
+
+    def overlaps(
+        self, shard: int, first: int, last: int
+    ) -> Iterator[tuple[SegmentInfo, int, int, int]]:
+        """For each live entry of ``shard`` overlapping ``[first, last]``: the entry, the
+        overlap's first and last sequence, and the most events the overlap can hold
+        (fewer than its sequences when key compaction left holes in the entry)."""
+        if first > last:
+            return
+        for segment in self.covering(shard, first, last):
+            low, high = max(first, segment.first_sequence), min(last, segment.last_sequence)
+            yield segment, low, high, min(high - low + 1, segment.events)
+
+    def events_between(self, shard: int, first: int, last: int) -> int:
+        """At most how many events sequences ``[first, last]`` of ``shard`` hold: exact
+        without holes, a holed entry counting at most its rows. Every reader that measures
+        a backlog counts it here, so none counts a compacted range by its sequences."""
+        return sum(events for *_, events in self.overlaps(shard, first, last))
 
     def is_live(self, segment: SegmentInfo) -> bool:
         """Whether ``segment`` is a live entry (same file and rows) of this state."""

@@ -46,7 +46,6 @@ from replog.format.segments import (
     given,
     row_sequences,
     row_sizes,
-    timestamp_range_ms,
 )
 from replog.format.state import LogState
 from replog.log import ReplicationLog
@@ -65,31 +64,23 @@ ATTEMPTS = 5
 # -- pure: which rows stay ----------------------------------------------------------------
 
 
-def kept_rows(rows: pa.Table, *, drop_deletes_before_ms: int | None) -> np.ndarray:
+def kept_rows(rows: pa.Table, *, drop_deletes_before_ms: int | None) -> tuple[np.ndarray, int]:
     """Indices (ascending) of the rows of one shard's range to keep: the last row of each
     ``(collection, key)`` (rows are in sequence order), unless it is a delete whose event
-    time is before ``drop_deletes_before_ms`` (None: keep every delete)."""
+    time is before ``drop_deletes_before_ms`` (None: keep every delete); and how many
+    such deletes were dropped."""
     import pyarrow.compute as pc  # noqa: PLC0415 (as segments.py: not on the planning path)
 
-    if rows.num_rows == 0:
-        return np.zeros(0, dtype=np.int64)
-    indexed = pa.table(
-        {
-            "collection": rows.column("collection"),
-            "key": rows.column("key"),
-            "index": pa.array(np.arange(rows.num_rows, dtype=np.int64)),
-        }
-    )
-    newest = indexed.group_by(["collection", "key"], use_threads=False).aggregate(
-        [("index", "max")]
-    )
-    keep = np.sort(newest.column("index_max").to_numpy())
-    if drop_deletes_before_ms is not None and len(keep):
-        chosen = rows.take(pa.array(keep))
-        deleted = pc.equal(chosen.column("operation"), "delete").to_numpy(zero_copy_only=False)
-        stamps = chosen.column("timestamp").cast(pa.int64()).to_numpy() // 1000
-        keep = keep[~(deleted & (stamps < drop_deletes_before_ms))]
-    return keep
+    from replog.tables.changes import EVENT_KEY, last_per_key  # noqa: PLC0415 (imports pc)
+
+    newest = last_per_key(rows, EVENT_KEY)
+    if drop_deletes_before_ms is None or not len(newest):
+        return newest, 0
+    chosen = rows.take(pa.array(newest))
+    deleted = pc.equal(chosen.column("operation"), "delete").to_numpy(zero_copy_only=False)
+    stamps = chosen.column("timestamp").cast(pa.int64()).to_numpy() // 1000
+    old = deleted & (stamps < drop_deletes_before_ms)
+    return newest[~old], int(old.sum())
 
 
 def placed(
@@ -215,17 +206,16 @@ def _plan_shard(
     if not entries:
         return None
     rows, sequences = _shard_rows(log, entries, state.lows[shard], cache)
-    keep = kept_rows(rows, drop_deletes_before_ms=drop_deletes_before_ms)
+    keep, deletes_dropped = kept_rows(rows, drop_deletes_before_ms=drop_deletes_before_ms)
     if len(keep) == rows.num_rows:
         return None  # nothing superseded: rewriting would only add holes' bookkeeping
-    newest = kept_rows(rows, drop_deletes_before_ms=None)
     kept = rows.take(pa.array(keep)).append_column(
         HOLED_SCHEMA.field(SEQUENCE_COLUMN), pa.array(sequences[keep], type=pa.int64())
     )
     first, last = entries[0].first_sequence, entries[-1].last_sequence
     pieces = cuts(row_sizes(kept), MAX_SEGMENT_EVENTS, MAX_SEGMENT_BYTES) if len(keep) else []
     summary = ShardCompaction(
-        shard, first, last, rows.num_rows, len(keep), deletes_dropped=len(newest) - len(keep)
+        shard, first, last, rows.num_rows, len(keep), deletes_dropped=deletes_dropped
     )
     ranges = placed(first, last, sequences[keep], pieces)
     return entries, kept, list(zip(pieces or [(0, 0)], ranges, strict=True)), summary
@@ -235,27 +225,53 @@ def _write_shard(
     log: ReplicationLog, shard: int, kept: pa.Table, plan: FilePieces
 ) -> list[SegmentInfo]:
     """Write one shard's kept rows (one file per piece) and place each as a holed entry."""
-    plans = []
-    for (start, stop), _ in plan:
-        piece = kept.slice(start, stop - start)
-        stamps = timestamp_range_ms(piece)
-        plans.append(([Part(shard, 0, stop - start, stamps)], functools.partial(given, piece)))
+    plans = [
+        ([Part(shard, 0, stop - start)], functools.partial(given, kept.slice(start, stop - start)))
+        for (start, stop), _ in plan
+    ]  # each file's event times are found as it is written, in parallel
     staged = files.write_files(log.storage, plans)
-    return [
-        SegmentInfo(
-            path=s.path,
-            shard=shard,
-            first_sequence=low,
-            last_sequence=high,
-            bytes=s.bytes,
-            sha256=s.sha256,
-            min_timestamp_ms=s.min_timestamp_ms,
-            max_timestamp_ms=s.max_timestamp_ms,
-            offset=s.offset,
-            rows=s.events,
-        )
+    return [  # a holed entry: its rows cover the range [low, high], holes included
+        s.at(low)._replace(last_sequence=high, rows=s.events)
         for s, (_, (low, high)) in zip(staged, plan, strict=True)
     ]
+
+
+def _rewrite(
+    log: ReplicationLog,
+    state: LogState,
+    points: Mapping[int, int],
+    *,
+    drop_deletes_before_ms: int | None,
+    dry_run: bool,
+) -> tuple[list[ShardCompaction], list[SegmentInfo], list[SegmentInfo]]:
+    """Plan every shard and (unless ``dry_run``) write its kept rows: the summaries, the
+    entries to remove and the entries written. If anything fails, planning a later shard
+    included, the files written are deleted (no commit names them yet)."""
+    cache = DecodedFiles()
+    summaries: list[ShardCompaction] = []
+    removed: list[SegmentInfo] = []
+    added: list[SegmentInfo] = []
+    try:
+        for shard in range(log.shards):
+            planned = _plan_shard(
+                log,
+                state,
+                shard,
+                cleaner=points[shard],
+                drop_deletes_before_ms=drop_deletes_before_ms,
+                cache=cache,
+            )
+            if planned is None:
+                continue
+            entries, kept, plan, summary = planned
+            summaries.append(summary)
+            removed.extend(entries)
+            if not dry_run:
+                added.extend(_write_shard(log, shard, kept, plan))
+    except BaseException:
+        staging.discard(log.storage, added)
+        raise
+    return summaries, removed, added
 
 
 def compact_by_key(
@@ -280,31 +296,10 @@ def compact_by_key(
             committed = consumers.all_committed(log)
             points = cleaner_points(state, committed)
             cutoff = None if keep_deletes_for_ms is None else now_ms() - keep_deletes_for_ms
-            cache = DecodedFiles()
-            added: list[SegmentInfo] = []
-            removed: list[SegmentInfo] = []
-            summaries: list[ShardCompaction] = []
             try:
-                for shard in range(log.shards):
-                    planned = _plan_shard(
-                        log,
-                        state,
-                        shard,
-                        cleaner=points[shard],
-                        drop_deletes_before_ms=cutoff,
-                        cache=cache,
-                    )
-                    if planned is None:
-                        continue
-                    entries, kept, plan, summary = planned
-                    summaries.append(summary)
-                    removed.extend(entries)
-                    if not dry_run:
-                        try:
-                            added.extend(_write_shard(log, shard, kept, plan))
-                        except BaseException:
-                            staging.discard(log.storage, added)  # no commit names them
-                            raise
+                summaries, removed, added = _rewrite(
+                    log, state, points, drop_deletes_before_ms=cutoff, dry_run=dry_run
+                )
                 result = KeyCompactionResult(points, tuple(summaries), None, tuple(committed))
                 if dry_run or not summaries:
                     return result

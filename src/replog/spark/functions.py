@@ -32,7 +32,7 @@ from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
 from replog.spark.typed import typed
 from replog.tables import changes as rows
-from replog.tables.delta import apply_batch
+from replog.tables.delta import already_applied, apply_batch
 
 __all__ = ["apply_changes", "from_debezium", "parse_payload", "to_debezium", "typed"]
 
@@ -280,8 +280,9 @@ def apply_changes(
     The row is ``data`` (typed by ``schema``, or a struct already); ``keys`` are its key
     columns. ``mode="scd1"`` keeps the latest row per key (deletes remove it); ``"scd2"``
     keeps every version (``__valid_from``, ``__valid_to``, ``__current``). Each micro-batch
-    is one Delta commit carrying ``(app_id, batch_id)``: a replayed batch is skipped. Give
-    a new checkpoint a new ``app_id``. ``collection`` keeps that collection's events only.
+    is one Delta commit carrying ``(app_id, batch_id)``: a replayed batch is skipped
+    before any of it is computed or collected. Give a new checkpoint a new ``app_id``.
+    ``collection`` keeps that collection's events only.
     The micro-batch is reduced in Spark (latest per key for scd1) and then collected to
     the driver: its memory is bounded by the source's ``maxEventsPerTrigger``.
     ``storage_options`` are delta-rs's (``AWS_ENDPOINT_URL``, ...).
@@ -296,6 +297,8 @@ def apply_changes(
         rows.check_columns(schema.names, wanted)
 
     def apply(batch: DataFrame, batch_id: int) -> None:
+        if already_applied(target, app_id, batch_id, storage_options):
+            return  # a replay: no Spark job, nothing collected (apply_batch checks again)
         if collection is not None:
             batch = batch.where(F.col("collection") == F.lit(collection))
         frame = _changes(batch, wanted, schema)

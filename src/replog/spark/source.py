@@ -45,6 +45,7 @@ from replog import offsets as positions
 from replog import planning
 from replog.checkpoints import consumers
 from replog.core.files import read_segments
+from replog.format.state import LogState
 from replog.log import ReplicationLog
 from replog.offsets import Offsets
 from replog.planning import ReadTask
@@ -227,7 +228,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         max_events = self._max_events(state, first, target, limit)
         if max_events is not None:
             target = planning.cap_events(first, target, max_events, state, self.log.row_sequences)
-        if self._wait_for_more(first, target, limit):
+        if self._wait_for_more(state, first, target, limit):
             target = {shard: first.get(shard, 0) for shard in target}
         end = self._offset(target, state.version, consumer)
         new_data = target != {shard: first.get(shard, 0) for shard in target}
@@ -242,7 +243,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return end.to_json()
 
     def _max_events(
-        self, state: Any, first: Offsets, target: Offsets, limit: ReadLimit
+        self, state: LogState, first: Offsets, target: Offsets, limit: ReadLimit
     ) -> int | None:
         if isinstance(limit, ReadAllAvailable):
             return None
@@ -259,15 +260,20 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             max_events = by_bytes if max_events is None else min(max_events, by_bytes)
         return max_events
 
-    def _wait_for_more(self, first: Offsets, target: Offsets, limit: ReadLimit) -> bool:
+    def _wait_for_more(
+        self, state: LogState, first: Offsets, target: Offsets, limit: ReadLimit
+    ) -> bool:
         """minEventsPerTrigger: hold the batch back until enough events wait, or until
-        maxTriggerDelay has passed since the last batch (never under AvailableNow)."""
+        maxTriggerDelay has passed since the last batch (never under AvailableNow). The
+        backlog counts events, not sequences: a key-compacted range holds fewer."""
         minimum = self.options.min_events_per_trigger
         if minimum is None or self._available_now_target is not None:
             return False
         if isinstance(limit, ReadAllAvailable):
             return False
-        backlog = sum(target[shard] - first.get(shard, 0) for shard in target)
+        backlog = sum(
+            state.events_between(shard, first.get(shard, 0) + 1, target[shard]) for shard in target
+        )
         waited = now_ms() - self._last_trigger_ms
         return 0 < backlog < minimum and waited < self.options.max_trigger_delay_ms
 

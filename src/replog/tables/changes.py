@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -90,9 +91,16 @@ def check_changes(changes: pa.Table, keys: Sequence[str]) -> None:
             )
 
 
-def in_log_order(changes: pa.Table) -> pa.Table:
-    """The changes sorted by position (stable, so equal positions keep their order)."""
-    return changes.sort_by([(SHARD, "ascending"), (SEQUENCE, "ascending")])
+def last_per_key(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
+    """Indices (ascending) of the last row of each key among ``table``'s rows, in the
+    order they come in (a null key value is a key like any other)."""
+    if table.num_rows == 0:
+        return np.zeros(0, dtype=np.int64)
+    indexed = table.select(list(keys)).append_column(
+        _ROW_INDEX, pa.array(np.arange(table.num_rows, dtype=np.int64))
+    )
+    last = indexed.group_by(list(keys), use_threads=False).aggregate([(_ROW_INDEX, "max")])
+    return np.sort(last.column(f"{_ROW_INDEX}_max").to_numpy())
 
 
 def latest_per_key(
@@ -102,10 +110,7 @@ def latest_per_key(
     if changes.num_rows == 0:
         return changes
     ordered = changes.sort_by([(column, "ascending") for column in position])
-    indexed = ordered.append_column(_ROW_INDEX, pa.array(range(ordered.num_rows), pa.int64()))
-    last = indexed.group_by(list(keys)).aggregate([(_ROW_INDEX, "max")])
-    chosen = last.column(f"{_ROW_INDEX}_max")
-    return ordered.take(pc.take(chosen, pc.sort_indices(chosen)))  # in log order
+    return ordered.take(last_per_key(ordered, keys))  # in log order
 
 
 def newer_sql(source: str = "s", target: str = "t") -> str:
@@ -183,7 +188,7 @@ def scd2_rows(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     return pa.concat_tables([closes, versions]).drop_columns([OPERATION, TIMESTAMP])
 
 
-def _compatible(name: str, source: pa.DataType, target: pa.DataType) -> bool:
+def _compatible(source: pa.DataType, target: pa.DataType) -> bool:
     """Whether values of ``source`` may be written to a column of ``target`` (a cast that
     loses nothing is still checked value by value)."""
     families = (
@@ -206,10 +211,11 @@ def _compatible(name: str, source: pa.DataType, target: pa.DataType) -> bool:
     return False
 
 
-def align(source: pa.Table, target: pa.Schema) -> tuple[pa.Table, list[str]]:
+def align(source: pa.Table, target: pa.Schema) -> pa.Table:
     """``source`` with the target's columns it lacks (as nulls: a change's row is the whole
-    row) and its columns cast to the target's types; also the columns the target lacks
-    (schema evolution adds them). An incompatible type is an error naming the column."""
+    row) and its columns cast to the target's types; columns the target lacks stay (the
+    merge's schema evolution adds them). An incompatible type is an error naming the
+    column."""
     columns = dict(zip(source.column_names, source.columns, strict=True))
     for field in target:
         if field.name not in columns:
@@ -218,7 +224,7 @@ def align(source: pa.Table, target: pa.Schema) -> tuple[pa.Table, list[str]]:
         have = columns[field.name].type
         if have == field.type:
             continue
-        if not _compatible(field.name, have, field.type):
+        if not _compatible(have, field.type):
             raise SchemaChangeError(
                 field.name,
                 f"the changes hold {have} but the table's column is {field.type}; an "
@@ -230,8 +236,7 @@ def align(source: pa.Table, target: pa.Schema) -> tuple[pa.Table, list[str]]:
             raise SchemaChangeError(
                 field.name, f"a value does not fit the table's type {field.type}: {exc}"
             ) from exc
-    added = [name for name in source.column_names if name not in target.names]
-    return pa.table(columns), added
+    return pa.table(columns)
 
 
 def quoted(name: str) -> str:

@@ -15,9 +15,9 @@ replaced checkpoint) cannot roll a row back.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -64,12 +64,32 @@ def _deltalake() -> Any:
 
 
 def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
-    """The Delta table at ``target``, or None when there is none yet."""
+    """The Delta table at ``target``, or None when there is none yet (its log read once)."""
     deltalake = _deltalake()
-    if not deltalake.DeltaTable.is_deltatable(target, storage_options=storage_options):
+    try:
+        table: DeltaTable = deltalake.DeltaTable(target, storage_options=storage_options)
+    except deltalake.exceptions.TableNotFoundError:
         return None
-    table: DeltaTable = deltalake.DeltaTable(target, storage_options=storage_options)
     return table
+
+
+def _replayed(table: DeltaTable | None, app_id: str, batch_id: int) -> bool:
+    """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped)."""
+    done = None if table is None else table.transaction_version(app_id)
+    if done is None or batch_id > done:
+        return False
+    logger.info(
+        "apply_changes %s: batch %d already committed (%d), skipped", app_id, batch_id, done
+    )
+    return True
+
+
+def already_applied(
+    target: str, app_id: str, batch_id: int, storage_options: dict[str, str] | None = None
+) -> bool:
+    """Whether ``app_id``'s batch ``batch_id`` is committed to the table at ``target``: a
+    caller can skip a replayed batch before it computes the batch's changes."""
+    return _replayed(open_table(target, storage_options), app_id, batch_id)
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:
@@ -109,39 +129,31 @@ def apply_batch(
         raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
     rows.check_changes(changes, keys)
     table = open_table(target, storage_options)
-    if table is not None:
-        done = table.transaction_version(app_id)
-        if done is not None and batch_id <= done:
-            logger.info(
-                "apply_changes %s: batch %d already committed (%d), skipped", app_id, batch_id, done
-            )
-            return Applied(batch_id, True, changes.num_rows, None, {})
+    if _replayed(table, app_id, batch_id):
+        return Applied(batch_id, True, changes.num_rows, None, {})
     if changes.num_rows == 0:
         return Applied(batch_id, False, 0, None, {})
-    if mode == "scd1":
-        metrics = _scd1(
-            target,
-            table,
-            changes,
-            keys,
-            commit=_commit(app_id, batch_id),
-            storage_options=storage_options,
-        )
+    plan = _MODES[mode]
+    source = plan.source(table, changes, keys)
+    commit = _commit(app_id, batch_id)
+    if source.num_rows == 0:  # scd2: every change at or before its key's row
+        metrics: dict[str, Any] = {}
+    elif table is None:
+        initial = source.filter(plan.initial).drop_columns([plan.marker])
+        metrics = _create(target, initial, commit, storage_options)
     else:
-        metrics = _scd2(
-            target,
-            table,
-            changes,
-            keys,
-            commit=_commit(app_id, batch_id),
-            storage_options=storage_options,
-        )
-    version = open_table(target, storage_options)
-    assert version is not None
-    logger.info(
-        "apply_changes %s: batch %d -> table version %d", app_id, batch_id, version.version()
-    )
-    return Applied(batch_id, False, changes.num_rows, version.version(), metrics)
+        source = rows.align(source, table_schema(table))
+        values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
+        on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+        predicate, clauses = plan.rules(on, values)
+        metrics = _merge(table, source, predicate, clauses, commit)
+    if table is None:  # created by this batch
+        table = open_table(target, storage_options)
+        assert table is not None
+    # else the merge's handle: delta-rs moves it to the version its commit made
+    version: int = table.version()
+    logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
+    return Applied(batch_id, False, changes.num_rows, version, metrics)
 
 
 def _create(
@@ -158,40 +170,53 @@ def _create(
     return {"num_target_rows_inserted": data.num_rows}
 
 
-def _scd1(
-    target: str,
-    table: DeltaTable | None,
-    changes: pa.Table,
-    keys: Sequence[str],
-    *,
-    commit: Any,
-    storage_options: dict[str, str] | None,
+class Clause(NamedTuple):
+    """One clause of a merge: ``delete`` or ``update`` a matched row, or ``insert`` a
+    source row no row matched; when ``condition`` holds (None: always), setting
+    ``values`` (column -> SQL expression)."""
+
+    when: Literal["delete", "update", "insert"]
+    condition: str | None
+    values: Mapping[str, str]
+
+
+def _merge(
+    table: DeltaTable, source: pa.Table, predicate: str, clauses: Sequence[Clause], commit: Any
 ) -> dict[str, Any]:
-    latest = rows.latest_per_key(changes, keys).drop_columns([TIMESTAMP])
-    if table is None:
-        upserts = latest.filter(pc.not_equal(latest.column(OPERATION), DELETE))
-        return _create(target, upserts.drop_columns([OPERATION]), commit, storage_options)
-    source, _added = rows.align(latest, table_schema(table))
-    columns = [c for c in source.column_names if c != OPERATION]
-    values = {quoted(c): f"s.{quoted(c)}" for c in columns}
-    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+    """Merge ``source`` (alias ``s``) into ``table`` (alias ``t``) in one commit."""
+    merger = table.merge(
+        source,
+        predicate,
+        source_alias="s",
+        target_alias="t",
+        merge_schema=True,
+        commit_properties=commit,
+    )
+    for clause in clauses:
+        if clause.when == "delete":
+            merger = merger.when_matched_delete(clause.condition)
+        elif clause.when == "update":
+            merger = merger.when_matched_update(dict(clause.values), clause.condition)
+        else:
+            merger = merger.when_not_matched_insert(dict(clause.values), clause.condition)
+    metrics: dict[str, Any] = merger.execute()
+    return metrics
+
+
+def _scd1_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """The latest change per key (its operation says whether it deletes the row)."""
+    return rows.latest_per_key(changes, keys).drop_columns([TIMESTAMP])
+
+
+def _scd1_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
+    """A key's latest change replaces or deletes its row, if newer than the row."""
     newer = rows.newer_sql()
     is_delete = f"s.{OPERATION} = '{DELETE}'"
-    metrics: dict[str, Any] = (
-        table.merge(
-            source,
-            on,
-            source_alias="s",
-            target_alias="t",
-            merge_schema=True,
-            commit_properties=commit,
-        )
-        .when_matched_delete(f"{is_delete} AND {newer}")
-        .when_matched_update(values, f"NOT ({is_delete}) AND {newer}")
-        .when_not_matched_insert(values, f"NOT ({is_delete})")
-        .execute()
-    )
-    return metrics
+    return on, [
+        Clause("delete", f"{is_delete} AND {newer}", {}),
+        Clause("update", f"NOT ({is_delete}) AND {newer}", values),
+        Clause("insert", f"NOT ({is_delete})", values),
+    ]
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -209,39 +234,36 @@ def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.
     )
 
 
-def _scd2(
-    target: str,
-    table: DeltaTable | None,
-    changes: pa.Table,
-    keys: Sequence[str],
-    *,
-    commit: Any,
-    storage_options: dict[str, str] | None,
-) -> dict[str, Any]:
+def _scd2_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """History rows (:func:`replog.tables.changes.scd2_rows`) of the changes newer than
+    their key's rows in the table: a merge inserts without seeing the table's rows, so
+    the position guard is applied here."""
     if table is not None:
         changes = rows.after_positions(changes, _positions(table, changes, keys), keys)
-    source = rows.scd2_rows(changes, keys)
-    if source.num_rows == 0:
-        return {}
-    if table is None:
-        versions = source.filter(pc.equal(source.column(ACTION), "insert"))
-        return _create(target, versions.drop_columns([ACTION]), commit, storage_options)
-    source, _added = rows.align(source, table_schema(table))
-    columns = [c for c in source.column_names if c != ACTION]
-    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
-    metrics: dict[str, Any] = (
-        table.merge(
-            source,
-            f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'",
-            source_alias="s",
-            target_alias="t",
-            merge_schema=True,
-            commit_properties=commit,
-        )
-        .when_matched_update({VALID_TO: f"s.{VALID_TO}", CURRENT: "false"})
-        .when_not_matched_insert(
-            {quoted(c): f"s.{quoted(c)}" for c in columns}, f"s.{ACTION} = 'insert'"
-        )
-        .execute()
-    )
-    return metrics
+    return rows.scd2_rows(changes, keys)
+
+
+def _scd2_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
+    """A ``close`` row ends its key's current version; ``insert`` rows add versions."""
+    return f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'", [
+        Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false"}),
+        Clause("insert", f"s.{ACTION} = 'insert'", values),
+    ]
+
+
+@dataclass(frozen=True)
+class _Mode:
+    """How a mode applies a batch: its merge source rows, whose column ``marker`` (never
+    written) tells what each row does; the rows a new table starts with (``initial``);
+    the merge's predicate and clauses, given the key equality and the row's values."""
+
+    source: Callable[[DeltaTable | None, pa.Table, Sequence[str]], pa.Table]
+    marker: str
+    initial: pc.Expression
+    rules: Callable[[str, Mapping[str, str]], tuple[str, list[Clause]]]
+
+
+_MODES = {
+    "scd1": _Mode(_scd1_source, OPERATION, pc.field(OPERATION) != DELETE, _scd1_rules),
+    "scd2": _Mode(_scd2_source, ACTION, pc.field(ACTION) == "insert", _scd2_rules),
+}
