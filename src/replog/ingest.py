@@ -399,8 +399,7 @@ def append_lines(
     record = None
     if ingested.table.num_rows:
         for (collection, digest), schema in ingested.schemas.items():
-            registered = registry.register(log.storage, collection, schema)
-            assert registered == digest
+            registry.register(log.storage, collection, schema, digest)
         record = log.append(ingested.table, transaction=transaction)
     return AppendReport(
         log.url,

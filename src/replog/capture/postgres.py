@@ -696,7 +696,7 @@ class PostgresCapture:
         stored yet: before the commit, so a reader that sees an event finds its schema."""
         for digest, (collection, schema) in list(self.events.schemas.items()):
             if digest not in self._registered:
-                registry.register(self.log.storage, collection, schema)
+                registry.register(self.log.storage, collection, schema, digest)
                 self._registered.add(digest)
 
     # -- streaming -----------------------------------------------------------------------

@@ -100,18 +100,20 @@ class _RegistrationClock:
 _registration_time = _RegistrationClock()
 
 
-def register(storage: Storage, collection: str, schema: Mapping[str, Any]) -> str:
-    """Store ``schema`` for ``collection`` unless it is there; its digest."""
-    digest = connect.digest(schema)
+def register(
+    storage: Storage, collection: str, schema: Mapping[str, Any], digest: str | None = None
+) -> str:
+    """Store ``schema`` for ``collection`` unless it is there; its digest (``digest``: the
+    caller's, already computed from ``schema``)."""
+    if digest is None:
+        digest = connect.digest(schema)
     path = schema_path(collection, digest)
-    if storage.exists(path):
-        return digest
     version = SchemaVersion(collection, digest, _registration_time(), schema)
     try:
         storage.put_if_absent(path, version.to_bytes())
         logger.info("%s: registered schema %s of %s", storage, digest, collection)
     except FileExistsError:
-        pass  # another writer registered it meanwhile (same schema, its own time)
+        pass  # registered before (by this writer or another: same schema, its own time)
     return digest
 
 
