@@ -13,10 +13,11 @@ from support.capture import captured
 from support.cli import replog
 
 from replog.capture.options import CaptureOptions
-from replog.capture.postgres import UNAVAILABLE, app_id, capture
+from replog.capture.postgres import UNAVAILABLE, PostgresCapture, app_id, capture
 from replog.errors import InjectedFaultError, SourceConfigError, SourceConnectionError
 from replog.format.commits import TXN_QUERY
 from replog.log import ReplicationLog
+from replog.schemas import registry
 
 KINDS = """
 CREATE TABLE public.kinds (
@@ -82,6 +83,48 @@ def test_every_type_is_captured_exactly(pg_dsn: str, tmp_path: Path) -> None:
     assert source["schema"] == "public" and source["table"] == "kinds"
     assert source["snapshot"] == "false" and isinstance(source["txId"], int)
     assert events[0]["metadata"]["source"]["snapshot"] == "true"
+
+
+def test_domain_columns_are_read_as_their_base_types(pg_dsn: str, tmp_path: Path) -> None:
+    """A domain over a domain, and a domain column added after the capture read the catalog,
+    are read as their base type (numbers), as their schema says."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE DOMAIN positive AS int CHECK (VALUE > 0)",
+        "CREATE DOMAIN small_positive AS positive CHECK (VALUE < 1000)",
+        "CREATE DOMAIN price AS numeric(10, 2)",
+        "CREATE DOMAIN sale_price AS price",
+        "CREATE TABLE d (id int PRIMARY KEY, n small_positive, p sale_price)",
+        "INSERT INTO d VALUES (1, 7, 1.5)",
+    )
+    run(pg_dsn, url, tables=("d",))  # the snapshot
+    sql(pg_dsn, "INSERT INTO d VALUES (2, 8, 2.5)")
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("d",))
+    with PostgresCapture(options, ReplicationLog.open(url)) as running:  # the catalog is read
+        sql(
+            pg_dsn,
+            "CREATE DOMAIN weight AS numeric(6, 3)",
+            "ALTER TABLE d ADD COLUMN w weight",
+            "INSERT INTO d VALUES (3, 9, 3.5, 0.125)",
+        )
+        running.run()
+    events = captured(ReplicationLog.open(url))
+    assert [e["data"] for e in events] == [
+        '{"id":1,"n":7,"p":1.50}',
+        '{"id":2,"n":8,"p":2.50}',
+        '{"id":3,"n":9,"p":3.50,"w":0.125}',
+    ]
+    versions = registry.versions(ReplicationLog.open(url).storage, "public.d")
+    types = {c.name: str(c.type) for v in versions for c in v.columns()}
+    assert types == {
+        "id": "int32",
+        "n": "int32",
+        "p": "decimal128(10, 2)",
+        "w": "decimal128(6, 3)",
+    }
+    named = {e["metadata"]["schema"] for e in events}
+    assert named == {v.digest for v in versions}
 
 
 def test_before_images_and_unchanged_toast(pg_dsn: str, tmp_path: Path) -> None:

@@ -132,7 +132,6 @@ class PostgresSource:
         row = self.connection.execute("SELECT current_database()").fetchone()
         assert row is not None
         self.database: str = row[0]
-        self.base_types: dict[int, int] = {}
         self.tables: dict[str, Table] = {}
         self._types: dict[int, PgType] = {}
 
@@ -197,10 +196,8 @@ class PostgresSource:
                 f"table {qualified!r} does not exist in database {self.database!r}"
             )
         columns = self.connection.execute(
-            "SELECT a.attname, a.atttypid,"
-            " CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END, a.atttypmod"
-            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-            " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            "SELECT attname, atttypid, atttypmod FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
             (oid,),
         ).fetchall()
         primary = [
@@ -214,7 +211,7 @@ class PostgresSource:
             ).fetchall()
         ]
         key = tuple(self.options.keys.get(qualified, ())) or tuple(primary)
-        names = {column for column, _, _, _ in columns}
+        names = {column for column, _, _ in columns}
         if not key:
             raise SourceConfigError(
                 f"table {qualified!r} has no primary key: give its key columns "
@@ -229,14 +226,12 @@ class PostgresSource:
                 f"table {qualified!r} has no primary key, so its deletes would carry no key: "
                 f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
             )
-        for _, type_oid, base_oid, _ in columns:
-            self.base_types[type_oid] = base_oid
         return Table(
             schema,
             table,
-            tuple((c, t) for c, t, _, _ in columns),
+            tuple((c, t) for c, t, _ in columns),
             key,
-            tuple(m for _, _, _, m in columns),
+            tuple(m for _, _, m in columns),
         )
 
     def pg_type(self, type_oid: int) -> PgType:
@@ -430,7 +425,6 @@ class _Events:
             if isinstance(relation, Relation)
             else relation.columns
         )
-        base = self.source.base_types
         for index, (name, type_oid) in enumerate(columns):
             value = values[index] if index < len(values) else None
             if isinstance(value, Unchanged) and index < len(fallback):
@@ -439,7 +433,7 @@ class _Events:
                 image[name] = UNAVAILABLE
                 unavailable.append(name)
             else:
-                image[name] = self.reader.read(base.get(type_oid, type_oid), value)
+                image[name] = self.reader.read(self.source.pg_type(type_oid).base_oid, value)
         return image, unavailable
 
     def event(
