@@ -450,7 +450,7 @@ class _Events:
     ) -> dict[str, Any]:
         image = after if after is not None else before
         assert image is not None
-        key = jsontext.encode_exact({name: image.get(name) for name in table.key})
+        key = jsontext.encode({name: image.get(name) for name in table.key})
         metadata: dict[str, Any] = {
             "op": op,
             "ts_ms": now_ms(),
@@ -464,8 +464,8 @@ class _Events:
             "operation": _OPERATIONS[op],
             "collection": table.qualified,
             "key": key,
-            "data": RawJSON(jsontext.encode_exact(image)),
-            "before": RawJSON(jsontext.encode_exact(before)) if before is not None else None,
+            "data": RawJSON(jsontext.encode(image)),
+            "before": RawJSON(jsontext.encode(before)) if before is not None else None,
             "metadata": RawJSON(jsontext.encode(metadata)),
         }
 
@@ -490,7 +490,7 @@ class _Events:
     ) -> dict[str, Any]:
         after, _ = self._row(table, values)
         source = self._source(table, ts_ms, "true", None, position)
-        key = jsontext.encode_exact({name: after.get(name) for name in table.key})
+        key = jsontext.encode({name: after.get(name) for name in table.key})
         identity = f"{self.slot}:snapshot:{position}:{table.qualified}:{key}"
         return self.event(
             table,
