@@ -12,8 +12,8 @@ import pytest
 from support.capture import captured
 from support.cli import replog
 
-from replog.capture.options import CaptureOptions
-from replog.capture.postgres import UNAVAILABLE, PostgresCapture, app_id, capture
+from replog.capture.options import CaptureOptions, capture_app_id
+from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
 from replog.errors import InjectedFaultError, SourceConfigError, SourceConnectionError
 from replog.format.commits import TXN_QUERY
 from replog.log import ReplicationLog
@@ -239,7 +239,7 @@ def test_restart_after_a_commit_whose_slot_advance_was_lost(
     assert len(changes) == 35 * 3
     assert len({e["txid"] for e in changes}) == 35
     log = ReplicationLog.open(url)
-    mark = log.refresh().sinks[app_id("cap")]
+    mark = log.refresh().sinks[capture_app_id("cap")]
     assert mark.epoch_of(TXN_QUERY) == max(e["end_lsn"] for e in changes)
 
 
@@ -331,7 +331,7 @@ def test_status_shows_the_capture_and_its_lag_behind_the_server(
     plain = json.loads(replog("status", url, "--json").stdout)
     assert plain["transactions"] == {}  # the capture's position is shown as a capture
     [capture] = plain["captures"]
-    assert capture["slot"] == "shop" and capture["app_id"] == app_id("shop")
+    assert capture["slot"] == "shop" and capture["app_id"] == capture_app_id("shop")
     assert capture["lsn"] == progress.to_json()["position"]
     assert capture["lag_bytes"] is None  # the server was not asked
 

@@ -140,6 +140,8 @@ def test_redelivered_events_are_skipped_and_counted(log: ReplicationLog) -> None
     assert first.transaction is not None and first.transaction.app_id == "debezium.dbserver1"
     mark = log.refresh().sinks["debezium.dbserver1"]
     assert mark.epoch_of(TXN_QUERY) == first.transaction.version  # in the same commit
+    assert log.transaction_version("debezium.dbserver1") == first.transaction.version
+    assert log.transaction_version("debezium.elsewhere") is None
     again = _append(log, POSTGRES)  # the connector restarted and sent it all again
     assert again.record is None and again.behind == 7 and again.events == 0
     later = (

@@ -54,6 +54,7 @@ from replog.capture.progress import CaptureProgress
 from replog.capture.schemas import PgType, table_schema
 from replog.capture.values import SESSION_SETTINGS, ValueReader
 from replog.crashpoints import crash_point
+from replog.debezium import OPERATIONS
 from replog.errors import (
     CaptureError,
     InvalidOptionError,
@@ -62,7 +63,7 @@ from replog.errors import (
     SourcePositionError,
 )
 from replog.format import jsontext
-from replog.format.commits import TXN_QUERY, Transaction
+from replog.format.commits import Transaction
 from replog.format.jsontext import RawJSON
 from replog.log import ReplicationLog
 from replog.schemas import connect as connect_schemas
@@ -75,12 +76,6 @@ UNAVAILABLE = "__debezium_unavailable_value"
 """Debezium's placeholder for an unchanged TOASTed value the server did not send."""
 EVENT_ID_NAMESPACE = uuid.UUID("0d8b6f3e-3c55-4b8e-9d2b-6a1f5e0c7b21")
 _VERSION = importlib.metadata.version("pyspark-replog")
-_OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
-
-
-def app_id(slot: str) -> str:
-    """The transaction app id under which the log records this slot's position."""
-    return capture_app_id(slot)
 
 
 @dataclass(frozen=True)
@@ -461,7 +456,7 @@ class _Events:
         return {
             "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
             "timestamp": source["ts_ms"],
-            "operation": _OPERATIONS[op],
+            "operation": OPERATIONS[op],
             "collection": table.qualified,
             "key": key,
             "data": RawJSON(jsontext.encode(image)),
@@ -562,7 +557,7 @@ class PostgresCapture:
         self.log = log
         self.stop = stop or threading.Event()
         self.on_progress = progress
-        self.app_id = app_id(options.slot)
+        self.app_id = capture_app_id(options.slot)
         self.progress = CaptureProgress()
         self.source = PostgresSource(options)
         try:
@@ -583,11 +578,6 @@ class PostgresCapture:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def logged_position(self) -> int | None:
-        """The slot position the log holds for this capture (None: it holds none)."""
-        mark = self.log.refresh(verify_within=0).sinks.get(self.app_id)
-        return mark.epoch_of(TXN_QUERY) if mark else None
 
     def run(self) -> CaptureProgress:
         """Snapshot if asked, then stream until caught up (or, following, until stopped)."""
@@ -614,7 +604,7 @@ class PostgresCapture:
     # -- starting: the slot and the log must agree --------------------------------------
 
     def _start(self) -> int:
-        logged = self.logged_position()
+        logged = self.log.transaction_version(self.app_id)  # the slot position it holds
         slot = self.source.slot()
         if logged is None:
             self.source.ensure_publication()
