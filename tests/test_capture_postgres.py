@@ -207,6 +207,10 @@ def test_each_transaction_lands_whole_in_one_commit(
     assert len(by_txn) == 40 and progress.transactions == 40
     assert all(len(versions) == 1 for versions in by_txn.values()), by_txn
     assert len(events) == 40 * 3
+    processed: dict[int, set[int]] = {}  # one processing time per batch (= per commit)
+    for event in events:
+        processed.setdefault(event["version"], set()).add(event["metadata"]["ts_ms"])
+    assert all(len(times) == 1 for times in processed.values()), processed
     if max_changes == 10_000:
         assert progress.commits == 1  # small transactions grouped
     else:
@@ -256,6 +260,7 @@ def test_snapshot_is_consistent_with_the_slot(pg_dsn: str, tmp_path: Path) -> No
     run(pg_dsn, url, tables=("t", "u"))
     events = captured(ReplicationLog.open(url))
     assert len([e for e in events if e["op"] == "r"]) == 500
+    assert len({e["metadata"]["ts_ms"] for e in events if e["op"] == "r"}) == 1
     assert [e["op"] for e in events if e["op"] != "r"] == ["u", "u", "u", "d"]
 
 

@@ -78,16 +78,19 @@ EVENT_ID_NAMESPACE = uuid.UUID("0d8b6f3e-3c55-4b8e-9d2b-6a1f5e0c7b21")
 _VERSION = importlib.metadata.version("pyspark-replog")
 
 
+Columns = tuple[tuple[str, int, int], ...]
+"""A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
+precision and scale; -1: none), as the catalog and pgoutput's Relation message give them."""
+
+
 @dataclass(frozen=True)
 class Table:
-    """A captured table: its columns' (base) type ids and the columns of its key."""
+    """A captured table as the catalog describes it: its columns and its key columns."""
 
     schema: str
     name: str
-    columns: tuple[tuple[str, int], ...]
+    columns: Columns
     key: tuple[str, ...]
-    modifiers: tuple[int, ...] = ()
-    """Each column's type modifier (``atttypmod``: a numeric's precision and scale)."""
 
     @property
     def qualified(self) -> str:
@@ -221,13 +224,7 @@ class PostgresSource:
                 f"table {qualified!r} has no primary key, so its deletes would carry no key: "
                 f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
             )
-        return Table(
-            schema,
-            table,
-            tuple((c, t) for c, t, _ in columns),
-            key,
-            tuple(m for _, _, m in columns),
-        )
+        return Table(schema, table, tuple((c, t, m) for c, t, m in columns), key)
 
     def pg_type(self, type_oid: int) -> PgType:
         """A type id's base type (domains resolved), the domain's modifier and an array's
@@ -376,6 +373,18 @@ def _quoted_list(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What the events of a table need of its columns, worked out once per description
+    (the catalog's, or each Relation message): not per row."""
+
+    reads: tuple[tuple[str, int], ...]
+    """Each column's name and the base type id its values are read by."""
+    identity: frozenset[str]
+    """The replica identity columns (what an old row sent as key only holds)."""
+    digest: str
+
+
 class _Events:
     """Change events in the shape ``replog append --format debezium`` produces."""
 
@@ -383,44 +392,53 @@ class _Events:
         self.reader = ValueReader()
         self.source = source
         self.slot = slot
-        self._digests: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+        self._digests: dict[tuple[str, Columns], str] = {}
+        self._shapes: dict[tuple[str, bool], tuple[Table | Relation, _Shape]] = {}
+        """(table, from a Relation) -> the description last seen, and its shape."""
         self.schemas: dict[str, tuple[str, dict[str, Any]]] = {}
         """digest -> (collection, Kafka Connect schema) of every schema an event named."""
 
-    def schema_digest(self, table: Table, relation: Relation | None = None) -> str:
-        """The digest of the table's schema as ``relation`` (else the catalog) describes
-        it; the schema is kept in :attr:`schemas` for registering before the commit."""
-        columns = (
-            tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
-            if relation is not None
-            else tuple(
-                (name, type_oid, table.modifiers[index] if index < len(table.modifiers) else -1)
-                for index, (name, type_oid) in enumerate(table.columns)
-            )
+    def shape(self, table: Table, relation: Relation | None = None) -> _Shape:
+        """The shape of ``table`` as ``relation`` (else the catalog) describes it. The
+        decoder makes a Relation per decoding session, so this is worked out once per table
+        per batch; the schema (and its digest) once per distinct set of columns."""
+        described: Table | Relation = table if relation is None else relation
+        cache_key = (table.qualified, relation is not None)
+        cached = self._shapes.get(cache_key)
+        if cached is not None and cached[0] is described:
+            return cached[1]
+        if relation is None:
+            columns, identity = table.columns, frozenset(table.key)
+        else:
+            columns = tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
+            identity = frozenset(c.name for c in relation.columns if c.in_identity)
+        reads = tuple(
+            (name, self.source.pg_type(type_oid).base_oid) for name, type_oid, _ in columns
         )
-        cache_key = (table.qualified, columns)
-        digest = self._digests.get(cache_key)
+        found = _Shape(reads, identity, self._digest(table, columns))
+        self._shapes[cache_key] = (described, found)
+        return found
+
+    def _digest(self, table: Table, columns: Columns) -> str:
+        """The digest of the table's schema with ``columns``; the schema is kept in
+        :attr:`schemas` for registering before the commit."""
+        digest = self._digests.get((table.qualified, columns))
         if digest is None:
             prefix = f"{self.slot}.{table.qualified}"
             schema = table_schema(prefix, columns, table.key, self.source.pg_type)
             digest = connect_schemas.digest(schema)
-            self._digests[cache_key] = digest
+            self._digests[(table.qualified, columns)] = digest
             self.schemas[digest] = (table.qualified, schema)
         return digest
 
     def _row(
-        self, relation: Relation | Table, values: Sequence[Value], fallback: Sequence[Value] = ()
+        self, shape: _Shape, values: Sequence[Value], fallback: Sequence[Value] = ()
     ) -> tuple[dict[str, Any], list[str]]:
         """A row image; unchanged TOASTed values come from ``fallback`` (an old image under
         REPLICA IDENTITY FULL) or become :data:`UNAVAILABLE` (listed)."""
         image: dict[str, Any] = {}
         unavailable: list[str] = []
-        columns = (
-            [(c.name, c.type_oid) for c in relation.columns]
-            if isinstance(relation, Relation)
-            else relation.columns
-        )
-        for index, (name, type_oid) in enumerate(columns):
+        for index, (name, base_oid) in enumerate(shape.reads):
             value = values[index] if index < len(values) else None
             if isinstance(value, Unchanged) and index < len(fallback):
                 value = fallback[index]
@@ -428,27 +446,32 @@ class _Events:
                 image[name] = UNAVAILABLE
                 unavailable.append(name)
             else:
-                image[name] = self.reader.read(self.source.pg_type(type_oid).base_oid, value)
+                image[name] = self.reader.read(base_oid, value)
         return image, unavailable
+
+    def _key(self, table: Table, image: Mapping[str, Any]) -> str:
+        return jsontext.encode({name: image.get(name) for name in table.key})
 
     def event(
         self,
         table: Table,
         *,
         op: str,
+        key: str,
         after: dict[str, Any] | None,
         before: dict[str, Any] | None,
         source: dict[str, Any],
         identity: str,
         schema: str,
+        ts_ms: int,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """One event; ``ts_ms`` is when capture processed it (one time per batch)."""
         image = after if after is not None else before
         assert image is not None
-        key = jsontext.encode({name: image.get(name) for name in table.key})
         metadata: dict[str, Any] = {
             "op": op,
-            "ts_ms": now_ms(),
+            "ts_ms": ts_ms,
             "source": source,
             **(extra or {}),
             "schema": schema,
@@ -483,36 +506,36 @@ class _Events:
     def snapshot_row(
         self, table: Table, values: Sequence[str | None], ts_ms: int, position: int
     ) -> dict[str, Any]:
-        after, _ = self._row(table, values)
-        source = self._source(table, ts_ms, "true", None, position)
-        key = jsontext.encode({name: after.get(name) for name in table.key})
-        identity = f"{self.slot}:snapshot:{position}:{table.qualified}:{key}"
+        shape = self.shape(table)
+        after, _ = self._row(shape, values)
+        key = self._key(table, after)
         return self.event(
             table,
             op="r",
+            key=key,
             after=after,
             before=None,
-            source=source,
-            identity=identity,
-            schema=self.schema_digest(table),
+            source=self._source(table, ts_ms, "true", None, position),
+            identity=f"{self.slot}:snapshot:{position}:{table.qualified}:{key}",
+            schema=shape.digest,
+            ts_ms=ts_ms,
         )
 
     def change(
-        self, table: Table, change: RowChange, txn: SourceTransaction, order: int
+        self, table: Table, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int
     ) -> dict[str, Any]:
-        relation = change.relation
+        """The event of one row change; ``ts_ms``: when its batch was processed."""
+        shape = self.shape(table, change.relation)
         before: dict[str, Any] | None = None
         if change.old is not None:
-            before, _ = self._row(relation, change.old)
+            before, _ = self._row(shape, change.old)
             if change.old_is_key_only:  # only the identity columns were sent
-                identities = {c.name for c in relation.columns if c.in_identity}
-                before = {k: v for k, v in before.items() if k in identities}
+                before = {k: v for k, v in before.items() if k in shape.identity}
         after = None
         unavailable: list[str] = []
         if change.new is not None:
             full_old = change.old if change.old is not None and not change.old_is_key_only else ()
-            after, unavailable = self._row(relation, change.new, full_old)
-        source = self._source(table, txn.commit_ms, "false", txn.xid, change.lsn)
+            after, unavailable = self._row(shape, change.new, full_old)
         extra: dict[str, Any] = {
             "transaction": {
                 "id": f"{txn.xid}:{txn.end_lsn}",
@@ -522,15 +545,18 @@ class _Events:
         }
         if unavailable:
             extra["unavailable"] = unavailable
-        identity = f"{self.slot}:{txn.end_lsn}:{order}"
+        image = after if after is not None else before
+        assert image is not None
         return self.event(
             table,
             op=change.op,
+            key=self._key(table, image),
             after=after,
             before=before,
-            source=source,
-            identity=identity,
-            schema=self.schema_digest(table, relation),
+            source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
+            identity=f"{self.slot}:{txn.end_lsn}:{order}",
+            schema=shape.digest,
+            ts_ms=ts_ms,
             extra=extra,
         )
 
@@ -649,7 +675,7 @@ class PostgresCapture:
             records: list[dict[str, Any]] = []
             for table in self.source.tables.values():
                 columns = sql.SQL(", ").join(
-                    sql.SQL("{}::text").format(sql.Identifier(name)) for name, _ in table.columns
+                    sql.SQL("{}::text").format(sql.Identifier(name)) for name, _, _ in table.columns
                 )
                 query = sql.SQL("SELECT {} FROM {}").format(
                     columns, sql.Identifier(table.schema, table.name)
@@ -699,8 +725,11 @@ class PostgresCapture:
         position = self.progress.position
         fresh = [txn for txn in transactions if txn.end_lsn > position]
         self.progress.skipped_transactions += len(transactions) - len(fresh)
+        processed_ms = now_ms()
         records = [
-            self.events.change(self.by_relation[change.relation.name], change, txn, order)
+            self.events.change(
+                self.by_relation[change.relation.name], change, txn, order, processed_ms
+            )
             for txn in fresh
             for order, change in enumerate(
                 (c for c in txn.changes if c.relation.name in self.by_relation), start=1
