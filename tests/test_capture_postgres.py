@@ -12,11 +12,12 @@ import pytest
 from support.capture import captured
 from support.cli import replog
 
-from replog.capture.options import CaptureOptions
-from replog.capture.postgres import UNAVAILABLE, app_id, capture
+from replog.capture.options import CaptureOptions, capture_app_id
+from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
 from replog.errors import InjectedFaultError, SourceConfigError, SourceConnectionError
 from replog.format.commits import TXN_QUERY
 from replog.log import ReplicationLog
+from replog.schemas import registry
 
 KINDS = """
 CREATE TABLE public.kinds (
@@ -82,6 +83,48 @@ def test_every_type_is_captured_exactly(pg_dsn: str, tmp_path: Path) -> None:
     assert source["schema"] == "public" and source["table"] == "kinds"
     assert source["snapshot"] == "false" and isinstance(source["txId"], int)
     assert events[0]["metadata"]["source"]["snapshot"] == "true"
+
+
+def test_domain_columns_are_read_as_their_base_types(pg_dsn: str, tmp_path: Path) -> None:
+    """A domain over a domain, and a domain column added after the capture read the catalog,
+    are read as their base type (numbers), as their schema says."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE DOMAIN positive AS int CHECK (VALUE > 0)",
+        "CREATE DOMAIN small_positive AS positive CHECK (VALUE < 1000)",
+        "CREATE DOMAIN price AS numeric(10, 2)",
+        "CREATE DOMAIN sale_price AS price",
+        "CREATE TABLE d (id int PRIMARY KEY, n small_positive, p sale_price)",
+        "INSERT INTO d VALUES (1, 7, 1.5)",
+    )
+    run(pg_dsn, url, tables=("d",))  # the snapshot
+    sql(pg_dsn, "INSERT INTO d VALUES (2, 8, 2.5)")
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("d",))
+    with PostgresCapture(options, ReplicationLog.open(url)) as running:  # the catalog is read
+        sql(
+            pg_dsn,
+            "CREATE DOMAIN weight AS numeric(6, 3)",
+            "ALTER TABLE d ADD COLUMN w weight",
+            "INSERT INTO d VALUES (3, 9, 3.5, 0.125)",
+        )
+        running.run()
+    events = captured(ReplicationLog.open(url))
+    assert [e["data"] for e in events] == [
+        '{"id":1,"n":7,"p":1.50}',
+        '{"id":2,"n":8,"p":2.50}',
+        '{"id":3,"n":9,"p":3.50,"w":0.125}',
+    ]
+    versions = registry.versions(ReplicationLog.open(url).storage, "public.d")
+    types = {c.name: str(c.type) for v in versions for c in v.columns()}
+    assert types == {
+        "id": "int32",
+        "n": "int32",
+        "p": "decimal128(10, 2)",
+        "w": "decimal128(6, 3)",
+    }
+    named = {e["metadata"]["schema"] for e in events}
+    assert named == {v.digest for v in versions}
 
 
 def test_before_images_and_unchanged_toast(pg_dsn: str, tmp_path: Path) -> None:
@@ -164,6 +207,10 @@ def test_each_transaction_lands_whole_in_one_commit(
     assert len(by_txn) == 40 and progress.transactions == 40
     assert all(len(versions) == 1 for versions in by_txn.values()), by_txn
     assert len(events) == 40 * 3
+    processed: dict[int, set[int]] = {}  # one processing time per batch (= per commit)
+    for event in events:
+        processed.setdefault(event["version"], set()).add(event["metadata"]["ts_ms"])
+    assert all(len(times) == 1 for times in processed.values()), processed
     if max_changes == 10_000:
         assert progress.commits == 1  # small transactions grouped
     else:
@@ -196,7 +243,7 @@ def test_restart_after_a_commit_whose_slot_advance_was_lost(
     assert len(changes) == 35 * 3
     assert len({e["txid"] for e in changes}) == 35
     log = ReplicationLog.open(url)
-    mark = log.refresh().sinks[app_id("cap")]
+    mark = log.refresh().sinks[capture_app_id("cap")]
     assert mark.epoch_of(TXN_QUERY) == max(e["end_lsn"] for e in changes)
 
 
@@ -213,6 +260,7 @@ def test_snapshot_is_consistent_with_the_slot(pg_dsn: str, tmp_path: Path) -> No
     run(pg_dsn, url, tables=("t", "u"))
     events = captured(ReplicationLog.open(url))
     assert len([e for e in events if e["op"] == "r"]) == 500
+    assert len({e["metadata"]["ts_ms"] for e in events if e["op"] == "r"}) == 1
     assert [e["op"] for e in events if e["op"] != "r"] == ["u", "u", "u", "d"]
 
 
@@ -288,7 +336,7 @@ def test_status_shows_the_capture_and_its_lag_behind_the_server(
     plain = json.loads(replog("status", url, "--json").stdout)
     assert plain["transactions"] == {}  # the capture's position is shown as a capture
     [capture] = plain["captures"]
-    assert capture["slot"] == "shop" and capture["app_id"] == app_id("shop")
+    assert capture["slot"] == "shop" and capture["app_id"] == capture_app_id("shop")
     assert capture["lsn"] == progress.to_json()["position"]
     assert capture["lag_bytes"] is None  # the server was not asked
 

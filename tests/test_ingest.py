@@ -1,12 +1,14 @@
 """JSON-lines ingestion (replog.ingest) and the Debezium mapping (replog.debezium)."""
 
 import json
+from decimal import Decimal
 
 import pytest
 
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
-from replog.format.jsontext import parse_object
+from replog.format.events import events_from_records
+from replog.format.jsontext import RawJSON, encode, parse_object
 from replog.ingest import append_lines, read_lines
 from replog.log import ReplicationLog
 
@@ -135,3 +137,19 @@ def test_append_lines_is_one_atomic_commit(memory_url: str) -> None:
     with pytest.raises(InvalidEventError, match="line 2"):
         append_lines(log, ['{"data":1}', "{oops"])
     assert log.refresh().version == 1  # the bad file wrote nothing
+
+
+def test_raw_json_is_spliced_in_at_any_depth() -> None:
+    """RawJSON is exact text wherever it is, never a string to quote (``[1.50]``, not
+    ``["1.50"]``), and the C encoder's output is kept for values without it."""
+    assert encode({"a": [RawJSON("1.50")]}) == '{"a":[1.50]}'
+    assert encode([{"n": RawJSON("1e400")}, (RawJSON("0.000"),)]) == '[{"n":1e400},[0.000]]'
+    assert encode({"a": {"b": {"c": RawJSON('{"d": 1.0}')}}}) == '{"a":{"b":{"c":{"d": 1.0}}}}'
+    assert encode({"a": RawJSON("2.50"), "s": "2.50"}) == '{"a":2.50,"s":"2.50"}'
+    assert encode(RawJSON("[1.0]")) == "[1.0]"
+    assert encode({"d": [Decimal("1.10")], "t": "zo\u00eb"}) == '{"d":[1.10],"t":"zo\u00eb"}'
+    assert encode({"f": [0.1, 1], "n": None}) == '{"f":[0.1,1],"n":null}'
+    with pytest.raises(ValueError, match="not a JSON number"):
+        encode({"a": [RawJSON("1"), Decimal("NaN")]})
+    row = events_from_records([{"key": "k", "data": {"amounts": [RawJSON("1.50")]}}])
+    assert row.column("data").to_pylist() == [b'{"amounts":[1.50]}']

@@ -29,6 +29,8 @@ from replog.schemas import connect, registry
 DATA = Path(__file__).parent / "data" / "debezium"
 POSTGRES = (DATA / "postgres_customers.jsonl").read_text().splitlines()
 MYSQL = (DATA / "mysql_orders.jsonl").read_text().splitlines()
+FLOATS = (DATA / "postgres_float_defaults.jsonl").read_text().splitlines()
+"""A PostgreSQL ``inventory.gauges`` table whose schema holds float defaults (``0.0``)."""
 
 
 def _append(log: ReplicationLog, lines: list[str]) -> ingest.AppendReport:
@@ -55,15 +57,43 @@ def test_schemas_are_registered_once_per_collection_and_named_by_events(
     assert len(versions) == 2  # the column added mid-stream made a second version
     first, second = versions
     assert [c.name for c in second.columns()] == [c.name for c in first.columns()] + ["email"]
-    for version in versions:  # content-addressed: the name is the digest of the schema
-        assert version.digest == connect.digest(version.schema)
-        path = registry.schema_path("inventory.customers", version.digest)
-        assert log.storage.exists(path)
     named = {json.loads(row["metadata"])["schema"] for row in _events(log)}
     assert named == {first.digest, second.digest}
     assert report.events == 6
     _append(log, MYSQL)
     assert len(registry.versions(log.storage)) == 2 + 2  # orders: the envelope and flat rows
+
+
+def test_a_schema_holding_floats_is_registered_under_the_digest_events_name(
+    log: ReplicationLog,
+) -> None:
+    """A schema is parsed once, for its digest and for the registry: ``"default": 0.0`` read
+    as a Decimal (the payloads' exact parsing) could not be written as the schema's JSON."""
+    report = _append(log, FLOATS)
+    assert report.events == 2 and report.record is not None
+    given = json.loads(FLOATS[0])["schema"]
+    [version] = registry.versions(log.storage, "inventory.gauges")
+    assert version.schema == given
+    defaults = [field.get("default") for field in version.schema["fields"][1]["fields"]]
+    assert defaults == [0, 0.0, 1.25] and isinstance(defaults[1], float)
+    assert version.digest == connect.digest(given)  # content-addressed by the schema given
+    assert log.storage.exists(registry.schema_path("inventory.gauges", version.digest))
+    named = {json.loads(row["metadata"])["schema"] for row in _events(log)}
+    assert named == {version.digest}
+    again = _append(log, FLOATS)  # registered already: nothing new, nothing appended
+    assert again.record is None and again.behind == 2
+    assert [v.digest for v in registry.versions(log.storage, "inventory.gauges")] == [
+        version.digest
+    ]
+
+
+def test_cli_appends_debezium_values_whose_schema_holds_floats(
+    log: ReplicationLog, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = str(DATA / "postgres_float_defaults.jsonl")
+    assert main(["append", log.url, path, "--format", "debezium", "--key-fields", "id"]) == 0
+    assert len(_events(log)) == 2
+    assert [len(v.columns()) for v in registry.versions(log.storage, "inventory.gauges")] == [3]
 
 
 def test_payloads_stay_exactly_as_given(log: ReplicationLog) -> None:
@@ -110,6 +140,8 @@ def test_redelivered_events_are_skipped_and_counted(log: ReplicationLog) -> None
     assert first.transaction is not None and first.transaction.app_id == "debezium.dbserver1"
     mark = log.refresh().sinks["debezium.dbserver1"]
     assert mark.epoch_of(TXN_QUERY) == first.transaction.version  # in the same commit
+    assert log.transaction_version("debezium.dbserver1") == first.transaction.version
+    assert log.transaction_version("debezium.elsewhere") is None
     again = _append(log, POSTGRES)  # the connector restarted and sent it all again
     assert again.record is None and again.behind == 7 and again.events == 0
     later = (

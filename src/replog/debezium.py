@@ -133,13 +133,19 @@ def key_of(row: dict[str, Member], key_fields: Sequence[str], where: str) -> str
     return "{" + ",".join(f"{json.dumps(name)}:{row[name].text}" for name in key_fields) + "}"
 
 
-def _digest_of(text: str) -> str:
-    return _digest_cached(text)
+@dataclass(frozen=True)
+class _Schema:
+    """A value's Connect schema, parsed once: its digest and the schema it is the digest
+    of (floats as floats: a schema is JSON to store, not a payload to keep exactly)."""
+
+    digest: str
+    value: dict[str, Any]
 
 
 @functools.lru_cache(maxsize=256)
-def _digest_cached(text: str) -> str:
-    return connect.digest(json.loads(text))
+def _schema_of(text: str) -> _Schema:
+    parsed = json.loads(text)
+    return _Schema(connect.digest(parsed), parsed)
 
 
 _MESSAGE_MEMBERS = {"key", "value", "topic", "partition", "offset", "timestamp", "headers"}
@@ -320,8 +326,8 @@ def convert(
     key = key_of(image.row, key_fields, image.where)
     ts_member = image.top.get("ts_ms")
     stamp = image.source.get("ts_ms") or (ts_member.value if ts_member else None)
-    schema = opened.schema
-    digest = _digest_of(schema.text) if schema is not None and schema.value else None
+    schema = _schema_of(opened.schema.text) if opened.schema and opened.schema.value else None
+    digest = schema.digest if schema is not None else None
     document: dict[str, Any] = {
         "op": RawJSON(image.op_text),
         "ts_ms": RawJSON(ts_member.text) if ts_member else None,
@@ -348,7 +354,7 @@ def convert(
             "before": image.before.raw if image.before else None,
             "metadata": RawJSON(jsontext.encode(document)),
         },
-        schema=schema.value if digest is not None and schema is not None else None,
+        schema=schema.value if schema is not None else None,
         digest=digest,
         position=position_of(image.source),
         transaction_id=(

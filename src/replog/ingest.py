@@ -26,7 +26,7 @@ import pyarrow as pa
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
-from replog.format.commits import TXN_QUERY, CommitRecord, Transaction
+from replog.format.commits import CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
 from replog.log import ReplicationLog
 from replog.schemas import registry
@@ -362,16 +362,6 @@ def read_lines(
     )
 
 
-def _recorded(log: ReplicationLog) -> Callable[[str], int | None]:
-    """The source position the log holds for an app id (its idempotent transaction)."""
-
-    def recorded(app_id: str) -> int | None:
-        mark = log.refresh(verify_within=0).sinks.get(app_id)
-        return mark.epoch_of(TXN_QUERY) if mark else None
-
-    return recorded
-
-
 def append_lines(
     log: ReplicationLog,
     lines: Iterable[str],
@@ -393,14 +383,17 @@ def append_lines(
     events name are registered (put-if-absent) before the commit.
     """
     ingested = read_lines(
-        lines, format=format, key_fields=key_fields, progress=progress, recorded=_recorded(log)
+        lines,
+        format=format,
+        key_fields=key_fields,
+        progress=progress,
+        recorded=log.transaction_version,
     )
     transaction = transaction or ingested.position
     record = None
     if ingested.table.num_rows:
         for (collection, digest), schema in ingested.schemas.items():
-            registered = registry.register(log.storage, collection, schema)
-            assert registered == digest
+            registry.register(log.storage, collection, schema, digest)
         record = log.append(ingested.table, transaction=transaction)
     return AppendReport(
         log.url,

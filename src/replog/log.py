@@ -57,6 +57,7 @@ from replog.format.commits import (
     DESCRIPTOR_PATH,
     MAX_SHARDS,
     MIN_RETENTION_MS,
+    TXN_QUERY,
     CommitRecord,
     LogDescriptor,
     Transaction,
@@ -318,6 +319,12 @@ class ReplicationLog:
     def state(self) -> LogState:
         """The last state read (refreshing only if nothing was read yet)."""
         return self._state if self._state is not None else self.refresh()
+
+    def transaction_version(self, app_id: str) -> int | None:
+        """The version of idempotent transaction ``app_id`` (:class:`Transaction`) the log
+        holds, read afresh as a writer would (None: the log holds none)."""
+        mark = self.refresh(verify_within=0).sinks.get(app_id)
+        return mark.epoch_of(TXN_QUERY) if mark else None
 
     def head(self) -> dict[int, int]:
         """Per-shard last committed sequence (0 for an empty shard)."""

@@ -54,6 +54,7 @@ from replog.capture.progress import CaptureProgress
 from replog.capture.schemas import PgType, table_schema
 from replog.capture.values import SESSION_SETTINGS, ValueReader
 from replog.crashpoints import crash_point
+from replog.debezium import OPERATIONS
 from replog.errors import (
     CaptureError,
     InvalidOptionError,
@@ -62,7 +63,7 @@ from replog.errors import (
     SourcePositionError,
 )
 from replog.format import jsontext
-from replog.format.commits import TXN_QUERY, Transaction
+from replog.format.commits import Transaction
 from replog.format.jsontext import RawJSON
 from replog.log import ReplicationLog
 from replog.schemas import connect as connect_schemas
@@ -75,24 +76,21 @@ UNAVAILABLE = "__debezium_unavailable_value"
 """Debezium's placeholder for an unchanged TOASTed value the server did not send."""
 EVENT_ID_NAMESPACE = uuid.UUID("0d8b6f3e-3c55-4b8e-9d2b-6a1f5e0c7b21")
 _VERSION = importlib.metadata.version("pyspark-replog")
-_OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
 
 
-def app_id(slot: str) -> str:
-    """The transaction app id under which the log records this slot's position."""
-    return capture_app_id(slot)
+Columns = tuple[tuple[str, int, int], ...]
+"""A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
+precision and scale; -1: none), as the catalog and pgoutput's Relation message give them."""
 
 
 @dataclass(frozen=True)
 class Table:
-    """A captured table: its columns' (base) type ids and the columns of its key."""
+    """A captured table as the catalog describes it: its columns and its key columns."""
 
     schema: str
     name: str
-    columns: tuple[tuple[str, int], ...]
+    columns: Columns
     key: tuple[str, ...]
-    modifiers: tuple[int, ...] = ()
-    """Each column's type modifier (``atttypmod``: a numeric's precision and scale)."""
 
     @property
     def qualified(self) -> str:
@@ -132,7 +130,6 @@ class PostgresSource:
         row = self.connection.execute("SELECT current_database()").fetchone()
         assert row is not None
         self.database: str = row[0]
-        self.base_types: dict[int, int] = {}
         self.tables: dict[str, Table] = {}
         self._types: dict[int, PgType] = {}
 
@@ -197,10 +194,8 @@ class PostgresSource:
                 f"table {qualified!r} does not exist in database {self.database!r}"
             )
         columns = self.connection.execute(
-            "SELECT a.attname, a.atttypid,"
-            " CASE WHEN t.typtype = 'd' THEN t.typbasetype ELSE t.oid END, a.atttypmod"
-            " FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid"
-            " WHERE a.attrelid = %s AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum",
+            "SELECT attname, atttypid, atttypmod FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
             (oid,),
         ).fetchall()
         primary = [
@@ -214,7 +209,7 @@ class PostgresSource:
             ).fetchall()
         ]
         key = tuple(self.options.keys.get(qualified, ())) or tuple(primary)
-        names = {column for column, _, _, _ in columns}
+        names = {column for column, _, _ in columns}
         if not key:
             raise SourceConfigError(
                 f"table {qualified!r} has no primary key: give its key columns "
@@ -229,15 +224,7 @@ class PostgresSource:
                 f"table {qualified!r} has no primary key, so its deletes would carry no key: "
                 f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
             )
-        for _, type_oid, base_oid, _ in columns:
-            self.base_types[type_oid] = base_oid
-        return Table(
-            schema,
-            table,
-            tuple((c, t) for c, t, _, _ in columns),
-            key,
-            tuple(m for _, _, _, m in columns),
-        )
+        return Table(schema, table, tuple((c, t, m) for c, t, m in columns), key)
 
     def pg_type(self, type_oid: int) -> PgType:
         """A type id's base type (domains resolved), the domain's modifier and an array's
@@ -386,6 +373,18 @@ def _quoted_list(name: str) -> str:
     return '"' + name.replace('"', '""') + '"'
 
 
+@dataclass(frozen=True)
+class _Shape:
+    """What the events of a table need of its columns, worked out once per description
+    (the catalog's, or each Relation message): not per row."""
+
+    reads: tuple[tuple[str, int], ...]
+    """Each column's name and the base type id its values are read by."""
+    identity: frozenset[str]
+    """The replica identity columns (what an old row sent as key only holds)."""
+    digest: str
+
+
 class _Events:
     """Change events in the shape ``replog append --format debezium`` produces."""
 
@@ -393,45 +392,53 @@ class _Events:
         self.reader = ValueReader()
         self.source = source
         self.slot = slot
-        self._digests: dict[tuple[str, tuple[tuple[str, int, int], ...]], str] = {}
+        self._digests: dict[tuple[str, Columns], str] = {}
+        self._shapes: dict[tuple[str, bool], tuple[Table | Relation, _Shape]] = {}
+        """(table, from a Relation) -> the description last seen, and its shape."""
         self.schemas: dict[str, tuple[str, dict[str, Any]]] = {}
         """digest -> (collection, Kafka Connect schema) of every schema an event named."""
 
-    def schema_digest(self, table: Table, relation: Relation | None = None) -> str:
-        """The digest of the table's schema as ``relation`` (else the catalog) describes
-        it; the schema is kept in :attr:`schemas` for registering before the commit."""
-        columns = (
-            tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
-            if relation is not None
-            else tuple(
-                (name, type_oid, table.modifiers[index] if index < len(table.modifiers) else -1)
-                for index, (name, type_oid) in enumerate(table.columns)
-            )
+    def shape(self, table: Table, relation: Relation | None = None) -> _Shape:
+        """The shape of ``table`` as ``relation`` (else the catalog) describes it. The
+        decoder makes a Relation per decoding session, so this is worked out once per table
+        per batch; the schema (and its digest) once per distinct set of columns."""
+        described: Table | Relation = table if relation is None else relation
+        cache_key = (table.qualified, relation is not None)
+        cached = self._shapes.get(cache_key)
+        if cached is not None and cached[0] is described:
+            return cached[1]
+        if relation is None:
+            columns, identity = table.columns, frozenset(table.key)
+        else:
+            columns = tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
+            identity = frozenset(c.name for c in relation.columns if c.in_identity)
+        reads = tuple(
+            (name, self.source.pg_type(type_oid).base_oid) for name, type_oid, _ in columns
         )
-        cache_key = (table.qualified, columns)
-        digest = self._digests.get(cache_key)
+        found = _Shape(reads, identity, self._digest(table, columns))
+        self._shapes[cache_key] = (described, found)
+        return found
+
+    def _digest(self, table: Table, columns: Columns) -> str:
+        """The digest of the table's schema with ``columns``; the schema is kept in
+        :attr:`schemas` for registering before the commit."""
+        digest = self._digests.get((table.qualified, columns))
         if digest is None:
             prefix = f"{self.slot}.{table.qualified}"
             schema = table_schema(prefix, columns, table.key, self.source.pg_type)
             digest = connect_schemas.digest(schema)
-            self._digests[cache_key] = digest
+            self._digests[(table.qualified, columns)] = digest
             self.schemas[digest] = (table.qualified, schema)
         return digest
 
     def _row(
-        self, relation: Relation | Table, values: Sequence[Value], fallback: Sequence[Value] = ()
+        self, shape: _Shape, values: Sequence[Value], fallback: Sequence[Value] = ()
     ) -> tuple[dict[str, Any], list[str]]:
         """A row image; unchanged TOASTed values come from ``fallback`` (an old image under
         REPLICA IDENTITY FULL) or become :data:`UNAVAILABLE` (listed)."""
         image: dict[str, Any] = {}
         unavailable: list[str] = []
-        columns = (
-            [(c.name, c.type_oid) for c in relation.columns]
-            if isinstance(relation, Relation)
-            else relation.columns
-        )
-        base = self.source.base_types
-        for index, (name, type_oid) in enumerate(columns):
+        for index, (name, base_oid) in enumerate(shape.reads):
             value = values[index] if index < len(values) else None
             if isinstance(value, Unchanged) and index < len(fallback):
                 value = fallback[index]
@@ -439,27 +446,32 @@ class _Events:
                 image[name] = UNAVAILABLE
                 unavailable.append(name)
             else:
-                image[name] = self.reader.read(base.get(type_oid, type_oid), value)
+                image[name] = self.reader.read(base_oid, value)
         return image, unavailable
+
+    def _key(self, table: Table, image: Mapping[str, Any]) -> str:
+        return jsontext.encode({name: image.get(name) for name in table.key})
 
     def event(
         self,
         table: Table,
         *,
         op: str,
+        key: str,
         after: dict[str, Any] | None,
         before: dict[str, Any] | None,
         source: dict[str, Any],
         identity: str,
         schema: str,
+        ts_ms: int,
         extra: Mapping[str, Any] | None = None,
     ) -> dict[str, Any]:
+        """One event; ``ts_ms`` is when capture processed it (one time per batch)."""
         image = after if after is not None else before
         assert image is not None
-        key = jsontext.encode_exact({name: image.get(name) for name in table.key})
         metadata: dict[str, Any] = {
             "op": op,
-            "ts_ms": now_ms(),
+            "ts_ms": ts_ms,
             "source": source,
             **(extra or {}),
             "schema": schema,
@@ -467,11 +479,11 @@ class _Events:
         return {
             "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
             "timestamp": source["ts_ms"],
-            "operation": _OPERATIONS[op],
+            "operation": OPERATIONS[op],
             "collection": table.qualified,
             "key": key,
-            "data": RawJSON(jsontext.encode_exact(image)),
-            "before": RawJSON(jsontext.encode_exact(before)) if before is not None else None,
+            "data": RawJSON(jsontext.encode(image)),
+            "before": RawJSON(jsontext.encode(before)) if before is not None else None,
             "metadata": RawJSON(jsontext.encode(metadata)),
         }
 
@@ -494,36 +506,36 @@ class _Events:
     def snapshot_row(
         self, table: Table, values: Sequence[str | None], ts_ms: int, position: int
     ) -> dict[str, Any]:
-        after, _ = self._row(table, values)
-        source = self._source(table, ts_ms, "true", None, position)
-        key = jsontext.encode_exact({name: after.get(name) for name in table.key})
-        identity = f"{self.slot}:snapshot:{position}:{table.qualified}:{key}"
+        shape = self.shape(table)
+        after, _ = self._row(shape, values)
+        key = self._key(table, after)
         return self.event(
             table,
             op="r",
+            key=key,
             after=after,
             before=None,
-            source=source,
-            identity=identity,
-            schema=self.schema_digest(table),
+            source=self._source(table, ts_ms, "true", None, position),
+            identity=f"{self.slot}:snapshot:{position}:{table.qualified}:{key}",
+            schema=shape.digest,
+            ts_ms=ts_ms,
         )
 
     def change(
-        self, table: Table, change: RowChange, txn: SourceTransaction, order: int
+        self, table: Table, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int
     ) -> dict[str, Any]:
-        relation = change.relation
+        """The event of one row change; ``ts_ms``: when its batch was processed."""
+        shape = self.shape(table, change.relation)
         before: dict[str, Any] | None = None
         if change.old is not None:
-            before, _ = self._row(relation, change.old)
+            before, _ = self._row(shape, change.old)
             if change.old_is_key_only:  # only the identity columns were sent
-                identities = {c.name for c in relation.columns if c.in_identity}
-                before = {k: v for k, v in before.items() if k in identities}
+                before = {k: v for k, v in before.items() if k in shape.identity}
         after = None
         unavailable: list[str] = []
         if change.new is not None:
             full_old = change.old if change.old is not None and not change.old_is_key_only else ()
-            after, unavailable = self._row(relation, change.new, full_old)
-        source = self._source(table, txn.commit_ms, "false", txn.xid, change.lsn)
+            after, unavailable = self._row(shape, change.new, full_old)
         extra: dict[str, Any] = {
             "transaction": {
                 "id": f"{txn.xid}:{txn.end_lsn}",
@@ -533,15 +545,18 @@ class _Events:
         }
         if unavailable:
             extra["unavailable"] = unavailable
-        identity = f"{self.slot}:{txn.end_lsn}:{order}"
+        image = after if after is not None else before
+        assert image is not None
         return self.event(
             table,
             op=change.op,
+            key=self._key(table, image),
             after=after,
             before=before,
-            source=source,
-            identity=identity,
-            schema=self.schema_digest(table, relation),
+            source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
+            identity=f"{self.slot}:{txn.end_lsn}:{order}",
+            schema=shape.digest,
+            ts_ms=ts_ms,
             extra=extra,
         )
 
@@ -568,7 +583,7 @@ class PostgresCapture:
         self.log = log
         self.stop = stop or threading.Event()
         self.on_progress = progress
-        self.app_id = app_id(options.slot)
+        self.app_id = capture_app_id(options.slot)
         self.progress = CaptureProgress()
         self.source = PostgresSource(options)
         try:
@@ -589,11 +604,6 @@ class PostgresCapture:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-    def logged_position(self) -> int | None:
-        """The slot position the log holds for this capture (None: it holds none)."""
-        mark = self.log.refresh(verify_within=0).sinks.get(self.app_id)
-        return mark.epoch_of(TXN_QUERY) if mark else None
 
     def run(self) -> CaptureProgress:
         """Snapshot if asked, then stream until caught up (or, following, until stopped)."""
@@ -620,7 +630,7 @@ class PostgresCapture:
     # -- starting: the slot and the log must agree --------------------------------------
 
     def _start(self) -> int:
-        logged = self.logged_position()
+        logged = self.log.transaction_version(self.app_id)  # the slot position it holds
         slot = self.source.slot()
         if logged is None:
             self.source.ensure_publication()
@@ -665,7 +675,7 @@ class PostgresCapture:
             records: list[dict[str, Any]] = []
             for table in self.source.tables.values():
                 columns = sql.SQL(", ").join(
-                    sql.SQL("{}::text").format(sql.Identifier(name)) for name, _ in table.columns
+                    sql.SQL("{}::text").format(sql.Identifier(name)) for name, _, _ in table.columns
                 )
                 query = sql.SQL("SELECT {} FROM {}").format(
                     columns, sql.Identifier(table.schema, table.name)
@@ -696,7 +706,7 @@ class PostgresCapture:
         stored yet: before the commit, so a reader that sees an event finds its schema."""
         for digest, (collection, schema) in list(self.events.schemas.items()):
             if digest not in self._registered:
-                registry.register(self.log.storage, collection, schema)
+                registry.register(self.log.storage, collection, schema, digest)
                 self._registered.add(digest)
 
     # -- streaming -----------------------------------------------------------------------
@@ -715,8 +725,11 @@ class PostgresCapture:
         position = self.progress.position
         fresh = [txn for txn in transactions if txn.end_lsn > position]
         self.progress.skipped_transactions += len(transactions) - len(fresh)
+        processed_ms = now_ms()
         records = [
-            self.events.change(self.by_relation[change.relation.name], change, txn, order)
+            self.events.change(
+                self.by_relation[change.relation.name], change, txn, order, processed_ms
+            )
             for txn in fresh
             for order, change in enumerate(
                 (c for c in txn.changes if c.relation.name in self.by_relation), start=1

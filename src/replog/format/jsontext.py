@@ -129,23 +129,17 @@ def _exact_only(value: Any) -> Any:
     raise _NeedsExactPath
 
 
-def _encode_number(value: int | Decimal | float) -> str:
+def _encode_exact(value: Any) -> str:
+    if isinstance(value, RawJSON):
+        return str(value)
     if isinstance(value, Decimal):
         if not value.is_finite():
             raise ValueError(f"{value} is not a JSON number")
         return str(value)
-    if isinstance(value, float):
-        return json.dumps(value, allow_nan=False)
-    return str(int(value))
-
-
-def _encode_exact(value: Any) -> str:
-    if isinstance(value, RawJSON):
-        return str(value)
-    if value is None or isinstance(value, bool | str):
-        return json.dumps(value, ensure_ascii=False)
-    if isinstance(value, int | Decimal | float):
-        return _encode_number(value)
+    if value is None or isinstance(value, bool | str | float):  # bool before int
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    if isinstance(value, int):
+        return str(int(value))
     if isinstance(value, Mapping):
         members = (
             f"{json.dumps(str(k), ensure_ascii=False)}:{_encode_exact(v)}" for k, v in value.items()
@@ -156,28 +150,31 @@ def _encode_exact(value: Any) -> str:
     raise TypeError(f"{type(value).__name__} is not JSON-serialisable")
 
 
-def encode_exact(value: Any) -> str:
-    """Compact JSON with :class:`RawJSON` spliced in verbatim at any depth (slower than
-    :func:`encode`: pure Python)."""
-    return _encode_exact(value)
+_SCALARS = frozenset({str, int, float, bool, type(None), Decimal})
+
+
+def _holds_raw(value: Any) -> bool:
+    """Whether a :class:`RawJSON` is anywhere in ``value`` (the C encoder would quote it).
+    Plain members are passed over by their exact type: this runs on every payload."""
+    if isinstance(value, Mapping):
+        items: Any = value.values()
+    elif isinstance(value, list | tuple):
+        items = value
+    else:
+        return isinstance(value, RawJSON)
+    for item in items:  # noqa: SIM110 (a loop: any() over a generator costs 20% more here)
+        if type(item) not in _SCALARS and _holds_raw(item):
+            return True
+    return False
 
 
 def encode(value: Any) -> str:
     """Compact JSON for a Python value, losing nothing (see the module docstring).
 
-    :class:`RawJSON` values are spliced in verbatim (at the top level of a dict or list).
-    Raises ``ValueError`` for non-finite numbers and ``TypeError`` for other types.
+    :class:`RawJSON` values are spliced in verbatim, at any depth. Raises ``ValueError``
+    for non-finite numbers and ``TypeError`` for other types.
     """
-    if isinstance(value, RawJSON):
-        return str(value)
-    items = (
-        value.values()
-        if isinstance(value, Mapping)
-        else value
-        if isinstance(value, list | tuple)
-        else ()
-    )
-    if any(isinstance(item, RawJSON) for item in items):
+    if _holds_raw(value):  # pure Python: the C encoder cannot splice text in
         return _encode_exact(value)
     try:  # the C encoder, unless a Decimal needs its exact text
         return json.dumps(

@@ -100,11 +100,15 @@ class _RegistrationClock:
 _registration_time = _RegistrationClock()
 
 
-def register(storage: Storage, collection: str, schema: Mapping[str, Any]) -> str:
-    """Store ``schema`` for ``collection`` unless it is there; its digest."""
-    digest = connect.digest(schema)
+def register(
+    storage: Storage, collection: str, schema: Mapping[str, Any], digest: str | None = None
+) -> str:
+    """Store ``schema`` for ``collection`` unless it is there; its digest (``digest``: the
+    caller's, already computed from ``schema``)."""
+    if digest is None:
+        digest = connect.digest(schema)
     path = schema_path(collection, digest)
-    if storage.exists(path):
+    if storage.exists(path):  # the usual case: cheaper than a put that fails
         return digest
     version = SchemaVersion(collection, digest, _registration_time(), schema)
     try:
