@@ -14,7 +14,11 @@ from support.cli import replog
 
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
-from replog.errors import InjectedFaultError, SourceConfigError, SourceConnectionError
+from replog.errors import (
+    InjectedFaultError,
+    SourceConfigError,
+    SourceConnectionError,
+)
 from replog.format.commits import TXN_QUERY
 from replog.log import ReplicationLog
 from replog.schemas import registry
@@ -358,3 +362,54 @@ def test_status_shows_the_capture_and_its_lag_behind_the_server(
 
     failed = replog("status", url, "--source-dsn", "host=127.0.0.1 port=1 dbname=x")
     assert failed.returncode != 0 and "cannot connect to PostgreSQL" in failed.stderr
+
+
+# -- adversarial: failures, concurrency and key changes ---------------------------------------
+
+
+def _two_tables(dsn: str) -> None:
+    sql(
+        dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE TABLE u (id int PRIMARY KEY, v int)",
+    )
+
+
+def test_a_capture_that_fails_keeps_its_slot_even_with_drop_slot(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--drop-slot retires a capture that got to the end: one that failed part-way (here
+    after its first commit, with more batches to go) must keep the slot, or every change
+    after its last commit is gone for good."""
+    url = str(tmp_path / "log")
+    _two_tables(pg_dsn)
+    run(pg_dsn, url, tables=("t", "u"))
+    _workload(pg_dsn, 10)
+    monkeypatch.setenv("REPLOG_FAULT", "capture_committed")
+    monkeypatch.setenv("REPLOG_FAULT_ACTION", "raise")
+    with pytest.raises(InjectedFaultError):
+        run(pg_dsn, url, tables=("t", "u"), max_changes=3, drop_slot=True)
+    monkeypatch.delenv("REPLOG_FAULT")
+    run(pg_dsn, url, tables=("t", "u"), drop_slot=True)
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert len(changes) == 10 * 3 and len({e["txid"] for e in changes}) == 10
+
+
+def test_a_stopped_follower_with_drop_slot_captures_what_is_left_first(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Stopping a following capture with --drop-slot (SIGTERM) drops the slot: it must
+    capture what is left before, as the option promises, not drop unread changes."""
+    import threading
+
+    url = str(tmp_path / "log")
+    _two_tables(pg_dsn)
+    run(pg_dsn, url, tables=("t", "u"))
+    _workload(pg_dsn, 5)
+    stop = threading.Event()
+    stop.set()  # the stop arrives before the capture read anything
+    log = ReplicationLog.open(url)
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t", "u"), follow=True, drop_slot=True)
+    capture(options, log, stop=stop)
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert len(changes) == 5 * 3

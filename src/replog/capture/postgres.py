@@ -609,17 +609,20 @@ class PostgresCapture:
         """Snapshot if asked, then stream until caught up (or, following, until stopped)."""
         position = self._start()
         self.progress.position = position
-        try:
-            while not self.stop.is_set():
-                captured = self._capture_batch()
+        while not self.stop.is_set():
+            captured = self._capture_batch()
+            self._report()
+            if not captured:
+                if not self.options.follow:
+                    break
+                self.stop.wait(self.options.poll_s)
+        if self.options.drop_slot:
+            # Only a capture that got here retires the slot (one that failed keeps it: the
+            # changes after its last commit are still to be read), and only once it has
+            # read what is left (a stopped follower may not have).
+            while self._capture_batch():
                 self._report()
-                if not captured:
-                    if not self.options.follow:
-                        break
-                    self.stop.wait(self.options.poll_s)
-        finally:
-            if self.options.drop_slot:
-                self.source.drop_slot()
+            self.source.drop_slot()
         return self.progress
 
     def _report(self) -> None:
