@@ -15,6 +15,7 @@ from support.cli import replog
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
 from replog.errors import (
+    CaptureError,
     InjectedFaultError,
     SourceConfigError,
     SourceConnectionError,
@@ -413,3 +414,43 @@ def test_a_stopped_follower_with_drop_slot_captures_what_is_left_first(
     capture(options, log, stop=stop)
     changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
     assert len(changes) == 5 * 3
+
+
+def test_two_captures_of_one_slot_never_double_a_transaction(pg_dsn: str, tmp_path: Path) -> None:
+    """Nothing keeps a second capture of a slot from running between the first one's
+    peeks (a slot is active only during a peek). Capture A peeks four transactions;
+    before it commits, capture B commits the first one and advances the slot. A's commit
+    (a later position than B's) must not add that transaction a second time."""
+    import dataclasses
+    import threading
+
+    url = str(tmp_path / "log")
+    _two_tables(pg_dsn)
+    run(pg_dsn, url, tables=("t", "u"))
+    _workload(pg_dsn, 4)
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t", "u"))
+    b_stop = threading.Event()
+    with (
+        PostgresCapture(options, ReplicationLog.open(url)) as a,
+        PostgresCapture(
+            dataclasses.replace(options, max_changes=1, follow=True),
+            ReplicationLog.open(url),
+            stop=b_stop,
+            progress=lambda _: b_stop.set(),  # B stops after its first batch
+        ) as b,
+    ):
+        real_peek = a.source.peek
+
+        def peek_then_let_b_run(max_changes: int) -> list[tuple[int, bytes]]:
+            rows = real_peek(max_changes)
+            if not b_stop.is_set():
+                b.run()
+            return rows
+
+        a.source.peek = peek_then_let_b_run  # type: ignore[method-assign]
+        with pytest.raises(CaptureError, match="another capture of slot 'cap'"):
+            a.run()  # refuses to commit what B committed meanwhile
+    run(pg_dsn, url, tables=("t", "u"))
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert len(changes) == 4 * 3, sorted(e["txid"] for e in changes)
+    assert len({e["event_id"] for e in changes}) == len(changes)

@@ -61,6 +61,7 @@ from replog.errors import (
     SourceConfigError,
     SourceConnectionError,
     SourcePositionError,
+    TransactionOrderError,
 )
 from replog.format import jsontext
 from replog.format.commits import Transaction
@@ -595,6 +596,9 @@ class PostgresCapture:
         self.decoder = Decoder()
         self.by_relation: dict[str, Table] = self.source.tables
         self._registered: set[str] = set()
+        self._logged = 0
+        """The position the log holds as far as this capture knows (0: none): each commit
+        must follow it, so a second capture of the slot cannot commit over this one's."""
 
     def close(self) -> None:
         self.source.close()
@@ -634,6 +638,7 @@ class PostgresCapture:
 
     def _start(self) -> int:
         logged = self.log.transaction_version(self.app_id)  # the slot position it holds
+        self._logged = logged or 0
         slot = self.source.slot()
         if logged is None:
             self.source.ensure_publication()
@@ -695,14 +700,26 @@ class PostgresCapture:
     def _commit(self, records: list[dict[str, Any]], position: int) -> None:
         """One atomic commit of ``records`` that records ``position`` (also with no
         records: transactions of tables not captured still move the position on)."""
-        transaction = Transaction(self.app_id, position)
+        transaction = Transaction(self.app_id, position, follows=self._logged)
         self._register()
-        if records:
-            record = self.log.append(records, transaction=transaction)
-        else:
-            record = self.log.commit_staged([], writer=transaction.writer())
+        try:
+            if records:
+                record = self.log.append(records, transaction=transaction)
+            else:
+                record = self.log.commit_staged(
+                    [], writer=transaction.writer(), follows=transaction.follows
+                )
+        except TransactionOrderError as exc:
+            raise CaptureError(
+                f"another capture of slot {self.options.slot!r} committed to {self.log.url} "
+                f"while this one read the slot ({exc}); this capture stops without committing "
+                f"(the changes it read would be doubled): run one capture per slot"
+            ) from exc
         if record is not None:
             self.progress.commits += 1
+            self._logged = position
+        else:  # the log already holds this position (or a later one)
+            self._logged = self.log.transaction_version(self.app_id) or 0
 
     def _register(self) -> None:
         """Store (put-if-absent) each schema an event was given that this capture has not
