@@ -454,3 +454,48 @@ def test_two_captures_of_one_slot_never_double_a_transaction(pg_dsn: str, tmp_pa
     changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
     assert len(changes) == 4 * 3, sorted(e["txid"] for e in changes)
     assert len({e["event_id"] for e in changes}) == len(changes)
+
+
+def test_an_update_of_the_key_deletes_the_old_key(pg_dsn: str, tmp_path: Path) -> None:
+    """An UPDATE that changes a row's primary key removes the old key: the events must
+    say so (Debezium emits a delete of the old key, then a create of the new one), or the
+    table built from the log (latest event per key) keeps a row the source no longer has."""
+    from replog.tables.changes import latest_events
+
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE TABLE f (id int PRIMARY KEY, v int)",
+        "ALTER TABLE f REPLICA IDENTITY FULL",
+        "INSERT INTO t VALUES (1, 10), (5, 50)",
+        "INSERT INTO f VALUES (1, 10)",
+    )
+    run(pg_dsn, url, tables=("t", "f"))
+    sql(
+        pg_dsn,
+        "UPDATE t SET id = 2 WHERE id = 1",
+        "UPDATE f SET id = 2, v = 11 WHERE id = 1",
+        "UPDATE t SET v = 51 WHERE id = 5",
+    )
+    run(pg_dsn, url, tables=("t", "f"))
+    log = ReplicationLog.open(url)
+    latest = latest_events([log.read_all()])
+    assert latest is not None
+    rows = sorted(
+        zip(latest.column("collection").to_pylist(), latest.column("key").to_pylist(), strict=True)
+    )
+    assert rows == [
+        ("public.f", '{"id":2}'),
+        ("public.t", '{"id":2}'),
+        ("public.t", '{"id":5}'),
+    ]
+    changes = [e for e in captured(log) if e["op"] != "r"]
+    assert [(e["collection"], e["op"], e["key"]) for e in changes] == [
+        ("public.t", "d", '{"id":1}'),
+        ("public.t", "c", '{"id":2}'),
+        ("public.f", "d", '{"id":1}'),
+        ("public.f", "c", '{"id":2}'),
+        ("public.t", "u", '{"id":5}'),
+    ]
+    assert len({e["event_id"] for e in changes}) == len(changes)

@@ -522,10 +522,13 @@ class _Events:
             ts_ms=ts_ms,
         )
 
-    def change(
+    def changes(
         self, table: Table, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int
-    ) -> dict[str, Any]:
-        """The event of one row change; ``ts_ms``: when its batch was processed."""
+    ) -> list[dict[str, Any]]:
+        """The events of one row change, numbered from ``order`` in the transaction; ``ts_ms``:
+        when its batch was processed. An update that changes the row's key is, as Debezium
+        emits it, a delete of the old key then a create of the new one: as one update (of
+        the new key) the old key would live on in every table built from the log."""
         shape = self.shape(table, change.relation)
         before: dict[str, Any] | None = None
         if change.old is not None:
@@ -537,29 +540,41 @@ class _Events:
         if change.new is not None:
             full_old = change.old if change.old is not None and not change.old_is_key_only else ()
             after, unavailable = self._row(shape, change.new, full_old)
-        extra: dict[str, Any] = {
-            "transaction": {
-                "id": f"{txn.xid}:{txn.end_lsn}",
-                "total_order": order,
-                "data_collection_order": order,
-            }
-        }
-        if unavailable:
-            extra["unavailable"] = unavailable
         image = after if after is not None else before
         assert image is not None
-        return self.event(
-            table,
-            op=change.op,
-            key=self._key(table, image),
-            after=after,
-            before=before,
-            source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
-            identity=f"{self.slot}:{txn.end_lsn}:{order}",
-            schema=shape.digest,
-            ts_ms=ts_ms,
-            extra=extra,
-        )
+        key = self._key(table, image)
+        parts: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None, str]] = [
+            (change.op, after, before, key)
+        ]
+        if change.op == "u" and before is not None and all(k in before for k in table.key):
+            old_key = self._key(table, before)  # the server sends the old key when it changed
+            if old_key != key:
+                parts = [("d", None, before, old_key), ("c", after, None, key)]
+        events = []
+        for index, (op, new_image, old_image, event_key) in enumerate(parts):
+            number = order + index
+            events.append(
+                self.event(
+                    table,
+                    op=op,
+                    key=event_key,
+                    after=new_image,
+                    before=old_image,
+                    source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
+                    identity=f"{self.slot}:{txn.end_lsn}:{number}",
+                    schema=shape.digest,
+                    ts_ms=ts_ms,
+                    extra={
+                        "transaction": {
+                            "id": f"{txn.xid}:{txn.end_lsn}",
+                            "total_order": number,
+                            "data_collection_order": number,
+                        },
+                        **({"unavailable": unavailable} if unavailable and new_image else {}),
+                    },
+                )
+            )
+        return events
 
 
 ProgressCallback = Callable[[CaptureProgress], None]
@@ -746,15 +761,15 @@ class PostgresCapture:
         fresh = [txn for txn in transactions if txn.end_lsn > position]
         self.progress.skipped_transactions += len(transactions) - len(fresh)
         processed_ms = now_ms()
-        records = [
-            self.events.change(
-                self.by_relation[change.relation.name], change, txn, order, processed_ms
-            )
-            for txn in fresh
-            for order, change in enumerate(
-                (c for c in txn.changes if c.relation.name in self.by_relation), start=1
-            )
-        ]
+        records: list[dict[str, Any]] = []
+        for txn in fresh:
+            order = 1
+            for change in txn.changes:
+                table = self.by_relation.get(change.relation.name)
+                if table is not None:
+                    events = self.events.changes(table, change, txn, order, processed_ms)
+                    records.extend(events)
+                    order += len(events)
         last = transactions[-1].end_lsn
         if last > position:
             self._commit(records, last)
