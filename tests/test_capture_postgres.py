@@ -499,3 +499,34 @@ def test_an_update_of_the_key_deletes_the_old_key(pg_dsn: str, tmp_path: Path) -
         ("public.t", "u", '{"id":5}'),
     ]
     assert len({e["event_id"] for e in changes}) == len(changes)
+
+
+def test_a_table_added_to_the_publication_while_capturing_is_captured(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """With --publication, the tables captured are the publication's: one added to it
+    while a capture runs is published from then on, and its changes must be captured
+    (they were skipped, and the slot advanced past them: lost)."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE TABLE n (id int PRIMARY KEY, v int)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    run(pg_dsn, url, publication="pub")
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", publication="pub")
+    with PostgresCapture(options, ReplicationLog.open(url)) as running:
+        sql(
+            pg_dsn,
+            "ALTER PUBLICATION pub ADD TABLE n",
+            "INSERT INTO t VALUES (1, 1)",
+            "INSERT INTO n VALUES (1, 1)",
+        )
+        running.run()
+    run(pg_dsn, url, publication="pub")
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert [(e["collection"], e["key"]) for e in changes] == [
+        ("public.t", '{"id":1}'),
+        ("public.n", '{"id":1}'),
+    ]

@@ -765,7 +765,7 @@ class PostgresCapture:
         for txn in fresh:
             order = 1
             for change in txn.changes:
-                table = self.by_relation.get(change.relation.name)
+                table = self._captured_table(change.relation)
                 if table is not None:
                     events = self.events.changes(table, change, txn, order, processed_ms)
                     records.extend(events)
@@ -781,6 +781,22 @@ class PostgresCapture:
         self.progress.rows += len(records)
         self.progress.transactions += len(fresh)
         return True
+
+    def _captured_table(self, relation: Relation) -> Table | None:
+        """The captured table a change is of; None for one not captured. With
+        ``--publication`` the captured tables are the publication's: a table added to it
+        while capturing is published from then on, so it is captured from then on (skipping
+        its changes would lose them: the slot moves past them)."""
+        table = self.by_relation.get(relation.name)
+        if table is None and not self.options.tables:
+            table = self.source._table(relation.name)  # errors (no key...) stop the capture
+            self.by_relation[table.qualified] = table
+            logger.info(
+                "%s joined publication %s: captured from now on",
+                table.qualified,
+                self.source.publication,
+            )
+        return table
 
 
 def server_positions(dsn: str) -> tuple[int, dict[str, int | None]]:
