@@ -14,7 +14,12 @@ from support.cli import replog
 
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
-from replog.errors import InjectedFaultError, SourceConfigError, SourceConnectionError
+from replog.errors import (
+    CaptureError,
+    InjectedFaultError,
+    SourceConfigError,
+    SourceConnectionError,
+)
 from replog.format.commits import TXN_QUERY
 from replog.log import ReplicationLog
 from replog.schemas import registry
@@ -358,3 +363,170 @@ def test_status_shows_the_capture_and_its_lag_behind_the_server(
 
     failed = replog("status", url, "--source-dsn", "host=127.0.0.1 port=1 dbname=x")
     assert failed.returncode != 0 and "cannot connect to PostgreSQL" in failed.stderr
+
+
+# -- adversarial: failures, concurrency and key changes ---------------------------------------
+
+
+def _two_tables(dsn: str) -> None:
+    sql(
+        dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE TABLE u (id int PRIMARY KEY, v int)",
+    )
+
+
+def test_a_capture_that_fails_keeps_its_slot_even_with_drop_slot(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--drop-slot retires a capture that got to the end: one that failed part-way (here
+    after its first commit, with more batches to go) must keep the slot, or every change
+    after its last commit is gone for good."""
+    url = str(tmp_path / "log")
+    _two_tables(pg_dsn)
+    run(pg_dsn, url, tables=("t", "u"))
+    _workload(pg_dsn, 10)
+    monkeypatch.setenv("REPLOG_FAULT", "capture_committed")
+    monkeypatch.setenv("REPLOG_FAULT_ACTION", "raise")
+    with pytest.raises(InjectedFaultError):
+        run(pg_dsn, url, tables=("t", "u"), max_changes=3, drop_slot=True)
+    monkeypatch.delenv("REPLOG_FAULT")
+    run(pg_dsn, url, tables=("t", "u"), drop_slot=True)
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert len(changes) == 10 * 3 and len({e["txid"] for e in changes}) == 10
+
+
+def test_a_stopped_follower_with_drop_slot_captures_what_is_left_first(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Stopping a following capture with --drop-slot (SIGTERM) drops the slot: it must
+    capture what is left before, as the option promises, not drop unread changes."""
+    import threading
+
+    url = str(tmp_path / "log")
+    _two_tables(pg_dsn)
+    run(pg_dsn, url, tables=("t", "u"))
+    _workload(pg_dsn, 5)
+    stop = threading.Event()
+    stop.set()  # the stop arrives before the capture read anything
+    log = ReplicationLog.open(url)
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t", "u"), follow=True, drop_slot=True)
+    capture(options, log, stop=stop)
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert len(changes) == 5 * 3
+
+
+def test_two_captures_of_one_slot_never_double_a_transaction(pg_dsn: str, tmp_path: Path) -> None:
+    """Nothing keeps a second capture of a slot from running between the first one's
+    peeks (a slot is active only during a peek). Capture A peeks four transactions;
+    before it commits, capture B commits the first one and advances the slot. A's commit
+    (a later position than B's) must not add that transaction a second time."""
+    import dataclasses
+    import threading
+
+    url = str(tmp_path / "log")
+    _two_tables(pg_dsn)
+    run(pg_dsn, url, tables=("t", "u"))
+    _workload(pg_dsn, 4)
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t", "u"))
+    b_stop = threading.Event()
+    with (
+        PostgresCapture(options, ReplicationLog.open(url)) as a,
+        PostgresCapture(
+            dataclasses.replace(options, max_changes=1, follow=True),
+            ReplicationLog.open(url),
+            stop=b_stop,
+            progress=lambda _: b_stop.set(),  # B stops after its first batch
+        ) as b,
+    ):
+        real_peek = a.source.peek
+
+        def peek_then_let_b_run(max_changes: int) -> list[tuple[int, bytes]]:
+            rows = real_peek(max_changes)
+            if not b_stop.is_set():
+                b.run()
+            return rows
+
+        a.source.peek = peek_then_let_b_run  # type: ignore[method-assign]
+        with pytest.raises(CaptureError, match="another capture of slot 'cap'"):
+            a.run()  # refuses to commit what B committed meanwhile
+    run(pg_dsn, url, tables=("t", "u"))
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert len(changes) == 4 * 3, sorted(e["txid"] for e in changes)
+    assert len({e["event_id"] for e in changes}) == len(changes)
+
+
+def test_an_update_of_the_key_deletes_the_old_key(pg_dsn: str, tmp_path: Path) -> None:
+    """An UPDATE that changes a row's primary key removes the old key: the events must
+    say so (Debezium emits a delete of the old key, then a create of the new one), or the
+    table built from the log (latest event per key) keeps a row the source no longer has."""
+    from replog.tables.changes import latest_events
+
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE TABLE f (id int PRIMARY KEY, v int)",
+        "ALTER TABLE f REPLICA IDENTITY FULL",
+        "INSERT INTO t VALUES (1, 10), (5, 50)",
+        "INSERT INTO f VALUES (1, 10)",
+    )
+    run(pg_dsn, url, tables=("t", "f"))
+    sql(
+        pg_dsn,
+        "UPDATE t SET id = 2 WHERE id = 1",
+        "UPDATE f SET id = 2, v = 11 WHERE id = 1",
+        "UPDATE t SET v = 51 WHERE id = 5",
+    )
+    run(pg_dsn, url, tables=("t", "f"))
+    log = ReplicationLog.open(url)
+    latest = latest_events([log.read_all()])
+    assert latest is not None
+    rows = sorted(
+        zip(latest.column("collection").to_pylist(), latest.column("key").to_pylist(), strict=True)
+    )
+    assert rows == [
+        ("public.f", '{"id":2}'),
+        ("public.t", '{"id":2}'),
+        ("public.t", '{"id":5}'),
+    ]
+    changes = [e for e in captured(log) if e["op"] != "r"]
+    assert [(e["collection"], e["op"], e["key"]) for e in changes] == [
+        ("public.t", "d", '{"id":1}'),
+        ("public.t", "c", '{"id":2}'),
+        ("public.f", "d", '{"id":1}'),
+        ("public.f", "c", '{"id":2}'),
+        ("public.t", "u", '{"id":5}'),
+    ]
+    assert len({e["event_id"] for e in changes}) == len(changes)
+
+
+def test_a_table_added_to_the_publication_while_capturing_is_captured(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """With --publication, the tables captured are the publication's: one added to it
+    while a capture runs is published from then on, and its changes must be captured
+    (they were skipped, and the slot advanced past them: lost)."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int)",
+        "CREATE TABLE n (id int PRIMARY KEY, v int)",
+        "CREATE PUBLICATION pub FOR TABLE t",
+    )
+    run(pg_dsn, url, publication="pub")
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", publication="pub")
+    with PostgresCapture(options, ReplicationLog.open(url)) as running:
+        sql(
+            pg_dsn,
+            "ALTER PUBLICATION pub ADD TABLE n",
+            "INSERT INTO t VALUES (1, 1)",
+            "INSERT INTO n VALUES (1, 1)",
+        )
+        running.run()
+    run(pg_dsn, url, publication="pub")
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert [(e["collection"], e["key"]) for e in changes] == [
+        ("public.t", '{"id":1}'),
+        ("public.n", '{"id":1}'),
+    ]

@@ -308,3 +308,27 @@ def test_spark_reads_a_holed_log_with_offsets_and_max_events(spark: Any, tmp_pat
     )
     batch = sorted((r["shard"], r["sequence"]) for r in frame.collect())
     assert batch == [(s, q) for s, q in expected if s == 1 or q > 3]
+
+
+def test_a_consumer_registered_while_compacting_misses_no_change(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A consumer registered (``consumer set --create --to-earliest``) or reset back
+    while a key compaction rewrites its ranges, which can take minutes, must find every
+    event when it starts: the compaction must not commit cleaner points it read before."""
+    log = filled(str(tmp_path / "log"))
+    commit_offsets(log, "fast", dict(enumerate(log.refresh().heads)))
+    before = rows(log.read_all())
+    write_shard = keys._write_shard
+    registered = []
+
+    def write_and_register(*args: Any) -> Any:
+        if not registered:
+            commit_offsets(log, "new-replica", {})  # registered at the start: offsets 0
+            registered.append(True)
+        return write_shard(*args)
+
+    monkeypatch.setattr(keys, "_write_shard", write_and_register)
+    compact_by_key(log)
+    assert registered
+    assert rows(ReplicationLog.open(log.url).read_all()) == before

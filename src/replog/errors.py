@@ -133,6 +133,12 @@ class CommitConflictError(ReplogError, FileExistsError):
     """Other writers kept winning the commit race, or changed what this commit relies on."""
 
 
+class TransactionOrderError(CommitConflictError):
+    """A :class:`~replog.format.commits.Transaction` that must follow a given version of
+    its app found another one in the log: another writer of that app committed meanwhile.
+    Nothing was committed."""
+
+
 class StagingCollectedError(ReplogError):
     """A garbage collection that may delete this write's staged files began while it
     staged (a ``replog recover --grace`` shorter than the write): nothing was committed,

@@ -384,7 +384,12 @@ class ReplicationLog:
             staged = self.stage(table, max_events=segment_max_events)
         with staging.committing(self.storage, staged) as attempt:
             record = self.commit_staged(
-                staged, writer=writer, attempt=attempt, since=since, refreshed=True
+                staged,
+                writer=writer,
+                attempt=attempt,
+                since=since,
+                refreshed=True,
+                follows=transaction.follows if transaction is not None else None,
             )
         if record is None:  # the transaction landed meanwhile (another run of it)
             self.discard_staged(staged)
@@ -440,6 +445,7 @@ class ReplicationLog:
         refreshed: bool = False,
         since: StagingStart | None = None,
         lease: Lease | None = None,
+        follows: int | None = None,
     ) -> CommitRecord | None:
         """Make staged segments visible in one commit, retrying lost races.
 
@@ -457,6 +463,9 @@ class ReplicationLog:
         checked to exist first. ``lease``: a staging lease the writer took before it
         staged; the files are then checked, never refused, unless the lease is gone,
         damaged or ran out (:class:`~replog.errors.StagingCollectedError`).
+        ``follows``: with a ``writer``, the epoch of its query the log must hold (0: none),
+        checked on the state the commit is built on, so it holds atomically with the
+        commit (:attr:`~replog.format.commits.Transaction.follows`).
         """
 
         def build(state: LogState) -> CommitRecord | None:
@@ -464,6 +473,8 @@ class ReplicationLog:
             if writer is not None:
                 if fencing.holds(state, writer):
                     return None
+                if follows is not None:
+                    fencing.check_follows(state, writer, follows)
                 claimed = fencing.claim(state, writer)  # FencedError if a newer run owns the sink
             self._guard_staged(state, staged, since, lease)
             heads = list(state.heads)

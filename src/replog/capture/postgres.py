@@ -61,6 +61,7 @@ from replog.errors import (
     SourceConfigError,
     SourceConnectionError,
     SourcePositionError,
+    TransactionOrderError,
 )
 from replog.format import jsontext
 from replog.format.commits import Transaction
@@ -521,10 +522,13 @@ class _Events:
             ts_ms=ts_ms,
         )
 
-    def change(
+    def changes(
         self, table: Table, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int
-    ) -> dict[str, Any]:
-        """The event of one row change; ``ts_ms``: when its batch was processed."""
+    ) -> list[dict[str, Any]]:
+        """The events of one row change, numbered from ``order`` in the transaction; ``ts_ms``:
+        when its batch was processed. An update that changes the row's key is, as Debezium
+        emits it, a delete of the old key then a create of the new one: as one update (of
+        the new key) the old key would live on in every table built from the log."""
         shape = self.shape(table, change.relation)
         before: dict[str, Any] | None = None
         if change.old is not None:
@@ -536,29 +540,41 @@ class _Events:
         if change.new is not None:
             full_old = change.old if change.old is not None and not change.old_is_key_only else ()
             after, unavailable = self._row(shape, change.new, full_old)
-        extra: dict[str, Any] = {
-            "transaction": {
-                "id": f"{txn.xid}:{txn.end_lsn}",
-                "total_order": order,
-                "data_collection_order": order,
-            }
-        }
-        if unavailable:
-            extra["unavailable"] = unavailable
         image = after if after is not None else before
         assert image is not None
-        return self.event(
-            table,
-            op=change.op,
-            key=self._key(table, image),
-            after=after,
-            before=before,
-            source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
-            identity=f"{self.slot}:{txn.end_lsn}:{order}",
-            schema=shape.digest,
-            ts_ms=ts_ms,
-            extra=extra,
-        )
+        key = self._key(table, image)
+        parts: list[tuple[str, dict[str, Any] | None, dict[str, Any] | None, str]] = [
+            (change.op, after, before, key)
+        ]
+        if change.op == "u" and before is not None and all(k in before for k in table.key):
+            old_key = self._key(table, before)  # the server sends the old key when it changed
+            if old_key != key:
+                parts = [("d", None, before, old_key), ("c", after, None, key)]
+        events = []
+        for index, (op, new_image, old_image, event_key) in enumerate(parts):
+            number = order + index
+            events.append(
+                self.event(
+                    table,
+                    op=op,
+                    key=event_key,
+                    after=new_image,
+                    before=old_image,
+                    source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
+                    identity=f"{self.slot}:{txn.end_lsn}:{number}",
+                    schema=shape.digest,
+                    ts_ms=ts_ms,
+                    extra={
+                        "transaction": {
+                            "id": f"{txn.xid}:{txn.end_lsn}",
+                            "total_order": number,
+                            "data_collection_order": number,
+                        },
+                        **({"unavailable": unavailable} if unavailable and new_image else {}),
+                    },
+                )
+            )
+        return events
 
 
 ProgressCallback = Callable[[CaptureProgress], None]
@@ -595,6 +611,9 @@ class PostgresCapture:
         self.decoder = Decoder()
         self.by_relation: dict[str, Table] = self.source.tables
         self._registered: set[str] = set()
+        self._logged = 0
+        """The position the log holds as far as this capture knows (0: none): each commit
+        must follow it, so a second capture of the slot cannot commit over this one's."""
 
     def close(self) -> None:
         self.source.close()
@@ -609,17 +628,20 @@ class PostgresCapture:
         """Snapshot if asked, then stream until caught up (or, following, until stopped)."""
         position = self._start()
         self.progress.position = position
-        try:
-            while not self.stop.is_set():
-                captured = self._capture_batch()
+        while not self.stop.is_set():
+            captured = self._capture_batch()
+            self._report()
+            if not captured:
+                if not self.options.follow:
+                    break
+                self.stop.wait(self.options.poll_s)
+        if self.options.drop_slot:
+            # Only a capture that got here retires the slot (one that failed keeps it: the
+            # changes after its last commit are still to be read), and only once it has
+            # read what is left (a stopped follower may not have).
+            while self._capture_batch():
                 self._report()
-                if not captured:
-                    if not self.options.follow:
-                        break
-                    self.stop.wait(self.options.poll_s)
-        finally:
-            if self.options.drop_slot:
-                self.source.drop_slot()
+            self.source.drop_slot()
         return self.progress
 
     def _report(self) -> None:
@@ -631,6 +653,7 @@ class PostgresCapture:
 
     def _start(self) -> int:
         logged = self.log.transaction_version(self.app_id)  # the slot position it holds
+        self._logged = logged or 0
         slot = self.source.slot()
         if logged is None:
             self.source.ensure_publication()
@@ -692,14 +715,26 @@ class PostgresCapture:
     def _commit(self, records: list[dict[str, Any]], position: int) -> None:
         """One atomic commit of ``records`` that records ``position`` (also with no
         records: transactions of tables not captured still move the position on)."""
-        transaction = Transaction(self.app_id, position)
+        transaction = Transaction(self.app_id, position, follows=self._logged)
         self._register()
-        if records:
-            record = self.log.append(records, transaction=transaction)
-        else:
-            record = self.log.commit_staged([], writer=transaction.writer())
+        try:
+            if records:
+                record = self.log.append(records, transaction=transaction)
+            else:
+                record = self.log.commit_staged(
+                    [], writer=transaction.writer(), follows=transaction.follows
+                )
+        except TransactionOrderError as exc:
+            raise CaptureError(
+                f"another capture of slot {self.options.slot!r} committed to {self.log.url} "
+                f"while this one read the slot ({exc}); this capture stops without committing "
+                f"(the changes it read would be doubled): run one capture per slot"
+            ) from exc
         if record is not None:
             self.progress.commits += 1
+            self._logged = position
+        else:  # the log already holds this position (or a later one)
+            self._logged = self.log.transaction_version(self.app_id) or 0
 
     def _register(self) -> None:
         """Store (put-if-absent) each schema an event was given that this capture has not
@@ -726,15 +761,15 @@ class PostgresCapture:
         fresh = [txn for txn in transactions if txn.end_lsn > position]
         self.progress.skipped_transactions += len(transactions) - len(fresh)
         processed_ms = now_ms()
-        records = [
-            self.events.change(
-                self.by_relation[change.relation.name], change, txn, order, processed_ms
-            )
-            for txn in fresh
-            for order, change in enumerate(
-                (c for c in txn.changes if c.relation.name in self.by_relation), start=1
-            )
-        ]
+        records: list[dict[str, Any]] = []
+        for txn in fresh:
+            order = 1
+            for change in txn.changes:
+                table = self._captured_table(change.relation)
+                if table is not None:
+                    events = self.events.changes(table, change, txn, order, processed_ms)
+                    records.extend(events)
+                    order += len(events)
         last = transactions[-1].end_lsn
         if last > position:
             self._commit(records, last)
@@ -746,6 +781,22 @@ class PostgresCapture:
         self.progress.rows += len(records)
         self.progress.transactions += len(fresh)
         return True
+
+    def _captured_table(self, relation: Relation) -> Table | None:
+        """The captured table a change is of; None for one not captured. With
+        ``--publication`` the captured tables are the publication's: a table added to it
+        while capturing is published from then on, so it is captured from then on (skipping
+        its changes would lose them: the slot moves past them)."""
+        table = self.by_relation.get(relation.name)
+        if table is None and not self.options.tables:
+            table = self.source._table(relation.name)  # errors (no key...) stop the capture
+            self.by_relation[table.qualified] = table
+            logger.info(
+                "%s joined publication %s: captured from now on",
+                table.qualified,
+                self.source.publication,
+            )
+        return table
 
 
 def server_positions(dsn: str) -> tuple[int, dict[str, int | None]]:

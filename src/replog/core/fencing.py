@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from replog.errors import FencedError
+from replog.errors import FencedError, TransactionOrderError
 from replog.format.commits import WriterInfo
 from replog.format.state import LogState
 
@@ -23,6 +23,19 @@ def holds(state: LogState, writer: WriterInfo) -> bool:
     mark = state.sinks.get(writer.sink_id)
     epoch = mark.epoch_of(writer.query_id) if mark else None
     return epoch is not None and epoch >= writer.epoch
+
+
+def check_follows(state: LogState, writer: WriterInfo, follows: int) -> None:
+    """Raise :class:`TransactionOrderError` unless ``state`` holds epoch ``follows`` of
+    ``writer``'s query (0: none): another writer of the same sink committed meanwhile."""
+    mark = state.sinks.get(writer.sink_id)
+    epoch = (mark.epoch_of(writer.query_id) if mark else None) or 0
+    if epoch != follows:
+        raise TransactionOrderError(
+            f"{writer.sink_id!r}: version {writer.epoch} was to follow version {follows}, but "
+            f"the log holds version {epoch} (at log version {state.version}): another writer "
+            f"of {writer.sink_id!r} committed meanwhile; nothing was committed"
+        )
 
 
 def claim(state: LogState, writer: WriterInfo) -> WriterInfo:

@@ -163,6 +163,11 @@ class Transaction:
 
     app_id: str
     version: int
+    follows: int | None = None
+    """If set, the version of ``app_id`` the log must hold when this one commits (0: none):
+    a writer that is the only one of its app says so, and another writer of the app that
+    committed meanwhile makes the commit fail (:class:`~replog.errors.TransactionOrderError`)
+    instead of landing on top of what that writer committed."""
 
     def writer(self) -> WriterInfo:
         return WriterInfo(self.app_id, TXN_QUERY, self.version)

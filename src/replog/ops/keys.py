@@ -303,11 +303,24 @@ def compact_by_key(
                 result = KeyCompactionResult(points, tuple(summaries), None, tuple(committed))
                 if dry_run or not summaries:
                     return result
+                # A consumer registered or set back while the ranges were rewritten (which
+                # can take minutes) needs what the old cleaner points would drop: look
+                # again just before committing, and plan again if one went back.
+                again = cleaner_points(state, consumers.all_committed(log))
+                moved_back = [s.shard for s in summaries if s.last > again[s.shard]]
+                if moved_back:
+                    staging.discard(log.storage, added)
+                    raise CommitConflictError(
+                        f"{log.url}: a consumer was registered or set back on shards "
+                        f"{moved_back} during key compaction; nothing was rewritten"
+                    )
                 record = log.replace(added, removed, since, lease=lease)
             except CommitConflictError:
                 if attempt == ATTEMPTS:
                     raise
-                logger.info("%s: a source left the log during key compaction; again", log.url)
+                logger.info(
+                    "%s: a source or a cleaner point moved during key compaction; again", log.url
+                )
                 continue
             logger.info(
                 "key-compacted %s at version %d: %d events -> %d (cleaner points %s)",
