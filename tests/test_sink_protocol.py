@@ -16,6 +16,7 @@ from replog.errors import CommitOutcomeUnknownError, FencedError, ReplogError, S
 from replog.format.commits import COMMITS_DIR, WriterInfo, commit_path
 from replog.format.events import events_from_records
 from replog.format.gc import StagingStart
+from replog.format.state import MAX_QUERIES_PER_SINK
 from replog.log import ReplicationLog
 from replog.ops import recovery
 from replog.ops.verify import verify
@@ -270,19 +271,23 @@ def test_a_commit_landing_between_the_sinks_check_and_its_put_is_caught(
         assert event_ids(log) == expected(10)
 
 
-def test_a_zombie_run_the_sink_mark_has_forgotten_is_still_fenced(memory_url: str) -> None:
-    """The sink mark lists only the newest runs; a run that committed long ago and is
-    still alive must not take the sink over when it comes back after all of them."""
-    from replog.format.state import MAX_QUERIES_PER_SINK
-
-    log = ReplicationLog.create(memory_url, 2)
-    zombie = SinkCommitter(log, "s")
-    assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.COMMITTED
-    for run in range(1, MAX_QUERIES_PER_SINK + 2):  # newer runs push r0 out of the mark
+def crowd_out_r0(log: ReplicationLog) -> None:
+    """Commit to sink ``s`` as run r1, r2, ... (each from a fresh process's committer)
+    until the sink's mark has forgotten run r0."""
+    for run in range(1, MAX_QUERIES_PER_SINK + 2):
         restarted = SinkCommitter(ReplicationLog.open(log.url), "s")
         outcome = restarted.commit(batch(log, f"q{run}", 0, run, 1, run_id=f"r{run}"))
         assert outcome is Outcome.COMMITTED
     assert log.refresh().sinks["s"].generation_of("r0") is None
+
+
+def test_a_zombie_run_the_sink_mark_has_forgotten_is_still_fenced(memory_url: str) -> None:
+    """The sink mark lists only the newest runs; a run that committed long ago and is
+    still alive must not take the sink over when it comes back after all of them."""
+    log = ReplicationLog.create(memory_url, 2)
+    zombie = SinkCommitter(log, "s")
+    assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.COMMITTED
+    crowd_out_r0(log)
     with pytest.raises(FencedError):
         zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
     assert "e1000" not in event_ids(log)
@@ -292,22 +297,16 @@ def test_a_forgotten_zombie_run_is_fenced_from_a_fresh_process(memory_url: str) 
     """Fencing never rests on memory alone: a zombie driver that builds a new committer
     (it restarted its sink, or the cache evicted it) after the mark forgot its run still
     finds the generation it committed with, and is fenced."""
-    from replog.format.state import MAX_QUERIES_PER_SINK
-
     log = ReplicationLog.create(memory_url, 2)
     first = SinkCommitter(log, "s")
     assert first.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.COMMITTED
-    for run in range(1, MAX_QUERIES_PER_SINK + 2):
-        restarted = SinkCommitter(ReplicationLog.open(log.url), "s")
-        outcome = restarted.commit(batch(log, f"q{run}", 0, run, 1, run_id=f"r{run}"))
-        assert outcome is Outcome.COMMITTED
-    assert log.refresh().sinks["s"].generation_of("r0") is None
+    crowd_out_r0(log)
     zombie = SinkCommitter(ReplicationLog.open(log.url), "s")  # no memory of r0
     with pytest.raises(FencedError):
         zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
     assert "e1000" not in event_ids(log)
     owner = SinkCommitter(ReplicationLog.open(log.url), "s")  # the owning run, restarted
-    last = MAX_QUERIES_PER_SINK + 1
+    last = MAX_QUERIES_PER_SINK + 1  # the last run crowd_out_r0 committed as
     outcome = owner.commit(batch(log, f"q{last}", 1, 2000, 1, run_id=f"r{last}"))
     assert outcome is Outcome.COMMITTED
 
@@ -317,7 +316,6 @@ def test_a_run_whose_record_was_never_written_is_still_fenced(tmp_path: Path, lo
     """The run record is best effort: if writing it fails, or the run's first commit
     landed unseen (its retry is a replay), the committer still knows the generation its
     run committed with, and the run is fenced once the mark has forgotten it."""
-    from replog.format.state import MAX_QUERIES_PER_SINK
     from replog.storage.backends import Durability
 
     url = str(tmp_path / "log")
@@ -343,11 +341,7 @@ def test_a_run_whose_record_was_never_written_is_still_fenced(tmp_path: Path, lo
         storage.blind = False
         assert zombie.commit(batch(log, "q0", 0, 0, 1, run_id="r0")) is Outcome.REPLAYED
     Faulty.fail_run_records = False
-    for run in range(1, MAX_QUERIES_PER_SINK + 2):
-        restarted = SinkCommitter(ReplicationLog.open(url), "s")
-        outcome = restarted.commit(batch(log, f"q{run}", 0, run, 1, run_id=f"r{run}"))
-        assert outcome is Outcome.COMMITTED
-    assert log.refresh().sinks["s"].generation_of("r0") is None
+    crowd_out_r0(log)
     with pytest.raises(FencedError):
         zombie.commit(batch(log, "q0", 1, 1000, 1, run_id="r0"))
     assert "e1000" not in event_ids(log)
