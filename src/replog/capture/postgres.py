@@ -162,8 +162,7 @@ class PostgresSource:
         if not names:
             raise SourceConfigError(f"publication {publication!r} publishes no tables")
         for name in names:
-            table = self._table(name)
-            self.tables[table.qualified] = table
+            self.add_table(name)
         unknown = set(self.options.keys) - set(self.tables)
         if unknown:
             raise InvalidOptionError(f"keys given for tables not captured: {sorted(unknown)}")
@@ -181,6 +180,13 @@ class PostgresSource:
             (publication,),
         ).fetchall()
         return [row[0] for row in rows]
+
+    def add_table(self, name: str) -> Table:
+        """Describe table ``name`` from the catalog and capture it from now on; raises
+        :class:`SourceConfigError` for one that is missing or has no usable key."""
+        table = self._table(name)
+        self.tables[table.qualified] = table
+        return table
 
     def _table(self, name: str) -> Table:
         qualified = name if "." in name else f"public.{name}"
@@ -609,7 +615,6 @@ class PostgresCapture:
             raise
         self.events = _Events(self.source, options.slot)
         self.decoder = Decoder()
-        self.by_relation: dict[str, Table] = self.source.tables
         self._registered: set[str] = set()
         self._logged = 0
         """The position the log holds as far as this capture knows (0: none): each commit
@@ -787,10 +792,9 @@ class PostgresCapture:
         ``--publication`` the captured tables are the publication's: a table added to it
         while capturing is published from then on, so it is captured from then on (skipping
         its changes would lose them: the slot moves past them)."""
-        table = self.by_relation.get(relation.name)
+        table = self.source.tables.get(relation.name)
         if table is None and not self.options.tables:
-            table = self.source._table(relation.name)  # errors (no key...) stop the capture
-            self.by_relation[table.qualified] = table
+            table = self.source.add_table(relation.name)  # errors (no key...) stop it
             logger.info(
                 "%s joined publication %s: captured from now on",
                 table.qualified,
