@@ -4,6 +4,7 @@ import json
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -25,6 +26,7 @@ from replog.errors import (
     UnsupportedFormatError,
 )
 from replog.format.commits import (
+    COMMITS_DIR,
     DESCRIPTOR_PATH,
     FORMAT_VERSION,
     Transaction,
@@ -147,6 +149,17 @@ def test_a_reader_opening_a_new_log_as_its_first_commit_lands_reads_it(log_url: 
     assert reader.refresh().version == 1
     assert landed == [1]
     assert reader.read_table(0).num_rows + reader.read_table(1).num_rows == 3
+
+
+def test_a_writers_temporary_file_beside_no_commit_is_not_expired_history(log_url: str) -> None:
+    """On local disk a commit is written to a temporary file in ``_replog/commits/`` and
+    then linked into place: a process opening the log in between lists the temporary
+    file, not a commit (caught by CI: racing appenders failed to open a new log)."""
+    ReplicationLog.create(log_url, 2)
+    temporary = f"{COMMITS_DIR}/.{commit_path(1).rsplit('/', 1)[1]}.{uuid.uuid4().hex}.tmp"
+    ReplicationLog.open(log_url).storage.write(temporary, b"{}")
+    assert ReplicationLog.open(log_url).refresh().version == 0
+    assert ReplicationLog.open(log_url).append(events(3)).version == 1
 
 
 def test_verify_finds_flipped_byte_and_truncation(log_url: str) -> None:

@@ -30,6 +30,7 @@ from replog.log import ReplicationLog
 from replog.ops import compaction, recovery, retention, status
 from replog.ops.verify import verify
 from replog.storage import Storage
+from replog.storage.backends import temporary_name
 from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 from replog.timeutil import now_ms, use_clock
 
@@ -344,6 +345,21 @@ def test_a_compaction_whose_lease_is_lost_commits_nothing(tmp_path: Path) -> Non
     assert log.refresh().version == version
     log.storage.__class__ = Storage
     assert len(check_log(log)) == 240 and verify(log).ok
+
+
+def test_a_lease_still_being_written_is_not_an_unreadable_lease(tmp_path: Path) -> None:
+    """On local disk a lease is written to a temporary file beside its name first; a
+    listing in between finds that file, possibly half-written. It is no lease: verify
+    reports nothing and recover still collects what no lease guards."""
+    log = filled_log(str(tmp_path / "log"), commits=1, shards=1)
+    lease = lease_store.acquire(log.storage, "a writer")
+    half = f"_replog/leases/{temporary_name(lease.relative.rsplit('/', 1)[1])}"
+    log.storage.write(half, lease.to_bytes()[:20])
+    lease_store.release(log.storage, lease)
+    orphan = log.stage(log_rows(3))[0].path
+    backdate(log, orphan, 2 * 86_400)
+    assert verify(log).ok
+    assert recovery.recover(log, grace_ms=1000).garbage == [orphan]
 
 
 @pytest.mark.parametrize(

@@ -41,6 +41,7 @@ from replog.log import ReplicationLog
 from replog.names import check_name
 from replog.offsets import Offsets
 from replog.storage import Storage
+from replog.storage.backends import is_temporary
 
 logger = logging.getLogger(__name__)
 
@@ -302,13 +303,16 @@ def links(log: ReplicationLog, consumer: str) -> list[SinkLink]:
     storage = consumer_storage(log.storage, consumer)
     found = []
     for name in storage.listdir(LINKS_DIR):
-        data = storage.read_optional(f"{LINKS_DIR}/{name}")
+        if is_temporary(name):  # a link being written
+            continue
+        relative = f"{LINKS_DIR}/{name}"
+        data = storage.read_optional(relative)
         if data is None:
             continue
         try:
             found.append(SinkLink(**json.loads(data)))
         except (ValueError, TypeError) as exc:
-            logger.warning("ignoring unreadable sink link %s: %s", storage.path(name), exc)
+            logger.warning("ignoring unreadable sink link %s: %s", storage.path(relative), exc)
     return found
 
 

@@ -37,7 +37,7 @@ from replog.errors import (
     UnsupportedFormatError,
 )
 from replog.format.sealed import seal, unseal
-from replog.names import is_valid_name
+from replog.names import is_valid_name, listed_versions
 from replog.storage import Storage
 from replog.storage.pointer import ForwardPointer, probe_forward
 
@@ -231,12 +231,7 @@ class ManifestStore:
 
     def list_ids(self) -> list[int]:
         """Checkpoint ids present (lists the directory: for operators and repair)."""
-        ids = []
-        for name in self.storage.listdir(MANIFESTS_DIR):
-            stem = name.removesuffix(".json")
-            if stem.isdigit() and name.endswith(".json"):
-                ids.append(int(stem))
-        return sorted(ids)
+        return listed_versions(self.storage.listdir(MANIFESTS_DIR))
 
     def prune(self) -> list[int]:
         """Delete every manifest older than the newest ``keep``; returns the deleted ids."""

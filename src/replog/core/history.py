@@ -50,6 +50,7 @@ from replog.format.lanes import (
 )
 from replog.format.segments import SegmentInfo, sha256_hex
 from replog.format.state import LogState, SinkMark, Snapshots
+from replog.names import listed_versions
 from replog.storage import Storage
 from replog.storage.backends import Durability
 from replog.storage.pointer import ForwardPointer, probe_forward
@@ -679,12 +680,7 @@ class LogSnapshots:
 def _newest_listed_header(snapshots: LogSnapshots) -> int:
     """The newest header found by listing (repair: only when the hint is gone and the
     headers from the start were expired)."""
-    versions = [
-        int(name.removesuffix(".json"))
-        for name in snapshots.storage.listdir(SNAPSHOTS_DIR)
-        if name.endswith(".json") and name.removesuffix(".json").isdigit()
-    ]
-    return max(versions, default=0)
+    return max(listed_versions(snapshots.storage.listdir(SNAPSHOTS_DIR)), default=0)
 
 
 def _hinted_header(snapshots: LogSnapshots) -> int:
@@ -741,8 +737,9 @@ def _repair_start(snapshots: LogSnapshots) -> LogState | None:
     storage = snapshots.storage
     if storage.exists(EXPIRED_MARKER):
         raise _unrebuildable(storage)
-    if storage.listdir(COMMITS_DIR) and not storage.exists(commit_path(1)):
-        raise _unrebuildable(storage)  # commits without the first: expired, unmarked
+    # commits without the first: expired, unmarked (a writer's temporary file is no commit)
+    if listed_versions(storage.listdir(COMMITS_DIR)) and not storage.exists(commit_path(1)):
+        raise _unrebuildable(storage)
     # No commit yet, or the first landed since the caller looked (a log just created):
     # start from the empty state; headers only of another log (written late) are ignored.
     return None

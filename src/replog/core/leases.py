@@ -14,6 +14,7 @@ from replog.errors import CorruptionError, StagingCollectedError
 from replog.format.gc import CLOCK_SKEW_MS
 from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, STAGING, Lease, UnreadableLease
 from replog.storage import Storage
+from replog.storage.backends import is_temporary
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
@@ -114,6 +115,8 @@ def leases(storage: Storage) -> FoundLeases:
     its file, and returned as such: it may still guard a writer's files."""
     found = FoundLeases()
     for name in storage.listdir(LEASES_DIR):
+        if is_temporary(name):  # a lease being written: read once it has its name
+            continue
         relative = f"{LEASES_DIR}/{name}"
         data = storage.read_optional(relative)
         if data is None:

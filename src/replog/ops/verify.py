@@ -23,6 +23,7 @@ from replog.format.commits import COMMITS_DIR, commit_path
 from replog.format.segments import SegmentInfo, entry_rows, row_sequences
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
+from replog.names import listed_versions
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
@@ -78,11 +79,7 @@ def _problem(exc: BaseException, fallback_path: str) -> Problem:
 def _commits(log: ReplicationLog, problems: list[Problem]) -> tuple[int, LogState]:
     """Check every commit record (listed: a missing one in the middle is found too).
     Returns how many there are and the state they build up to the first broken one."""
-    versions = sorted(
-        int(name.removesuffix(".json"))
-        for name in log.storage.listdir(COMMITS_DIR)
-        if name.endswith(".json") and name.removesuffix(".json").isdigit()
-    )
+    versions = listed_versions(log.storage.listdir(COMMITS_DIR))
     last = versions[-1] if versions else 0
     oldest = _oldest_retained(log, versions)
     state, applied_from = _replay_start(log, oldest - 1, problems)
@@ -160,15 +157,12 @@ def _replay_start(
 
 def _snapshots(log: ReplicationLog, problems: list[Problem]) -> int:
     checked = 0
-    for name in log.storage.listdir(history.SNAPSHOTS_DIR):
-        stem = name.removesuffix(".json")
-        if not (name.endswith(".json") and stem.isdigit()):
-            continue
+    for version in listed_versions(log.storage.listdir(history.SNAPSHOTS_DIR)):
         checked += 1
         try:
-            history.check_snapshot(log.storage, log.descriptor, int(stem))
+            history.check_snapshot(log.storage, log.descriptor, version)
         except (ReplogError, OSError) as exc:
-            problems.append(_problem(exc, log.storage.path(history.header_path(int(stem)))))
+            problems.append(_problem(exc, log.storage.path(history.header_path(version))))
     return checked
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import threading
 import uuid
 from enum import Enum
@@ -148,6 +149,20 @@ class Backend:
         return int(stamp.timestamp() * 1000)
 
 
+_TEMPORARY = re.compile(r"\..+\.[0-9a-f]{32}\.tmp")
+
+
+def temporary_name(name: str) -> str:
+    """Where a local write of ``name`` is staged, beside it, before it takes the name."""
+    return f".{name}.{uuid.uuid4().hex}.tmp"
+
+
+def is_temporary(name: str) -> bool:
+    """Whether a listed ``name`` is a local write still being staged (or one a crash
+    left): not a file of the log, and possibly half-written."""
+    return _TEMPORARY.fullmatch(name) is not None
+
+
 class LocalBackend(Backend):
     """Local disk: a temporary file, fsynced, hard-linked to its name (``link`` fails if
     the name exists), then the directory fsynced, so a power cut cannot keep a later
@@ -161,7 +176,7 @@ class LocalBackend(Backend):
     def _temporary(path: str, data: bytes, durability: Durability) -> str:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+        tmp = os.path.join(directory, temporary_name(os.path.basename(path)))
         with open(tmp, "wb") as handle:
             handle.write(data)
             if durability is not Durability.BEST_EFFORT:
