@@ -92,25 +92,36 @@ def test_compaction_and_retention_while_a_query_reads(spark, place, tmp_path: Pa
     )
     done = threading.Event()
     compactions = []
+    failures: list[BaseException] = []
 
     def operate() -> None:
-        operator = ReplicationLog.open(source.url, storage_options=options)
-        for round_ in range(4):
-            fill_more(operator, round_)
-            compactions.append(compaction.compact(operator).record)
-            # Safe retention: only what the running query's consumer has committed,
-            # once it has committed something new.
-            lows = retention.consumed_lows(operator)
-            deadline = time.monotonic() + 120
-            while lows == retention.consumed_lows(operator) and time.monotonic() < deadline:
-                time.sleep(0.2)
-            retention.truncate(operator, retention.consumed_lows(operator))
-        done.set()
+        try:
+            operator = ReplicationLog.open(source.url, storage_options=options)
+            for round_ in range(4):
+                fill_more(operator, round_)
+                heads = operator.head()
+                compactions.append(compaction.compact(operator).record)
+                # Safe retention: only what the running query's consumer has committed,
+                # once it has committed this round's events (a state that, once reached,
+                # stays: the query may have read them during the compaction already).
+                stuck_after = time.monotonic() + 240  # a hang, not slowness
+                while any(
+                    low <= heads[shard] for shard, low in retention.consumed_lows(operator).items()
+                ):
+                    assert query.isActive, query.exception()
+                    assert time.monotonic() < stuck_after, f"round {round_}: consumer stuck"
+                    time.sleep(0.2)
+                retention.truncate(operator, retention.consumed_lows(operator))
+            done.set()
+        except BaseException as exc:  # reported by the test below, not lost with the thread
+            failures.append(exc)
 
     worker = threading.Thread(target=operate)
     worker.start()
     try:
-        worker.join(timeout=300)
+        worker.join()
+        if failures:
+            raise failures[0]
         assert done.is_set()
         query.processAllAvailable()
     finally:

@@ -4,6 +4,7 @@ nothing of it."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import time
 from pathlib import Path
@@ -21,12 +22,19 @@ def events(tag: str, count: int = 2) -> list[dict[str, object]]:
 
 
 def recreate(url: str, commits: int) -> ReplicationLog:
-    """Delete the log at ``url`` and create another there with ``commits`` appends."""
-    shutil.rmtree(url)
-    log = ReplicationLog.create(url, 2, snapshot_interval=10)
+    """Replace the log at ``url`` with another of ``commits`` appends, built beside it and
+    swapped in by two renames: a holder of the old log checking its identity sees the old
+    log or the new one, not a directory half deleted (which fails differently: the log is
+    gone, or damaged)."""
+    fresh = f"{url}.new"
+    log = ReplicationLog.create(fresh, 2, snapshot_interval=10)
     for n in range(commits):
         log.append(events(f"new{n}"))
-    return log
+    log.flush()  # no merge still writing under the path being renamed
+    os.rename(url, f"{url}.old")
+    os.rename(fresh, url)
+    shutil.rmtree(f"{url}.old")
+    return ReplicationLog.open(url)
 
 
 @pytest.mark.parametrize("new_commits", [2, 12], ids=["new log shorter", "new log longer"])

@@ -5,7 +5,8 @@ Each test forces one interleaving found by review (a writer stalled between two 
 while another writer's expiry runs, an unordered or partial delete, a read outage right
 after a commit landed) through a storage subclass on one process's own storage object.
 Retention is 1 s, so the tests sleep past it instead of replacing clocks: expiry runs in
-writers' background threads, which do not share a test's clock.
+writers' background threads, which do not share a test's clock. Appends that must not
+expire anything before a test is ready are stamped with a stopped clock.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from replog.log import ReplicationLog
 from replog.ops import recovery
 from replog.ops.verify import verify
 from replog.storage import RetryPolicy, Storage
-from replog.timeutil import now_ms
+from replog.timeutil import Clock, now_ms, use_clock
 
 PAST_RETENTION_S = 1.2
 
@@ -49,6 +50,14 @@ def create(url: str) -> None:
 
 def writer(url: str) -> ReplicationLog:
     return ReplicationLog.open(url, auto_compact=False)
+
+
+def stopped_clock() -> Clock:
+    """A clock stuck at now: commits stamped with it (and so their snapshot headers) stay
+    younger than the retention until real time has moved past it, however long the
+    commits took to write."""
+    stopped = time.time()
+    return lambda: stopped
 
 
 def append_many(log: ReplicationLog, count: int, tag: str) -> None:
@@ -102,10 +111,12 @@ def test_a_lagging_sink_never_commits_into_an_expired_range(tmp_path: Path) -> N
         return committer.commit(batch)
 
     assert epoch(0, "sink-e0") is Outcome.COMMITTED  # version 1
-    append_many(other, 19, "a")  # tables at 10 and 20
+    with use_clock(stopped_clock()):  # however slow: nothing expires before the sleep
+        append_many(other, 19, "a")  # tables at 10 and 20
     time.sleep(PAST_RETENTION_S)
     append_many(other, 9, "b")  # version 29
 
+    assert other.storage.exists(commit_path(2))
     expiring = expiry_while_reading_commit_2(other)
     sink_log.storage.__class__ = expiring
     assert epoch(1, "sink-e1") is Outcome.COMMITTED
@@ -129,10 +140,12 @@ def test_a_reader_overtaken_by_expiry_while_catching_up_sees_the_head(tmp_path: 
     other.append(tagged("first"))
     reader = ReplicationLog.open(url)
     reader.refresh()  # at version 1
-    append_many(other, 19, "a")
+    with use_clock(stopped_clock()):  # however slow: nothing expires before the sleep
+        append_many(other, 19, "a")
     time.sleep(PAST_RETENTION_S)
     append_many(other, 9, "b")  # version 29
 
+    assert other.storage.exists(commit_path(2))
     expiring = expiry_while_reading_commit_2(other)
     reader.storage.__class__ = expiring
     state = reader.refresh()
