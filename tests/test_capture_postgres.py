@@ -332,6 +332,42 @@ def test_cli_captures_and_reports(pg_dsn: str, tmp_path: Path) -> None:
     assert failed.returncode == 2 and "'public.nope' does not exist" in failed.stderr
 
 
+def test_a_truncate_of_a_captured_table_is_reported_not_silently_dropped(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The log has no "every row is gone" event, so a TRUNCATE is not captured: the
+    operator is told which table and where (a warning, a count, the CLI's summary), and
+    the changes around it are captured as ever."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE TABLE other (id int PRIMARY KEY)",
+        "INSERT INTO t VALUES (1), (2)",
+    )
+    run(pg_dsn, url, tables=("t",))
+    sql(
+        pg_dsn,
+        "INSERT INTO t VALUES (3)",
+        "TRUNCATE t, other",
+        "TRUNCATE other",
+        "INSERT INTO t VALUES (4)",
+    )
+    with caplog.at_level("WARNING", logger="replog.capture.postgres"):
+        progress = run(pg_dsn, url, tables=("t",))
+    assert progress.skipped_truncations == 1
+    assert progress.to_json()["skipped_truncations"] == 1
+    [warning] = [r.getMessage() for r in caplog.records if "TRUNCATE" in r.getMessage()]
+    assert "TRUNCATE of public.t (transaction " in warning and "LSN " in warning
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert [(e["op"], e["key"]) for e in changes] == [("c", '{"id":3}'), ("c", '{"id":4}')]
+
+    sql(pg_dsn, "TRUNCATE t")
+    result = replog("capture", "postgres", pg_dsn, url, "--slot", "cap", "--tables", "t")
+    assert result.returncode == 0, result.stderr
+    assert "warning: 1 TRUNCATE(s) of captured tables were not captured" in result.stdout
+
+
 def test_status_shows_the_capture_and_its_lag_behind_the_server(
     pg_dsn: str, tmp_path: Path
 ) -> None:

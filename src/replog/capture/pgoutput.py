@@ -1,10 +1,10 @@
 """The messages of PostgreSQL's ``pgoutput`` plug-in, protocol version 1, decoded.
 
 The layout is PostgreSQL's "Logical Replication Message Formats". Only what capture needs
-is decoded: transactions (Begin, Commit), relations (column names and type ids) and row
-changes (Insert, Update, Delete). Column values stay the server's text output, so the
-caller decides how each type becomes JSON; a value is :data:`UNCHANGED_TOAST` when the
-server did not send it (an unchanged TOASTed column).
+is decoded: transactions (Begin, Commit), relations (column names and type ids), row
+changes (Insert, Update, Delete) and truncations. Column values stay the server's text
+output, so the caller decides how each type becomes JSON; a value is
+:data:`UNCHANGED_TOAST` when the server did not send it (an unchanged TOASTed column).
 """
 
 from __future__ import annotations
@@ -85,6 +85,8 @@ class SourceTransaction:
     end_lsn: int = 0
     """The end of its commit record: the slot position just past this transaction."""
     changes: list[RowChange] = field(default_factory=list)
+    truncated: list[tuple[Relation, int]] = field(default_factory=list)
+    """Tables emptied by ``TRUNCATE`` in it, each with the LSN of the message."""
 
 
 class ProtocolError(ValueError):
@@ -122,6 +124,12 @@ def _tuple(data: bytes, at: int) -> tuple[tuple[Value, ...], int]:
         else:
             raise ProtocolError(f"unknown tuple value kind {chr(kind)!r} (binary mode is not used)")
     return tuple(values), at
+
+
+def _truncated_oids(data: bytes) -> tuple[int, ...]:
+    """The relation ids of a Truncate message (count, option bits, ids)."""
+    (count,) = _INT32.unpack_from(data, 1)
+    return struct.unpack_from(f"!{count}I", data, 6)
 
 
 def _relation(data: bytes) -> Relation:
@@ -169,7 +177,11 @@ class Decoder:
             self.relations[relation.oid] = relation
         elif kind in (b"I", b"U", b"D"):
             self._require_open(kind).changes.append(self._change(kind, lsn, message))
-        # 'Y' (type), 'O' (origin), 'T' (truncate), 'M' (message): nothing to capture.
+        elif kind == b"T":
+            self._require_open(kind).truncated.extend(
+                (self._relation_of(oid), lsn) for oid in _truncated_oids(message)
+            )
+        # 'Y' (type), 'O' (origin), 'M' (message): nothing to capture.
         return None
 
     def _require_open(self, kind: bytes) -> SourceTransaction:
@@ -177,11 +189,15 @@ class Decoder:
             raise ProtocolError(f"message {kind!r} outside a transaction")
         return self._open
 
-    def _change(self, kind: bytes, lsn: int, message: bytes) -> RowChange:
-        (oid,) = _INT32.unpack_from(message, 1)
+    def _relation_of(self, oid: int) -> Relation:
         relation = self.relations.get(oid)
         if relation is None:
             raise ProtocolError(f"change of relation {oid} before its relation message")
+        return relation
+
+    def _change(self, kind: bytes, lsn: int, message: bytes) -> RowChange:
+        (oid,) = _INT32.unpack_from(message, 1)
+        relation = self._relation_of(oid)
         at = 5
         old: tuple[Value, ...] | None = None
         new: tuple[Value, ...] | None = None

@@ -775,6 +775,7 @@ class PostgresCapture:
                     events = self.events.changes(table, change, txn, order, processed_ms)
                     records.extend(events)
                     order += len(events)
+            self._skip_truncations(txn)
         last = transactions[-1].end_lsn
         if last > position:
             self._commit(records, last)
@@ -786,6 +787,24 @@ class PostgresCapture:
         self.progress.rows += len(records)
         self.progress.transactions += len(fresh)
         return True
+
+    def _skip_truncations(self, txn: SourceTransaction) -> None:
+        """Warn about each captured table a ``TRUNCATE`` emptied: the log has no event
+        that says "every row is gone" (Debezium skips truncations by default too), so a
+        table built from the log keeps the rows. The operator must see it to act."""
+        for relation, lsn in txn.truncated:
+            table = self._captured_table(relation)
+            if table is None:
+                continue
+            self.progress.skipped_truncations += 1
+            logger.warning(
+                "TRUNCATE of %s (transaction %d, LSN %s) is not captured: the log has no "
+                "truncate event, so tables built from it keep the rows the source removed "
+                "(rebuild them, or capture anew into a new slot with --snapshot initial)",
+                table.qualified,
+                txn.xid,
+                lsn_to_text(lsn),
+            )
 
     def _captured_table(self, relation: Relation) -> Table | None:
         """The captured table a change is of; None for one not captured. With

@@ -18,6 +18,8 @@ class CaptureProgress:
     commits: int = 0
     skipped_transactions: int = 0
     """Transactions the log already held (a restart after a kill)."""
+    skipped_truncations: int = 0
+    """``TRUNCATE`` of a captured table: not captured (the log has no such event)."""
     position: int = 0
     """The slot position the log holds (end LSN of the last captured transaction)."""
     lag_bytes: int = 0
@@ -32,6 +34,7 @@ class CaptureProgress:
             "transactions": self.transactions,
             "commits": self.commits,
             "skipped_transactions": self.skipped_transactions,
+            "skipped_truncations": self.skipped_truncations,
             "position": lsn_to_text(self.position),
             "lag_bytes": self.lag_bytes,
             "last_commit_ms": self.last_commit_ms,

@@ -238,6 +238,11 @@ class TextOutput(Output):
                 else ""
             )
         )
+        if progress.skipped_truncations:
+            self.line(
+                f"warning: {progress.skipped_truncations} TRUNCATE(s) of captured tables were "
+                f"not captured (see the log messages): tables built from the log keep those rows"
+            )
 
     def info(self, info: LogInfo) -> None:
         self.line(f"log        {info.url}")
