@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from support.cli import replog
 
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
+from replog.capture.progress import CaptureProgress
 from replog.errors import (
     CaptureError,
     InjectedFaultError,
@@ -569,4 +571,83 @@ def test_a_table_added_to_the_publication_while_capturing_is_captured(
     assert [(e["collection"], e["key"]) for e in changes] == [
         ("public.t", '{"id":1}'),
         ("public.n", '{"id":1}'),
+    ]
+
+
+def test_a_renamed_table_is_still_captured(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Tables are known by id, not name: renamed while capturing, a table's changes are
+    still captured (they were skipped while the slot moved past them: lost), under the
+    collection capture started with; a capture started later under the new name also
+    takes the changes made before the rename that it has not read yet."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)")
+    run(pg_dsn, url, tables=("t",))
+    stop = threading.Event()
+
+    def renamed_while_running(progress: CaptureProgress) -> None:
+        if progress.rows == 0:  # once streaming (so after start-up's checks)
+            sql(
+                pg_dsn,
+                "INSERT INTO t VALUES (1)",
+                "ALTER TABLE t RENAME TO t2",
+                "INSERT INTO t2 VALUES (2)",
+            )
+        else:
+            stop.set()
+
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t",), follow=True, poll_s=0.01)
+    with caplog.at_level("WARNING", logger="replog.capture.postgres"):
+        progress = capture(
+            options, ReplicationLog.open(url), stop=stop, progress=renamed_while_running
+        )
+    assert progress.rows == 2
+    assert any("is called public.t2" in r.getMessage() for r in caplog.records)
+    sql(
+        pg_dsn,
+        "INSERT INTO t2 VALUES (3)",
+        "ALTER TABLE t2 RENAME TO t3",
+        "INSERT INTO t3 VALUES (4)",
+    )
+    run(pg_dsn, url, tables=("t3",))
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert [(e["collection"], e["key"]) for e in changes] == [
+        ("public.t", '{"id":1}'),
+        ("public.t", '{"id":2}'),
+        ("public.t3", '{"id":3}'),
+        ("public.t3", '{"id":4}'),
+    ]
+
+
+def test_a_table_dropped_and_created_again_is_captured_under_its_name(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Matching tables by id must not lose one created again under a captured name (a
+    publication FOR ALL TABLES publishes the new table): it is described afresh."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY)", "CREATE PUBLICATION every FOR ALL TABLES")
+    run(pg_dsn, url, tables=("t",), publication="every")
+    stop = threading.Event()
+
+    def recreated_while_running(progress: CaptureProgress) -> None:
+        if progress.rows == 0:
+            sql(
+                pg_dsn,
+                "INSERT INTO t VALUES (1)",
+                "DROP TABLE t",
+                "CREATE TABLE t (id int PRIMARY KEY, label text)",
+                "INSERT INTO t VALUES (2, 'new')",
+            )
+        else:
+            stop.set()
+
+    options = CaptureOptions(
+        dsn=pg_dsn, slot="cap", tables=("t",), publication="every", follow=True, poll_s=0.01
+    )
+    capture(options, ReplicationLog.open(url), stop=stop, progress=recreated_while_running)
+    changes = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert [(e["collection"], e["data"]) for e in changes] == [
+        ("public.t", '{"id":1}'),
+        ("public.t", '{"id":2,"label":"new"}'),
     ]

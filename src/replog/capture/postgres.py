@@ -92,6 +92,8 @@ class Table:
     name: str
     columns: Columns
     key: tuple[str, ...]
+    oid: int
+    """The table's id: pgoutput names a table by it, and it survives a rename."""
 
     @property
     def qualified(self) -> str:
@@ -132,6 +134,7 @@ class PostgresSource:
         assert row is not None
         self.database: str = row[0]
         self.tables: dict[str, Table] = {}
+        self._by_oid: dict[int, Table] = {}
         self._types: dict[int, PgType] = {}
 
     def close(self) -> None:
@@ -186,7 +189,12 @@ class PostgresSource:
         :class:`SourceConfigError` for one that is missing or has no usable key."""
         table = self._table(name)
         self.tables[table.qualified] = table
+        self._by_oid[table.oid] = table
         return table
+
+    def table_with_oid(self, oid: int) -> Table | None:
+        """The captured table whose id is ``oid`` (whatever it is called now)."""
+        return self._by_oid.get(oid)
 
     def _table(self, name: str) -> Table:
         qualified = name if "." in name else f"public.{name}"
@@ -231,7 +239,7 @@ class PostgresSource:
                 f"table {qualified!r} has no primary key, so its deletes would carry no key: "
                 f"ALTER TABLE {qualified} REPLICA IDENTITY FULL"
             )
-        return Table(schema, table, tuple((c, t, m) for c, t, m in columns), key)
+        return Table(schema, table, tuple((c, t, m) for c, t, m in columns), key, int(oid))
 
     def pg_type(self, type_oid: int) -> PgType:
         """A type id's base type (domains resolved), the domain's modifier and an array's
@@ -616,6 +624,7 @@ class PostgresCapture:
         self.events = _Events(self.source, options.slot)
         self.decoder = Decoder()
         self._registered: set[str] = set()
+        self._renames_noted: set[tuple[int, str]] = set()
         self._logged = 0
         """The position the log holds as far as this capture knows (0: none): each commit
         must follow it, so a second capture of the slot cannot commit over this one's."""
@@ -788,6 +797,19 @@ class PostgresCapture:
         self.progress.transactions += len(fresh)
         return True
 
+    def _note_rename(self, table: Table, name: str) -> None:
+        if (table.oid, name) in self._renames_noted:
+            return
+        self._renames_noted.add((table.oid, name))
+        logger.warning(
+            "captured table %s is called %s at this point of the stream (renamed): its "
+            "changes are captured as collection %s until capture starts again with the "
+            "table's current name",
+            table.qualified,
+            name,
+            table.qualified,
+        )
+
     def _skip_truncations(self, txn: SourceTransaction) -> None:
         """Warn about each captured table a ``TRUNCATE`` emptied: the log has no event
         that says "every row is gone" (Debezium skips truncations by default too), so a
@@ -810,15 +832,21 @@ class PostgresCapture:
         """The captured table a change is of; None for one not captured. With
         ``--publication`` the captured tables are the publication's: a table added to it
         while capturing is published from then on, so it is captured from then on (skipping
-        its changes would lose them: the slot moves past them)."""
-        table = self.source.tables.get(relation.name)
-        if table is None and not self.options.tables:
-            table = self.source.add_table(relation.name)  # errors (no key...) stop it
-            logger.info(
-                "%s joined publication %s: captured from now on",
-                table.qualified,
-                self.source.publication,
+        its changes would lose them: the slot moves past them). Tables are matched by id first:
+        a captured table renamed is still captured, under the collection it had (by name,
+        its changes would be skipped, or a restart would meet its old name); one dropped and
+        created again under its name is described afresh."""
+        table = self.source.table_with_oid(relation.oid)
+        if table is not None and table.qualified != relation.name:
+            self._note_rename(table, relation.name)
+        elif table is None and (relation.name in self.source.tables or not self.options.tables):
+            how = (
+                "was created again"
+                if relation.name in self.source.tables
+                else f"joined publication {self.source.publication}"
             )
+            table = self.source.add_table(relation.name)  # errors (no key...) stop it
+            logger.info("%s %s: captured from now on", table.qualified, how)
         return table
 
 
