@@ -418,3 +418,28 @@ def test_latest_view_options_are_checked(spark: Any, tmp_path: Path) -> None:
         spark.readStream.format("replog").option("view", "latest").load(log.url).writeStream.format(
             "noop"
         ).start().awaitTermination()
+
+
+def test_a_double_is_not_rounded_into_a_float_column(tmp_path: Path) -> None:
+    """A table whose column is float (32 bits) and a change that holds a double the float
+    cannot hold exactly: refused, not silently rounded (0.1 became 0.10000000149...)."""
+    target = str(tmp_path / "t")
+    first = change_table([(1, "a", 1, "insert")]).append_column("x", pa.array([1.0], pa.float32()))
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0)
+    fits = change_table([(2, "b", 2, "insert")]).append_column(
+        "x",
+        pa.array(
+            [
+                0.5,
+            ],
+            pa.float64(),
+        ),
+    )
+    apply_batch(target, fits, ["id"], app_id="q", batch_id=1)  # exact in 32 bits: cast
+    rounded = change_table([(3, "c", 3, "insert")]).append_column(
+        "x", pa.array([0.1], pa.float64())
+    )
+    with pytest.raises(SchemaChangeError, match="column 'x'"):
+        apply_batch(target, rounded, ["id"], app_id="q", batch_id=2)
+    found = {r["id"]: r["x"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    assert found == {1: 1.0, 2: 0.5}

@@ -231,12 +231,30 @@ def align(source: pa.Table, target: pa.Schema) -> pa.Table:
                 f"incompatible type change is not applied (nothing was written)",
             )
         try:
-            columns[field.name] = columns[field.name].cast(field.type, safe=True)
+            cast = columns[field.name].cast(field.type, safe=True)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise SchemaChangeError(
                 field.name, f"a value does not fit the table's type {field.type}: {exc}"
             ) from exc
+        if not _lossless(columns[field.name], cast):
+            raise SchemaChangeError(
+                field.name,
+                f"a value does not fit the table's type {field.type}: the cast from {have} "
+                f"would change it (nothing was written)",
+            )
+        columns[field.name] = cast
     return pa.table(columns)
+
+
+def _lossless(original: pa.ChunkedArray, cast: pa.ChunkedArray) -> bool:
+    """Whether ``cast`` (``original`` cast to another type) gives every value back. Arrow's
+    safe casts check integers, decimals and timestamps but round a double to a float
+    silently (0.1 is 0.10000000149011612 in 32 bits)."""
+    if not pa.types.is_floating(cast.type) or not pa.types.is_floating(original.type):
+        return True
+    back = cast.cast(original.type)
+    same = pc.or_kleene(pc.equal(back, original), pc.and_(pc.is_nan(back), pc.is_nan(original)))
+    return pc.all(same).as_py() is not False
 
 
 def quoted(name: str) -> str:
