@@ -443,3 +443,66 @@ def test_a_double_is_not_rounded_into_a_float_column(tmp_path: Path) -> None:
         apply_batch(target, rounded, ["id"], app_id="q", batch_id=2)
     found = {r["id"]: r["x"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
     assert found == {1: 1.0, 2: 0.5}
+
+
+TOASTED = "__debezium_unavailable_value"  # Debezium's placeholder for an unchanged TOAST value
+
+
+def with_body(batch: pa.Table, bodies: list[str | None]) -> pa.Table:
+    return batch.append_column("body", pa.array(bodies, pa.string()))
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_an_unavailable_toast_value_keeps_the_stored_value(tmp_path: Path, mode: str) -> None:
+    """An update that did not send an unchanged TOASTed column (its value is Debezium's
+    placeholder) changes the other columns; the column keeps the value it had, from the
+    table or from an earlier change of the batch, never the placeholder."""
+    target = str(tmp_path / "t")
+    first = with_body(change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert")]), ["long", None])
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0, mode=mode)
+    second = with_body(
+        change_table(
+            [
+                (1, "a2", 3, "update"),  # the table's value stays
+                (2, "b2", 4, "update"),  # a stored NULL stays NULL
+                (3, "c", 5, "insert"),
+                (3, "c2", 6, "update"),  # the batch's earlier value
+                (3, "c3", 7, "update"),  # through two placeholders
+            ]
+        ),
+        [TOASTED, TOASTED, "text", TOASTED, TOASTED],
+    )
+    apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {1: ("a2", "long"), 2: ("b2", None), 3: ("c3", "text")}
+    assert not [r for r in found if r["body"] == TOASTED]  # no version holds the placeholder
+
+
+@pytest.mark.spark
+def test_spark_reduction_keeps_a_value_an_update_did_not_send(spark: Any, tmp_path: Path) -> None:
+    """scd1 reduces a micro-batch to one change per key in Spark: the insert's value of a
+    column the later update left out (TOAST placeholder) must survive the reduction."""
+    events = [
+        {"id": 1, "name": "a", "body": "long"},
+        {"id": 1, "name": "a2", "body": TOASTED},
+    ]
+    batch = [
+        {
+            "key": '{"id":1}',
+            "operation": op,
+            "data": json.dumps(row),
+            "timestamp": T0,
+            "shard": 0,
+            "sequence": s,
+        }
+        for s, (op, row) in enumerate(zip(["insert", "update"], events, strict=True))
+    ]
+    target = str(tmp_path / "t")
+    apply_changes(target, ["id"], app_id="q", schema="id long, name string, body string")(
+        micro_batch(spark, batch), 0
+    )
+    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert [(r["name"], r["body"]) for r in found] == [("a2", "long")]

@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType, TimestampType
+from pyspark.sql.types import StringType, StructType, TimestampType
 
 from replog import debezium
 from replog.crashpoints import crash_point
@@ -259,6 +259,38 @@ def _changes(batch: DataFrame, keys: tuple[str, ...], schema: StructType | str |
     return frame.select("__row.*", *rows.CHANGE_COLUMNS)
 
 
+def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """The last change per key (by position), as the driver collects it for scd1. A text
+    column whose last value is Debezium's placeholder for a value not sent (an unchanged
+    TOASTed column) takes the key's last value that is not (the core takes the table's
+    when the batch has none: :func:`replog.tables.delta.apply_batch`)."""
+    position = [F.col(c) for c in rows.POSITION]
+    texts = [
+        field.name
+        for field in frame.schema.fields
+        if isinstance(field.dataType, StringType)
+        and field.name not in keys
+        and not field.name.startswith("__")
+    ]
+    sent = {  # the last value sent, else the placeholder
+        name: F.max_by(
+            F.col(name), F.struct(~F.col(name).eqNullSafe(F.lit(rows.UNAVAILABLE)), *position)
+        ).alias(f"__sent{number}")
+        for number, name in enumerate(texts)
+    }
+    reduced = frame.groupBy(*keys).agg(
+        F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *sent.values()
+    )
+    return reduced.select(
+        *[
+            F.col(f"__sent{texts.index(name)}").alias(name)
+            if name in sent
+            else F.col("__last").getField(name).alias(name)
+            for name in frame.columns
+        ]
+    )
+
+
 def apply_changes(
     target: str,
     keys: Sequence[str] | str,
@@ -303,11 +335,7 @@ def apply_changes(
             batch = batch.where(F.col("collection") == F.lit(collection))
         frame = _changes(batch, wanted, schema)
         if mode == "scd1":  # reduced in Spark: the driver gets one change per key
-            frame = (
-                frame.groupBy(*wanted)
-                .agg(F.max_by(F.struct(*frame.columns), F.struct(*rows.POSITION)).alias("__last"))
-                .select("__last.*")
-            )
+            frame = _latest_per_key(frame, wanted)
         changes = frame.toArrow()
         crash_point("apply_before_delta", batch_id)
         apply_batch(

@@ -142,6 +142,87 @@ def after_positions(changes: pa.Table, positions: pa.Table, keys: Sequence[str])
     return joined.filter(newer).drop_columns(["__seen_shard", "__seen_sequence"])
 
 
+UNAVAILABLE = "__debezium_unavailable_value"
+"""Debezium's placeholder for a value the change did not send (PostgreSQL's unchanged
+TOASTed column in an update): the column keeps the value it had, never the placeholder."""
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    )
+
+
+def placeholders(changes: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per text column (neither key nor bookkeeping) holding :data:`UNAVAILABLE` in some
+    change: which rows hold it."""
+    found = {}
+    for field in changes.schema:
+        if field.name in keys or field.name.startswith("__") or not _is_text(field.type):
+            continue
+        marked = pc.fill_null(pc.equal(changes.column(field.name), UNAVAILABLE), False)
+        if pc.any(marked).as_py():
+            found[field.name] = marked.to_numpy(zero_copy_only=False)
+    return found
+
+
+def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with each :data:`UNAVAILABLE` value replaced by the value of the same
+    column in the key's previous change of the batch (in log order); a key's first change
+    keeps the placeholder (the table holds its value: :func:`fill_from_rows`). The rows
+    come back sorted by key and position when any placeholder is present."""
+    if not placeholders(changes, keys):
+        return changes
+    ordered = changes.sort_by(
+        [*((k, "ascending") for k in keys), (SHARD, "ascending"), (SEQUENCE, "ascending")]
+    )
+    rows = ordered.num_rows
+    index = np.arange(rows, dtype=np.int64)
+    same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[True], ~same_next[:-1]])
+    group_start = np.maximum.accumulate(np.where(starts, index, 0))
+    for name, marked in placeholders(ordered, keys).items():
+        # the last row at or before each row that holds a value (not the placeholder)
+        last_value = np.maximum.accumulate(np.where(marked, -1, index))
+        take = np.where(marked & (last_value >= group_start), last_value, index)
+        position = ordered.schema.get_field_index(name)
+        ordered = ordered.set_column(position, name, ordered.column(name).take(take))
+    return ordered
+
+
+def fill_from_rows(changes: pa.Table, stored: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with each :data:`UNAVAILABLE` value left replaced by the key's value in
+    ``stored`` (the table's rows: keys and columns, one row per key); keys or columns
+    ``stored`` lacks keep the placeholder."""
+    marks = placeholders(changes, keys)
+    columns = [name for name in marks if name in stored.column_names]
+    if not columns or stored.num_rows == 0:
+        return changes
+    stored = stored.select([*keys, *columns])
+    for key in keys:  # joined on the changes' key types (a table's int32 id, int64 changes)
+        position = stored.schema.get_field_index(key)
+        stored = stored.set_column(
+            position, key, stored.column(key).cast(changes.schema.field(key).type)
+        )
+    left = changes.select(list(keys)).append_column(
+        _ROW_INDEX, pa.array(np.arange(changes.num_rows, dtype=np.int64))
+    )
+    right = stored.select(list(keys)).append_column(
+        "__stored", pa.array(np.arange(stored.num_rows, dtype=np.int64))
+    )
+    pairs = left.join(right, list(keys), join_type="inner", use_threads=False)
+    match = np.full(changes.num_rows, -1, dtype=np.int64)
+    match[pairs.column(_ROW_INDEX).to_numpy()] = pairs.column("__stored").to_numpy()
+    for name in columns:
+        have = changes.column(name).combine_chunks()
+        values = pa.concat_arrays([have, stored.column(name).combine_chunks().cast(have.type)])
+        index = np.arange(changes.num_rows, dtype=np.int64)
+        take = np.where(marks[name] & (match >= 0), changes.num_rows + match, index)
+        position = changes.schema.get_field_index(name)
+        changes = changes.set_column(position, name, values.take(pa.array(take)))
+    return changes
+
+
 def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:
     """Per row of ``ordered`` (sorted by key, then position): whether the next row is
     a change of the same key."""

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -134,6 +135,7 @@ def apply_batch(
     if changes.num_rows == 0:
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]
+    changes = _fill_unavailable(table, changes, keys)
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id)
     if source.num_rows == 0:  # scd2: every change at or before its key's row
@@ -217,6 +219,28 @@ def _scd1_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
         Clause("update", f"NOT ({is_delete}) AND {newer}", values),
         Clause("insert", f"NOT ({is_delete})", values),
     ]
+
+
+def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with Debezium's placeholder for a value not sent (an unchanged TOASTed
+    column) replaced by the key's value: from its previous change in the batch, else
+    from the table's (current) row. A key the table does not hold keeps the placeholder:
+    its value is not known."""
+    changes = rows.fill_unavailable(changes, keys)
+    marks = rows.placeholders(changes, keys)
+    if table is None or not marks:
+        return changes
+    schema = table_schema(table)
+    columns = [name for name in marks if name in schema.names]
+    if not columns:
+        return changes
+    first = keys[0]
+    marked = changes.filter(pa.array(np.logical_or.reduce(list(marks.values()))))
+    wanted = ds.field(first).isin(pc.unique(marked.column(first)))
+    if CURRENT in schema.names:  # scd2: the version a change follows is the current one
+        wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
+    stored = table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
+    return rows.fill_from_rows(changes, stored, keys)
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
