@@ -506,3 +506,53 @@ def test_spark_reduction_keeps_a_value_an_update_did_not_send(spark: Any, tmp_pa
     )
     found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
     assert [(r["name"], r["body"]) for r in found] == [("a2", "long")]
+
+
+def test_a_batch_id_of_another_checkpoint_is_not_skipped_silently(tmp_path: Path) -> None:
+    """A replaced checkpoint reusing the app_id starts its batch ids at 0 again: its
+    batches would be skipped as 'already applied' and their changes lost. The commit
+    records the writing query (checkpoint); a skip for another one is an error."""
+    target = str(tmp_path / "t")
+    apply_batch(
+        target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0, writer="w1"
+    )
+    apply_batch(
+        target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=1, writer="w1"
+    )
+    again = apply_batch(
+        target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=1, writer="w1"
+    )
+    assert again.skipped  # a replay by the same checkpoint
+    with pytest.raises(InvalidOptionError, match="another checkpoint"):
+        apply_batch(
+            target,
+            change_table([(2, "c", 3, "insert")]),
+            ["id"],
+            app_id="q",
+            batch_id=0,
+            writer="w2",
+        )
+    assert table_state(target) == {1: {"id": 1, "name": "b", "n": None}}
+
+
+@pytest.mark.spark
+def test_a_new_checkpoint_under_the_same_app_id_fails(spark: Any, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 1)
+    log.append(workload(6, 20, 5))
+    target = str(tmp_path / "table")
+
+    def run(checkpoint: str) -> None:
+        (
+            spark.readStream.format("replog")
+            .load(log.url)
+            .writeStream.foreachBatch(apply_changes(target, ["id"], app_id="same", schema=SCHEMA))
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )
+
+    run("chk1")
+    log.append(workload(7, 20, 5))
+    with pytest.raises(Exception, match="another checkpoint"):
+        run("chk2")  # its batch 0 is not the first checkpoint's batch 0

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
 from pyspark.sql.types import StringType, StructType, TimestampType
@@ -291,6 +292,15 @@ def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
     )
 
 
+def _query_id() -> str | None:
+    """The id of the streaming query running this ``foreachBatch`` call: its checkpoint
+    keeps it, so a replaced checkpoint reusing an ``app_id`` is refused rather than its
+    batches skipped as applied. None outside a query, and with Spark Connect (no context
+    in this process: the check is off)."""
+    context = SparkContext._active_spark_context
+    return None if context is None else context.getLocalProperty("sql.streaming.queryId")
+
+
 def apply_changes(
     target: str,
     keys: Sequence[str] | str,
@@ -329,7 +339,8 @@ def apply_changes(
         rows.check_columns(schema.names, wanted)
 
     def apply(batch: DataFrame, batch_id: int) -> None:
-        if already_applied(target, app_id, batch_id, storage_options):
+        writer = _query_id()
+        if already_applied(target, app_id, batch_id, storage_options, writer):
             return  # a replay: no Spark job, nothing collected (apply_batch checks again)
         if collection is not None:
             batch = batch.where(F.col("collection") == F.lit(collection))
@@ -346,6 +357,7 @@ def apply_changes(
             batch_id=batch_id,
             mode=mode,
             storage_options=storage_options,
+            writer=writer,
         )
         crash_point("apply_after_delta", batch_id)
 

@@ -74,33 +74,71 @@ def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTabl
     return table
 
 
-def _replayed(table: DeltaTable | None, app_id: str, batch_id: int) -> bool:
-    """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped)."""
+APP_ID_INFO = "replog.appId"
+WRITER_INFO = "replog.writer"
+"""Commit info keys: the app id and the writer (a streaming query's id: its checkpoint)."""
+
+
+def _replayed(
+    table: DeltaTable | None, app_id: str, batch_id: int, writer: str | None = None
+) -> bool:
+    """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped).
+
+    Raises:
+        InvalidOptionError: ``app_id``'s last commit was made by another ``writer`` (a
+            replaced checkpoint under the same app id, whose batch ids start at 0 again:
+            skipping them would lose their changes).
+    """
     done = None if table is None else table.transaction_version(app_id)
     if done is None or batch_id > done:
         return False
+    assert table is not None
+    last = _last_writer(table, app_id) if writer is not None else None
+    if last is not None and last != writer:
+        raise InvalidOptionError(
+            f"apply_changes: app_id {app_id!r} has committed batches up to {done}, written by "
+            f"streaming query {last}; batch {batch_id} of query {writer} (another checkpoint) "
+            f"would be skipped as applied and its changes lost. Give a new checkpoint a new "
+            f"app_id (docs/CDC.md)"
+        )
     logger.info(
         "apply_changes %s: batch %d already committed (%d), skipped", app_id, batch_id, done
     )
     return True
 
 
+def _last_writer(table: DeltaTable, app_id: str) -> str | None:
+    """The writer of ``app_id``'s newest commit that names one (None: none does, e.g. a
+    table written before writers were recorded, or its commits' logs expired)."""
+    for commit in table.history():  # newest first; read only when a batch is skipped
+        if commit.get(APP_ID_INFO) == app_id:
+            writer = commit.get(WRITER_INFO)
+            return None if writer is None else str(writer)
+    return None
+
+
 def already_applied(
-    target: str, app_id: str, batch_id: int, storage_options: dict[str, str] | None = None
+    target: str,
+    app_id: str,
+    batch_id: int,
+    storage_options: dict[str, str] | None = None,
+    writer: str | None = None,
 ) -> bool:
     """Whether ``app_id``'s batch ``batch_id`` is committed to the table at ``target``: a
     caller can skip a replayed batch before it computes the batch's changes."""
-    return _replayed(open_table(target, storage_options), app_id, batch_id)
+    return _replayed(open_table(target, storage_options), app_id, batch_id, writer)
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def _commit(app_id: str, batch_id: int) -> Any:
+def _commit(app_id: str, batch_id: int, writer: str | None) -> Any:
     deltalake = _deltalake()
+    info = {APP_ID_INFO: app_id, **({WRITER_INFO: writer} if writer is not None else {})}
     return deltalake.CommitProperties(
-        app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)]
+        custom_metadata=info,
+        app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)],
     )
 
 
@@ -113,6 +151,7 @@ def apply_batch(
     batch_id: int,
     mode: str = "scd1",
     storage_options: dict[str, str] | None = None,
+    writer: str | None = None,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -121,6 +160,10 @@ def apply_batch(
     ``mode="scd1"`` keeps one row per key (deletes remove it); ``"scd2"`` keeps every
     version with ``__valid_from``, ``__valid_to`` and ``__current``. Bad input (keys,
     mode, an incompatible column type) is refused before anything is written.
+
+    ``writer`` names who numbers the batch ids (``apply_changes``: the streaming query's
+    id, which its checkpoint keeps); it is recorded with the commit, and a batch id that
+    another writer committed under ``app_id`` is an error rather than a skip.
     """
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
@@ -130,14 +173,14 @@ def apply_batch(
         raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
     rows.check_changes(changes, keys)
     table = open_table(target, storage_options)
-    if _replayed(table, app_id, batch_id):
+    if _replayed(table, app_id, batch_id, writer):
         return Applied(batch_id, True, changes.num_rows, None, {})
     if changes.num_rows == 0:
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]
     changes = _fill_unavailable(table, changes, keys)
     source = plan.source(table, changes, keys)
-    commit = _commit(app_id, batch_id)
+    commit = _commit(app_id, batch_id, writer)
     if source.num_rows == 0:  # scd2: every change at or before its key's row
         metrics: dict[str, Any] = {}
     elif table is None:
