@@ -556,3 +556,20 @@ def test_a_new_checkpoint_under_the_same_app_id_fails(spark: Any, tmp_path: Path
     log.append(workload(7, 20, 5))
     with pytest.raises(Exception, match="another checkpoint"):
         run("chk2")  # its batch 0 is not the first checkpoint's batch 0
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_key_column_widened_since_the_table_was_made(tmp_path: Path, mode: str) -> None:
+    """The table's key is int32 (its first batch's type); later changes carry it as int64
+    (a schema version widened it: typed reads the union). The changes apply; an old change
+    replayed is still recognised as old."""
+    target = str(tmp_path / "t")
+    narrow = change_table([(1, "a", 1, "insert")])
+    narrow = narrow.set_column(0, "id", narrow.column("id").cast(pa.int32()))
+    apply_batch(target, narrow, ["id"], app_id="q", batch_id=0, mode=mode)
+    wide = change_table([(1, "a", 1, "insert"), (1, "b", 2, "update"), (2, "c", 3, "insert")])
+    apply_batch(target, wide, ["id"], app_id="other", batch_id=0, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = sorted((r["id"], r["name"]) for r in table.to_pyarrow_table().to_pylist())
+    assert found == ([(1, "b"), (2, "c")] if mode == "scd1" else [(1, "a"), (1, "b"), (2, "c")])

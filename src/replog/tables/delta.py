@@ -178,6 +178,7 @@ def apply_batch(
     if changes.num_rows == 0:
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]
+    changes = _keys_as_in(table, changes, keys)
     changes = _fill_unavailable(table, changes, keys)
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
@@ -262,6 +263,21 @@ def _scd1_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
         Clause("update", f"NOT ({is_delete}) AND {newer}", values),
         Clause("insert", f"NOT ({is_delete})", values),
     ]
+
+
+def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with their key columns cast to the table's key types (checked: a value
+    that does not fit is :class:`SchemaChangeError`), so that they join the table's rows
+    (scd2's positions, the placeholders' values): a key widened since the table was made
+    (int32 to int64) is still the same key."""
+    if table is None:
+        return changes
+    schema = table_schema(table)
+    fields = pa.schema([schema.field(k) for k in keys if k in schema.names])
+    cast = rows.align(changes.select(fields.names), fields)
+    for name in fields.names:
+        changes = changes.set_column(changes.schema.get_field_index(name), name, cast.column(name))
+    return changes
 
 
 def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
