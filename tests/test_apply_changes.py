@@ -10,6 +10,7 @@ import itertools
 import json
 import random
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -573,3 +574,54 @@ def test_a_key_column_widened_since_the_table_was_made(tmp_path: Path, mode: str
     assert table is not None
     found = sorted((r["id"], r["name"]) for r in table.to_pyarrow_table().to_pylist())
     assert found == ([(1, "b"), (2, "c")] if mode == "scd1" else [(1, "a"), (1, "b"), (2, "c")])
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_column_listed_as_not_sent_keeps_its_value_whatever_its_type(
+    tmp_path: Path, mode: str
+) -> None:
+    """A captured update lists the TOASTed columns it did not send in
+    ``metadata.unavailable``; typed, a bytea there is bytes decoded from the placeholder
+    text and a numeric NULL. Neither may replace the stored value."""
+    target = str(tmp_path / "t")
+    first = change_table([(1, "a", 1, "insert")]).append_column("blob", pa.array([b"\x00big"]))
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0, mode=mode)
+    garbage = b"u\xe6\xde\xce"  # what unbase64 makes of the placeholder text
+    second = (
+        change_table([(1, "a2", 2, "update"), (2, "b", 3, "insert"), (2, "b2", 4, "update")])
+        .append_column("blob", pa.array([garbage, b"\x01", None]))
+        .append_column(rows.UNSENT, pa.array([["blob"], [], ["blob"]], pa.list_(pa.string())))
+    )
+    apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
+    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    current = {r["id"]: (r["name"], r["blob"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {1: ("a2", b"\x00big"), 2: ("b2", b"\x01")}
+    assert rows.UNSENT not in found[0]
+
+
+@pytest.mark.spark
+def test_spark_reads_the_columns_an_event_did_not_send_from_its_metadata(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Typed rows (a struct ``data``) whose ``metadata.unavailable`` names a column: the
+    reduction to one change per key and the merge keep the column's value."""
+    ddl = (
+        "shard int, sequence long, timestamp timestamp, operation string, "
+        "data struct<id:long,name:string,total:decimal(12,2)>, metadata string"
+    )
+    target = str(tmp_path / "t")
+    apply = apply_changes(target, ["id"], app_id="q")
+    first = [(0, 1, T0, "insert", (1, "a", Decimal("1.50")), '{"op":"c"}')]
+    apply(spark.createDataFrame(first, ddl), 0)
+    toasted = '{"op":"u","unavailable":["total"]}'
+    second = [
+        (0, 2, T0, "update", (1, "a2", None), toasted),  # the table's value stays
+        (0, 3, T0, "insert", (2, "b", Decimal("2.25")), '{"op":"c"}'),
+        (0, 4, T0, "update", (2, "b2", None), toasted),  # the batch's earlier value stays
+    ]
+    apply(spark.createDataFrame(second, ddl), 1)
+    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert sorted((r["id"], r["name"], r["total"]) for r in found) == [
+        (1, "a2", Decimal("1.50")),
+        (2, "b2", Decimal("2.25")),
+    ]

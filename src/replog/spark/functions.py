@@ -253,39 +253,55 @@ def _changes(batch: DataFrame, keys: tuple[str, ...], schema: StructType | str |
         F.col("sequence").alias(rows.SEQUENCE),
         F.col("operation").alias(rows.OPERATION),
         F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
+        _unsent(batch).alias(rows.UNSENT),
     )
     fields = frame.schema["__row"].dataType
     assert isinstance(fields, StructType)
     rows.check_columns(fields.names, keys)
-    return frame.select("__row.*", *rows.CHANGE_COLUMNS)
+    return frame.select("__row.*", *rows.CHANGE_COLUMNS, rows.UNSENT)
+
+
+def _unsent(batch: DataFrame) -> Column:
+    """The columns each event did not send (``metadata.unavailable``, as ``replog capture
+    postgres`` lists unchanged TOASTed columns): an empty list when it names none."""
+    if "metadata" not in batch.columns:
+        return F.array().cast("array<string>")
+    listed = F.get_json_object(F.col("metadata").cast("string"), "$.unavailable")
+    return F.coalesce(F.from_json(listed, "array<string>"), F.array().cast("array<string>"))
 
 
 def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """The last change per key (by position), as the driver collects it for scd1. A text
-    column whose last value is Debezium's placeholder for a value not sent (an unchanged
-    TOASTed column) takes the key's last value that is not (the core takes the table's
-    when the batch has none: :func:`replog.tables.delta.apply_batch`)."""
+    """The last change per key (by position), as the driver collects it for scd1. A column
+    the last change did not send (Debezium's placeholder text for an unchanged TOASTed
+    column, or named in ``metadata.unavailable``) takes the key's last value that was sent
+    (the core takes the table's when the batch has none, and keeps the column in
+    :data:`~replog.tables.changes.UNSENT`: :func:`replog.tables.delta.apply_batch`)."""
     position = [F.col(c) for c in rows.POSITION]
-    texts = [
-        field.name
+    unsent = F.col(rows.UNSENT)
+    values = [
+        field
         for field in frame.schema.fields
-        if isinstance(field.dataType, StringType)
-        and field.name not in keys
-        and not field.name.startswith("__")
+        if field.name not in keys and not field.name.startswith("__")
     ]
-    sent = {  # the last value sent, else the placeholder
-        name: F.max_by(
-            F.col(name), F.struct(~F.col(name).eqNullSafe(F.lit(rows.UNAVAILABLE)), *position)
-        ).alias(f"__sent{number}")
-        for number, name in enumerate(texts)
-    }
+    aggregates, sent_any = [], []
+    for number, field in enumerate(values):
+        value = F.col(field.name)
+        sent = ~F.array_contains(unsent, F.lit(field.name))
+        if isinstance(field.dataType, StringType):
+            sent = sent & ~value.eqNullSafe(F.lit(rows.UNAVAILABLE))
+        aggregates.append(F.max_by(value, F.struct(sent, *position)).alias(f"__sent{number}"))
+        aggregates.append(F.max(sent).alias(f"__any{number}"))
+        sent_any.append(F.when(~F.col(f"__any{number}"), F.lit(field.name)))
     reduced = frame.groupBy(*keys).agg(
-        F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *sent.values()
+        F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *aggregates
     )
+    index = {field.name: number for number, field in enumerate(values)}
     return reduced.select(
         *[
-            F.col(f"__sent{texts.index(name)}").alias(name)
-            if name in sent
+            F.col(f"__sent{index[name]}").alias(name)
+            if name in index
+            else F.array_compact(F.array(*sent_any)).cast("array<string>").alias(name)
+            if name == rows.UNSENT
             else F.col("__last").getField(name).alias(name)
             for name in frame.columns
         ]

@@ -69,7 +69,7 @@ def check_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
             f"apply_changes: keys {missing} are not columns of the changes' rows "
             f"(columns: {[c for c in columns if c not in CHANGE_COLUMNS]})"
         )
-    clashing = [c for c in columns if c.startswith("__") and c not in CHANGE_COLUMNS]
+    clashing = [c for c in columns if c.startswith("__") and c not in (*CHANGE_COLUMNS, UNSENT)]
     if clashing:
         raise InvalidOptionError(
             f"apply_changes: row columns {clashing} use the prefix '__' that replog reserves "
@@ -153,24 +153,53 @@ def _is_text(kind: pa.DataType) -> bool:
     )
 
 
+UNSENT = "__unavailable"
+"""Optional bookkeeping column: per change, the names of the columns it did not send
+(``metadata.unavailable`` of a captured event), whatever their type; a typed value there
+(NULL for a numeric, bytes decoded from the placeholder text) is not the column's."""
+
+
 def placeholders(changes: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """Per text column (neither key nor bookkeeping) holding :data:`UNAVAILABLE` in some
-    change: which rows hold it."""
+    """Per row column (neither key nor bookkeeping) that some change did not send (a text
+    holding :data:`UNAVAILABLE`, or named in :data:`UNSENT`): which rows did not."""
+    named: dict[str, np.ndarray] = {}
+    if UNSENT in changes.column_names:
+        lists = changes.column(UNSENT).combine_chunks()
+        parents = pc.list_parent_indices(lists).to_numpy()
+        flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+        for name in set(flat.tolist()):
+            marked = np.zeros(changes.num_rows, dtype=bool)
+            marked[parents[flat == name]] = True
+            named[str(name)] = marked
     found = {}
     for field in changes.schema:
-        if field.name in keys or field.name.startswith("__") or not _is_text(field.type):
+        if field.name in keys or field.name.startswith("__"):
             continue
-        marked = pc.fill_null(pc.equal(changes.column(field.name), UNAVAILABLE), False)
-        if pc.any(marked).as_py():
-            found[field.name] = marked.to_numpy(zero_copy_only=False)
+        marked = named.get(field.name, np.zeros(changes.num_rows, dtype=bool))
+        if _is_text(field.type):
+            text = pc.fill_null(pc.equal(changes.column(field.name), UNAVAILABLE), False)
+            marked = marked | text.to_numpy(zero_copy_only=False)
+        if marked.any():
+            found[field.name] = marked
     return found
 
 
+def _unsent_left(changes: pa.Table, marks: dict[str, np.ndarray]) -> pa.Table:
+    """``changes`` with :data:`UNSENT` naming only the columns still unfilled (``marks``)."""
+    if UNSENT not in changes.column_names:
+        return changes
+    left = [
+        [name for name, marked in marks.items() if marked[row]] for row in range(changes.num_rows)
+    ]
+    position = changes.schema.get_field_index(UNSENT)
+    return changes.set_column(position, UNSENT, pa.array(left, pa.list_(pa.string())))
+
+
 def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """``changes`` with each :data:`UNAVAILABLE` value replaced by the value of the same
-    column in the key's previous change of the batch (in log order); a key's first change
-    keeps the placeholder (the table holds its value: :func:`fill_from_rows`). The rows
-    come back sorted by key and position when any placeholder is present."""
+    """``changes`` with each value not sent (:func:`placeholders`) replaced by the value of
+    the same column in the key's previous change of the batch (in log order); a key's first
+    change keeps it (the table holds its value: :func:`fill_from_rows`). The rows come back
+    sorted by key and position when any change did not send a column."""
     if not placeholders(changes, keys):
         return changes
     ordered = changes.sort_by(
@@ -181,13 +210,16 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
     starts = np.concatenate([[True], ~same_next[:-1]])
     group_start = np.maximum.accumulate(np.where(starts, index, 0))
+    left = {}
     for name, marked in placeholders(ordered, keys).items():
         # the last row at or before each row that holds a value (not the placeholder)
         last_value = np.maximum.accumulate(np.where(marked, -1, index))
-        take = np.where(marked & (last_value >= group_start), last_value, index)
+        found = marked & (last_value >= group_start)
+        take = np.where(found, last_value, index)
         position = ordered.schema.get_field_index(name)
         ordered = ordered.set_column(position, name, ordered.column(name).take(take))
-    return ordered
+        left[name] = marked & ~found
+    return _unsent_left(ordered, left)
 
 
 def fill_from_rows(changes: pa.Table, stored: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -220,7 +252,8 @@ def fill_from_rows(changes: pa.Table, stored: pa.Table, keys: Sequence[str]) -> 
         take = np.where(marks[name] & (match >= 0), changes.num_rows + match, index)
         position = changes.schema.get_field_index(name)
         changes = changes.set_column(position, name, values.take(pa.array(take)))
-    return changes
+        marks[name] = marks[name] & (match < 0)
+    return _unsent_left(changes, marks)
 
 
 def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:

@@ -180,6 +180,8 @@ def apply_batch(
     plan = _MODES[mode]
     changes = _keys_as_in(table, changes, keys)
     changes = _fill_unavailable(table, changes, keys)
+    if rows.UNSENT in changes.column_names:
+        changes = changes.drop_columns([rows.UNSENT])
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
     if source.num_rows == 0:  # scd2: every change at or before its key's row
@@ -281,10 +283,10 @@ def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]
 
 
 def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """``changes`` with Debezium's placeholder for a value not sent (an unchanged TOASTed
-    column) replaced by the key's value: from its previous change in the batch, else
-    from the table's (current) row. A key the table does not hold keeps the placeholder:
-    its value is not known."""
+    """``changes`` with each value not sent (Debezium's placeholder for an unchanged TOASTed
+    column, or a column :data:`~replog.tables.changes.UNSENT` names) replaced by the key's
+    value: from its previous change in the batch, else from the table's (current) row. A
+    key the table does not hold keeps what the change holds: its value is not known."""
     changes = rows.fill_unavailable(changes, keys)
     marks = rows.placeholders(changes, keys)
     if table is None or not marks:
