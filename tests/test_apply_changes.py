@@ -625,3 +625,50 @@ def test_spark_reads_the_columns_an_event_did_not_send_from_its_metadata(
         (1, "a2", Decimal("1.50")),
         (2, "b2", Decimal("2.25")),
     ]
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_random_updates_that_leave_columns_unsent_equal_a_replay_in_python(
+    tmp_path: Path, mode: str
+) -> None:
+    """Random inserts, updates (some not sending ``body``, as text or listed) and deletes,
+    in random batches: the current rows equal a fold of the log where a column not sent
+    keeps the key's previous value."""
+    rng = random.Random(11)
+    target = str(tmp_path / "t")
+    model: dict[int, tuple[str, str | None]] = {}
+    alive: dict[int, str | None] = {}
+    sequence = 0
+    for batch_id in range(12):
+        items, bodies, unsent = [], [], []
+        for _ in range(rng.randrange(1, 15)):
+            sequence += 1
+            k = rng.randrange(6)
+            if k not in alive:
+                op, body, listed = "insert", rng.choice([f"b{sequence}", None]), []
+            elif rng.random() < 0.2:
+                op, body, listed = "delete", alive[k], []
+            else:
+                op, listed = "update", []
+                body = rng.choice([f"b{sequence}", None, TOASTED, "listed"])
+                if body == "listed":  # typed: the column's value is not the placeholder
+                    body, listed = None, ["body"]
+            items.append((k, f"n{sequence}", sequence, op))
+            bodies.append(body)
+            unsent.append(listed)
+            if op == "delete":
+                del alive[k]
+                model.pop(k, None)
+            else:
+                kept = body == TOASTED or listed
+                alive[k] = alive.get(k) if kept else body
+                model[k] = (f"n{sequence}", alive[k])
+        batch = with_body(change_table(items), bodies).append_column(
+            rows.UNSENT, pa.array(unsent, pa.list_(pa.string()))
+        )
+        apply_batch(target, batch, ["id"], app_id="q", batch_id=batch_id, mode=mode)
+        table = open_table(target, None)
+        assert table is not None
+        found = table.to_pyarrow_table().to_pylist()
+        current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+        assert current == model
