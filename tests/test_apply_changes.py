@@ -10,6 +10,7 @@ import itertools
 import json
 import random
 from datetime import datetime, timedelta, timezone
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -418,3 +419,256 @@ def test_latest_view_options_are_checked(spark: Any, tmp_path: Path) -> None:
         spark.readStream.format("replog").option("view", "latest").load(log.url).writeStream.format(
             "noop"
         ).start().awaitTermination()
+
+
+def test_a_double_is_not_rounded_into_a_float_column(tmp_path: Path) -> None:
+    """A table whose column is float (32 bits) and a change that holds a double the float
+    cannot hold exactly: refused, not silently rounded (0.1 became 0.10000000149...)."""
+    target = str(tmp_path / "t")
+    first = change_table([(1, "a", 1, "insert")]).append_column("x", pa.array([1.0], pa.float32()))
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0)
+    fits = change_table([(2, "b", 2, "insert")]).append_column(
+        "x",
+        pa.array(
+            [
+                0.5,
+            ],
+            pa.float64(),
+        ),
+    )
+    apply_batch(target, fits, ["id"], app_id="q", batch_id=1)  # exact in 32 bits: cast
+    rounded = change_table([(3, "c", 3, "insert")]).append_column(
+        "x", pa.array([0.1], pa.float64())
+    )
+    with pytest.raises(SchemaChangeError, match="column 'x'"):
+        apply_batch(target, rounded, ["id"], app_id="q", batch_id=2)
+    found = {r["id"]: r["x"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    assert found == {1: 1.0, 2: 0.5}
+
+
+TOASTED = "__debezium_unavailable_value"  # Debezium's placeholder for an unchanged TOAST value
+
+
+def with_body(batch: pa.Table, bodies: list[str | None]) -> pa.Table:
+    return batch.append_column("body", pa.array(bodies, pa.string()))
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_an_unavailable_toast_value_keeps_the_stored_value(tmp_path: Path, mode: str) -> None:
+    """An update that did not send an unchanged TOASTed column (its value is Debezium's
+    placeholder) changes the other columns; the column keeps the value it had, from the
+    table or from an earlier change of the batch, never the placeholder."""
+    target = str(tmp_path / "t")
+    first = with_body(change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert")]), ["long", None])
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0, mode=mode)
+    second = with_body(
+        change_table(
+            [
+                (1, "a2", 3, "update"),  # the table's value stays
+                (2, "b2", 4, "update"),  # a stored NULL stays NULL
+                (3, "c", 5, "insert"),
+                (3, "c2", 6, "update"),  # the batch's earlier value
+                (3, "c3", 7, "update"),  # through two placeholders
+            ]
+        ),
+        [TOASTED, TOASTED, "text", TOASTED, TOASTED],
+    )
+    apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {1: ("a2", "long"), 2: ("b2", None), 3: ("c3", "text")}
+    assert not [r for r in found if r["body"] == TOASTED]  # no version holds the placeholder
+
+
+@pytest.mark.spark
+def test_spark_reduction_keeps_a_value_an_update_did_not_send(spark: Any, tmp_path: Path) -> None:
+    """scd1 reduces a micro-batch to one change per key in Spark: the insert's value of a
+    column the later update left out (TOAST placeholder) must survive the reduction."""
+    events = [
+        {"id": 1, "name": "a", "body": "long"},
+        {"id": 1, "name": "a2", "body": TOASTED},
+    ]
+    batch = [
+        {
+            "key": '{"id":1}',
+            "operation": op,
+            "data": json.dumps(row),
+            "timestamp": T0,
+            "shard": 0,
+            "sequence": s,
+        }
+        for s, (op, row) in enumerate(zip(["insert", "update"], events, strict=True))
+    ]
+    target = str(tmp_path / "t")
+    apply_changes(target, ["id"], app_id="q", schema="id long, name string, body string")(
+        micro_batch(spark, batch), 0
+    )
+    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert [(r["name"], r["body"]) for r in found] == [("a2", "long")]
+
+
+def test_a_batch_id_of_another_checkpoint_is_not_skipped_silently(tmp_path: Path) -> None:
+    """A replaced checkpoint reusing the app_id starts its batch ids at 0 again: its
+    batches would be skipped as 'already applied' and their changes lost. The commit
+    records the writing query (checkpoint); a skip for another one is an error."""
+    target = str(tmp_path / "t")
+    apply_batch(
+        target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0, writer="w1"
+    )
+    apply_batch(
+        target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=1, writer="w1"
+    )
+    again = apply_batch(
+        target, change_table([(1, "b", 2, "update")]), ["id"], app_id="q", batch_id=1, writer="w1"
+    )
+    assert again.skipped  # a replay by the same checkpoint
+    with pytest.raises(InvalidOptionError, match="another checkpoint"):
+        apply_batch(
+            target,
+            change_table([(2, "c", 3, "insert")]),
+            ["id"],
+            app_id="q",
+            batch_id=0,
+            writer="w2",
+        )
+    assert table_state(target) == {1: {"id": 1, "name": "b", "n": None}}
+
+
+@pytest.mark.spark
+def test_a_new_checkpoint_under_the_same_app_id_fails(spark: Any, tmp_path: Path) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 1)
+    log.append(workload(6, 20, 5))
+    target = str(tmp_path / "table")
+
+    def run(checkpoint: str) -> None:
+        (
+            spark.readStream.format("replog")
+            .load(log.url)
+            .writeStream.foreachBatch(apply_changes(target, ["id"], app_id="same", schema=SCHEMA))
+            .option("checkpointLocation", str(tmp_path / checkpoint))
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )
+
+    run("chk1")
+    log.append(workload(7, 20, 5))
+    with pytest.raises(Exception, match="another checkpoint"):
+        run("chk2")  # its batch 0 is not the first checkpoint's batch 0
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_key_column_widened_since_the_table_was_made(tmp_path: Path, mode: str) -> None:
+    """The table's key is int32 (its first batch's type); later changes carry it as int64
+    (a schema version widened it: typed reads the union). The changes apply; an old change
+    replayed is still recognised as old."""
+    target = str(tmp_path / "t")
+    narrow = change_table([(1, "a", 1, "insert")])
+    narrow = narrow.set_column(0, "id", narrow.column("id").cast(pa.int32()))
+    apply_batch(target, narrow, ["id"], app_id="q", batch_id=0, mode=mode)
+    wide = change_table([(1, "a", 1, "insert"), (1, "b", 2, "update"), (2, "c", 3, "insert")])
+    apply_batch(target, wide, ["id"], app_id="other", batch_id=0, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = sorted((r["id"], r["name"]) for r in table.to_pyarrow_table().to_pylist())
+    assert found == ([(1, "b"), (2, "c")] if mode == "scd1" else [(1, "a"), (1, "b"), (2, "c")])
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_column_listed_as_not_sent_keeps_its_value_whatever_its_type(
+    tmp_path: Path, mode: str
+) -> None:
+    """A captured update lists the TOASTed columns it did not send in
+    ``metadata.unavailable``; typed, a bytea there is bytes decoded from the placeholder
+    text and a numeric NULL. Neither may replace the stored value."""
+    target = str(tmp_path / "t")
+    first = change_table([(1, "a", 1, "insert")]).append_column("blob", pa.array([b"\x00big"]))
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0, mode=mode)
+    garbage = b"u\xe6\xde\xce"  # what unbase64 makes of the placeholder text
+    second = (
+        change_table([(1, "a2", 2, "update"), (2, "b", 3, "insert"), (2, "b2", 4, "update")])
+        .append_column("blob", pa.array([garbage, b"\x01", None]))
+        .append_column(rows.UNSENT, pa.array([["blob"], [], ["blob"]], pa.list_(pa.string())))
+    )
+    apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
+    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    current = {r["id"]: (r["name"], r["blob"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {1: ("a2", b"\x00big"), 2: ("b2", b"\x01")}
+    assert rows.UNSENT not in found[0]
+
+
+@pytest.mark.spark
+def test_spark_reads_the_columns_an_event_did_not_send_from_its_metadata(
+    spark: Any, tmp_path: Path
+) -> None:
+    """Typed rows (a struct ``data``) whose ``metadata.unavailable`` names a column: the
+    reduction to one change per key and the merge keep the column's value."""
+    ddl = (
+        "shard int, sequence long, timestamp timestamp, operation string, "
+        "data struct<id:long,name:string,total:decimal(12,2)>, metadata string"
+    )
+    target = str(tmp_path / "t")
+    apply = apply_changes(target, ["id"], app_id="q")
+    first = [(0, 1, T0, "insert", (1, "a", Decimal("1.50")), '{"op":"c"}')]
+    apply(spark.createDataFrame(first, ddl), 0)
+    toasted = '{"op":"u","unavailable":["total"]}'
+    second = [
+        (0, 2, T0, "update", (1, "a2", None), toasted),  # the table's value stays
+        (0, 3, T0, "insert", (2, "b", Decimal("2.25")), '{"op":"c"}'),
+        (0, 4, T0, "update", (2, "b2", None), toasted),  # the batch's earlier value stays
+    ]
+    apply(spark.createDataFrame(second, ddl), 1)
+    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert sorted((r["id"], r["name"], r["total"]) for r in found) == [
+        (1, "a2", Decimal("1.50")),
+        (2, "b2", Decimal("2.25")),
+    ]
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_random_updates_that_leave_columns_unsent_equal_a_replay_in_python(
+    tmp_path: Path, mode: str
+) -> None:
+    """Random inserts, updates (some not sending ``body``, as text or listed) and deletes,
+    in random batches: the current rows equal a fold of the log where a column not sent
+    keeps the key's previous value."""
+    rng = random.Random(11)
+    target = str(tmp_path / "t")
+    model: dict[int, tuple[str, str | None]] = {}
+    alive: dict[int, str | None] = {}
+    sequence = 0
+    for batch_id in range(12):
+        items, bodies, unsent = [], [], []
+        for _ in range(rng.randrange(1, 15)):
+            sequence += 1
+            k = rng.randrange(6)
+            if k not in alive:
+                op, body, listed = "insert", rng.choice([f"b{sequence}", None]), []
+            elif rng.random() < 0.2:
+                op, body, listed = "delete", alive[k], []
+            else:
+                op, listed = "update", []
+                body = rng.choice([f"b{sequence}", None, TOASTED, "listed"])
+                if body == "listed":  # typed: the column's value is not the placeholder
+                    body, listed = None, ["body"]
+            items.append((k, f"n{sequence}", sequence, op))
+            bodies.append(body)
+            unsent.append(listed)
+            if op == "delete":
+                del alive[k]
+                model.pop(k, None)
+            else:
+                kept = body == TOASTED or listed
+                alive[k] = alive.get(k) if kept else body
+                model[k] = (f"n{sequence}", alive[k])
+        batch = with_body(change_table(items), bodies).append_column(
+            rows.UNSENT, pa.array(unsent, pa.list_(pa.string()))
+        )
+        apply_batch(target, batch, ["id"], app_id="q", batch_id=batch_id, mode=mode)
+        table = open_table(target, None)
+        assert table is not None
+        found = table.to_pyarrow_table().to_pylist()
+        current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+        assert current == model

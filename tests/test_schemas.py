@@ -275,3 +275,34 @@ def test_versions_registered_in_one_millisecond_keep_their_order(log: Replicatio
     with use_clock(lambda: 1_700_000_000.0):
         digests = [registry.register(log.storage, "c", schema) for schema in schemas]
     assert [v.digest for v in registry.versions(log.storage, "c")] == digests
+
+
+@pytest.mark.spark
+def test_typed_refuses_events_of_a_version_registered_after_it_was_called(
+    spark, log: ReplicationLog, tmp_path: Path
+) -> None:
+    """A streaming query calls ``typed`` once; a schema version registered later (a column
+    added mid-stream) must not be read with the older union, which would drop the new
+    column silently (``email`` null forever in a table built from it)."""
+    from replog.spark.functions import typed
+
+    _append(log, POSTGRES[:7])  # the first version only
+    assert len(registry.versions(log.storage, "inventory.customers")) == 1
+    frame = typed(spark.readStream.format("replog").load(log.url), log, "inventory.customers")
+    assert "email" not in frame.schema["after"].dataType.names
+    seen: list[Any] = []
+    query = (
+        frame.writeStream.foreachBatch(lambda batch, _: seen.extend(batch.collect()))
+        .option("checkpointLocation", str(tmp_path / "chk"))
+        .start()
+    )
+    try:
+        query.processAllAvailable()  # the events typed() knows the version of are read
+        known = len(seen)
+        assert known
+        _append(log, POSTGRES[7:])  # the column added: a second version, named by new events
+        with pytest.raises(Exception, match="not known to typed"):
+            query.processAllAvailable()
+    finally:
+        query.stop()
+    assert len(seen) == known  # nothing of the failed batch was handed on

@@ -22,9 +22,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType, TimestampType
+from pyspark.sql.types import StringType, StructType, TimestampType
 
 from replog import debezium
 from replog.crashpoints import crash_point
@@ -252,11 +253,68 @@ def _changes(batch: DataFrame, keys: tuple[str, ...], schema: StructType | str |
         F.col("sequence").alias(rows.SEQUENCE),
         F.col("operation").alias(rows.OPERATION),
         F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
+        _unsent(batch).alias(rows.UNSENT),
     )
     fields = frame.schema["__row"].dataType
     assert isinstance(fields, StructType)
     rows.check_columns(fields.names, keys)
-    return frame.select("__row.*", *rows.CHANGE_COLUMNS)
+    return frame.select("__row.*", *rows.CHANGE_COLUMNS, rows.UNSENT)
+
+
+def _unsent(batch: DataFrame) -> Column:
+    """The columns each event did not send (``metadata.unavailable``, as ``replog capture
+    postgres`` lists unchanged TOASTed columns): an empty list when it names none."""
+    if "metadata" not in batch.columns:
+        return F.array().cast("array<string>")
+    listed = F.get_json_object(F.col("metadata").cast("string"), "$.unavailable")
+    return F.coalesce(F.from_json(listed, "array<string>"), F.array().cast("array<string>"))
+
+
+def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
+    """The last change per key (by position), as the driver collects it for scd1. A column
+    the last change did not send (Debezium's placeholder text for an unchanged TOASTed
+    column, or named in ``metadata.unavailable``) takes the key's last value that was sent
+    (the core takes the table's when the batch has none, and keeps the column in
+    :data:`~replog.tables.changes.UNSENT`: :func:`replog.tables.delta.apply_batch`)."""
+    position = [F.col(c) for c in rows.POSITION]
+    unsent = F.col(rows.UNSENT)
+    values = [
+        field
+        for field in frame.schema.fields
+        if field.name not in keys and not field.name.startswith("__")
+    ]
+    aggregates, sent_any = [], []
+    for number, field in enumerate(values):
+        value = F.col(field.name)
+        sent = ~F.array_contains(unsent, F.lit(field.name))
+        if isinstance(field.dataType, StringType):
+            sent = sent & ~value.eqNullSafe(F.lit(rows.UNAVAILABLE))
+        aggregates.append(F.max_by(value, F.struct(sent, *position)).alias(f"__sent{number}"))
+        aggregates.append(F.max(sent).alias(f"__any{number}"))
+        sent_any.append(F.when(~F.col(f"__any{number}"), F.lit(field.name)))
+    reduced = frame.groupBy(*keys).agg(
+        F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *aggregates
+    )
+    index = {field.name: number for number, field in enumerate(values)}
+    return reduced.select(
+        *[
+            F.col(f"__sent{index[name]}").alias(name)
+            if name in index
+            else F.array_compact(F.array(*sent_any)).cast("array<string>").alias(name)
+            if name == rows.UNSENT
+            else F.col("__last").getField(name).alias(name)
+            for name in frame.columns
+        ]
+    )
+
+
+def _query_id() -> str | None:
+    """The id of the streaming query running this ``foreachBatch`` call: its checkpoint
+    keeps it, so a replaced checkpoint reusing an ``app_id`` is refused rather than its
+    batches skipped as applied. None outside a query, and with Spark Connect (no context
+    in this process: the check is off)."""
+    context = SparkContext._active_spark_context
+    return None if context is None else context.getLocalProperty("sql.streaming.queryId")
 
 
 def apply_changes(
@@ -297,17 +355,14 @@ def apply_changes(
         rows.check_columns(schema.names, wanted)
 
     def apply(batch: DataFrame, batch_id: int) -> None:
-        if already_applied(target, app_id, batch_id, storage_options):
+        writer = _query_id()
+        if already_applied(target, app_id, batch_id, storage_options, writer):
             return  # a replay: no Spark job, nothing collected (apply_batch checks again)
         if collection is not None:
             batch = batch.where(F.col("collection") == F.lit(collection))
         frame = _changes(batch, wanted, schema)
         if mode == "scd1":  # reduced in Spark: the driver gets one change per key
-            frame = (
-                frame.groupBy(*wanted)
-                .agg(F.max_by(F.struct(*frame.columns), F.struct(*rows.POSITION)).alias("__last"))
-                .select("__last.*")
-            )
+            frame = _latest_per_key(frame, wanted)
         changes = frame.toArrow()
         crash_point("apply_before_delta", batch_id)
         apply_batch(
@@ -318,6 +373,7 @@ def apply_changes(
             batch_id=batch_id,
             mode=mode,
             storage_options=storage_options,
+            writer=writer,
         )
         crash_point("apply_after_delta", batch_id)
 

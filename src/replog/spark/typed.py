@@ -15,7 +15,7 @@ dates, times and timestamps are ``try_cast``: NULL for ``infinity``, never a fai
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -222,9 +222,33 @@ def typed(
     columns = connect.union([(version.digest, version.columns()) for version in found])
     rows = frame.where(F.col("collection") == F.lit(collection))
     after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
+    known = _known_versions(frame, collection, [version.digest for version in found])
     return rows.select(
         *[F.col(name) for name in frame.columns if name not in ("data", "before")],
-        typed_payload(F.col("data"), columns).alias("data"),
-        typed_payload(after, columns).alias("after"),
-        typed_payload(F.col("before"), columns).alias("before"),
+        known(typed_payload(F.col("data"), columns)).alias("data"),
+        known(typed_payload(after, columns)).alias("after"),
+        known(typed_payload(F.col("before"), columns)).alias("before"),
     )
+
+
+def _known_versions(
+    frame: DataFrame, collection: str, digests: Sequence[str]
+) -> Callable[[Column], Column]:
+    """A guard for a typed payload: an event whose ``metadata.schema`` names a version
+    ``typed`` did not read (registered after it was called, as a column added while a
+    streaming query runs) fails the query, naming it, rather than being read with the
+    older union, which would drop the new column's values silently."""
+    if "metadata" not in frame.columns:
+        return lambda payload: payload
+    named = F.get_json_object(F.col("metadata").cast("string"), "$.schema")
+    unknown = named.isNotNull() & ~named.isin(*digests)
+    message = F.concat(
+        F.lit(f"typed: an event of {collection!r} names schema version "),
+        named,
+        F.lit(
+            ", not known to typed (registered after typed() read the log's schemas, or "
+            "never): its columns may be missing from the typed rows. Restart the query so "
+            "that typed reads the registry again"
+        ),
+    )
+    return lambda payload: F.when(unknown, F.raise_error(message)).otherwise(payload)

@@ -69,7 +69,7 @@ def check_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
             f"apply_changes: keys {missing} are not columns of the changes' rows "
             f"(columns: {[c for c in columns if c not in CHANGE_COLUMNS]})"
         )
-    clashing = [c for c in columns if c.startswith("__") and c not in CHANGE_COLUMNS]
+    clashing = [c for c in columns if c.startswith("__") and c not in (*CHANGE_COLUMNS, UNSENT)]
     if clashing:
         raise InvalidOptionError(
             f"apply_changes: row columns {clashing} use the prefix '__' that replog reserves "
@@ -140,6 +140,120 @@ def after_positions(changes: pa.Table, positions: pa.Table, keys: Sequence[str])
         ),
     )
     return joined.filter(newer).drop_columns(["__seen_shard", "__seen_sequence"])
+
+
+UNAVAILABLE = "__debezium_unavailable_value"
+"""Debezium's placeholder for a value the change did not send (PostgreSQL's unchanged
+TOASTed column in an update): the column keeps the value it had, never the placeholder."""
+
+
+def _is_text(kind: pa.DataType) -> bool:
+    return bool(
+        pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_string_view(kind)
+    )
+
+
+UNSENT = "__unavailable"
+"""Optional bookkeeping column: per change, the names of the columns it did not send
+(``metadata.unavailable`` of a captured event), whatever their type; a typed value there
+(NULL for a numeric, bytes decoded from the placeholder text) is not the column's."""
+
+
+def placeholders(changes: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Per row column (neither key nor bookkeeping) that some change did not send (a text
+    holding :data:`UNAVAILABLE`, or named in :data:`UNSENT`): which rows did not."""
+    named: dict[str, np.ndarray] = {}
+    if UNSENT in changes.column_names:
+        lists = changes.column(UNSENT).combine_chunks()
+        parents = pc.list_parent_indices(lists).to_numpy()
+        flat = pc.list_flatten(lists).to_numpy(zero_copy_only=False)
+        for name in set(flat.tolist()):
+            marked = np.zeros(changes.num_rows, dtype=bool)
+            marked[parents[flat == name]] = True
+            named[str(name)] = marked
+    found = {}
+    for field in changes.schema:
+        if field.name in keys or field.name.startswith("__"):
+            continue
+        marked = named.get(field.name, np.zeros(changes.num_rows, dtype=bool))
+        if _is_text(field.type):
+            text = pc.fill_null(pc.equal(changes.column(field.name), UNAVAILABLE), False)
+            marked = marked | text.to_numpy(zero_copy_only=False)
+        if marked.any():
+            found[field.name] = marked
+    return found
+
+
+def _unsent_left(changes: pa.Table, marks: dict[str, np.ndarray]) -> pa.Table:
+    """``changes`` with :data:`UNSENT` naming only the columns still unfilled (``marks``)."""
+    if UNSENT not in changes.column_names:
+        return changes
+    left = [
+        [name for name, marked in marks.items() if marked[row]] for row in range(changes.num_rows)
+    ]
+    position = changes.schema.get_field_index(UNSENT)
+    return changes.set_column(position, UNSENT, pa.array(left, pa.list_(pa.string())))
+
+
+def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with each value not sent (:func:`placeholders`) replaced by the value of
+    the same column in the key's previous change of the batch (in log order); a key's first
+    change keeps it (the table holds its value: :func:`fill_from_rows`). The rows come back
+    sorted by key and position when any change did not send a column."""
+    if not placeholders(changes, keys):
+        return changes
+    ordered = changes.sort_by(
+        [*((k, "ascending") for k in keys), (SHARD, "ascending"), (SEQUENCE, "ascending")]
+    )
+    rows = ordered.num_rows
+    index = np.arange(rows, dtype=np.int64)
+    same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[True], ~same_next[:-1]])
+    group_start = np.maximum.accumulate(np.where(starts, index, 0))
+    left = {}
+    for name, marked in placeholders(ordered, keys).items():
+        # the last row at or before each row that holds a value (not the placeholder)
+        last_value = np.maximum.accumulate(np.where(marked, -1, index))
+        found = marked & (last_value >= group_start)
+        take = np.where(found, last_value, index)
+        position = ordered.schema.get_field_index(name)
+        ordered = ordered.set_column(position, name, ordered.column(name).take(take))
+        left[name] = marked & ~found
+    return _unsent_left(ordered, left)
+
+
+def fill_from_rows(changes: pa.Table, stored: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with each :data:`UNAVAILABLE` value left replaced by the key's value in
+    ``stored`` (the table's rows: keys and columns, one row per key); keys or columns
+    ``stored`` lacks keep the placeholder."""
+    marks = placeholders(changes, keys)
+    columns = [name for name in marks if name in stored.column_names]
+    if not columns or stored.num_rows == 0:
+        return changes
+    stored = stored.select([*keys, *columns])
+    for key in keys:  # joined on the changes' key types (a table's int32 id, int64 changes)
+        position = stored.schema.get_field_index(key)
+        stored = stored.set_column(
+            position, key, stored.column(key).cast(changes.schema.field(key).type)
+        )
+    left = changes.select(list(keys)).append_column(
+        _ROW_INDEX, pa.array(np.arange(changes.num_rows, dtype=np.int64))
+    )
+    right = stored.select(list(keys)).append_column(
+        "__stored", pa.array(np.arange(stored.num_rows, dtype=np.int64))
+    )
+    pairs = left.join(right, list(keys), join_type="inner", use_threads=False)
+    match = np.full(changes.num_rows, -1, dtype=np.int64)
+    match[pairs.column(_ROW_INDEX).to_numpy()] = pairs.column("__stored").to_numpy()
+    for name in columns:
+        have = changes.column(name).combine_chunks()
+        values = pa.concat_arrays([have, stored.column(name).combine_chunks().cast(have.type)])
+        index = np.arange(changes.num_rows, dtype=np.int64)
+        take = np.where(marks[name] & (match >= 0), changes.num_rows + match, index)
+        position = changes.schema.get_field_index(name)
+        changes = changes.set_column(position, name, values.take(pa.array(take)))
+        marks[name] = marks[name] & (match < 0)
+    return _unsent_left(changes, marks)
 
 
 def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:
@@ -231,12 +345,30 @@ def align(source: pa.Table, target: pa.Schema) -> pa.Table:
                 f"incompatible type change is not applied (nothing was written)",
             )
         try:
-            columns[field.name] = columns[field.name].cast(field.type, safe=True)
+            cast = columns[field.name].cast(field.type, safe=True)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             raise SchemaChangeError(
                 field.name, f"a value does not fit the table's type {field.type}: {exc}"
             ) from exc
+        if not _lossless(columns[field.name], cast):
+            raise SchemaChangeError(
+                field.name,
+                f"a value does not fit the table's type {field.type}: the cast from {have} "
+                f"would change it (nothing was written)",
+            )
+        columns[field.name] = cast
     return pa.table(columns)
+
+
+def _lossless(original: pa.ChunkedArray, cast: pa.ChunkedArray) -> bool:
+    """Whether ``cast`` (``original`` cast to another type) gives every value back. Arrow's
+    safe casts check integers, decimals and timestamps but round a double to a float
+    silently (0.1 is 0.10000000149011612 in 32 bits)."""
+    if not pa.types.is_floating(cast.type) or not pa.types.is_floating(original.type):
+        return True
+    back = cast.cast(original.type)
+    same = pc.or_kleene(pc.equal(back, original), pc.and_(pc.is_nan(back), pc.is_nan(original)))
+    return pc.all(same).as_py() is not False
 
 
 def quoted(name: str) -> str:

@@ -19,6 +19,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NamedTuple
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
@@ -73,33 +74,71 @@ def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTabl
     return table
 
 
-def _replayed(table: DeltaTable | None, app_id: str, batch_id: int) -> bool:
-    """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped)."""
+APP_ID_INFO = "replog.appId"
+WRITER_INFO = "replog.writer"
+"""Commit info keys: the app id and the writer (a streaming query's id: its checkpoint)."""
+
+
+def _replayed(
+    table: DeltaTable | None, app_id: str, batch_id: int, writer: str | None = None
+) -> bool:
+    """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped).
+
+    Raises:
+        InvalidOptionError: ``app_id``'s last commit was made by another ``writer`` (a
+            replaced checkpoint under the same app id, whose batch ids start at 0 again:
+            skipping them would lose their changes).
+    """
     done = None if table is None else table.transaction_version(app_id)
     if done is None or batch_id > done:
         return False
+    assert table is not None
+    last = _last_writer(table, app_id) if writer is not None else None
+    if last is not None and last != writer:
+        raise InvalidOptionError(
+            f"apply_changes: app_id {app_id!r} has committed batches up to {done}, written by "
+            f"streaming query {last}; batch {batch_id} of query {writer} (another checkpoint) "
+            f"would be skipped as applied and its changes lost. Give a new checkpoint a new "
+            f"app_id (docs/CDC.md)"
+        )
     logger.info(
         "apply_changes %s: batch %d already committed (%d), skipped", app_id, batch_id, done
     )
     return True
 
 
+def _last_writer(table: DeltaTable, app_id: str) -> str | None:
+    """The writer of ``app_id``'s newest commit that names one (None: none does, e.g. a
+    table written before writers were recorded, or its commits' logs expired)."""
+    for commit in table.history():  # newest first; read only when a batch is skipped
+        if commit.get(APP_ID_INFO) == app_id:
+            writer = commit.get(WRITER_INFO)
+            return None if writer is None else str(writer)
+    return None
+
+
 def already_applied(
-    target: str, app_id: str, batch_id: int, storage_options: dict[str, str] | None = None
+    target: str,
+    app_id: str,
+    batch_id: int,
+    storage_options: dict[str, str] | None = None,
+    writer: str | None = None,
 ) -> bool:
     """Whether ``app_id``'s batch ``batch_id`` is committed to the table at ``target``: a
     caller can skip a replayed batch before it computes the batch's changes."""
-    return _replayed(open_table(target, storage_options), app_id, batch_id)
+    return _replayed(open_table(target, storage_options), app_id, batch_id, writer)
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def _commit(app_id: str, batch_id: int) -> Any:
+def _commit(app_id: str, batch_id: int, writer: str | None) -> Any:
     deltalake = _deltalake()
+    info = {APP_ID_INFO: app_id, **({WRITER_INFO: writer} if writer is not None else {})}
     return deltalake.CommitProperties(
-        app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)]
+        custom_metadata=info,
+        app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)],
     )
 
 
@@ -112,6 +151,7 @@ def apply_batch(
     batch_id: int,
     mode: str = "scd1",
     storage_options: dict[str, str] | None = None,
+    writer: str | None = None,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -120,6 +160,10 @@ def apply_batch(
     ``mode="scd1"`` keeps one row per key (deletes remove it); ``"scd2"`` keeps every
     version with ``__valid_from``, ``__valid_to`` and ``__current``. Bad input (keys,
     mode, an incompatible column type) is refused before anything is written.
+
+    ``writer`` names who numbers the batch ids (``apply_changes``: the streaming query's
+    id, which its checkpoint keeps); it is recorded with the commit, and a batch id that
+    another writer committed under ``app_id`` is an error rather than a skip.
     """
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
@@ -129,13 +173,17 @@ def apply_batch(
         raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
     rows.check_changes(changes, keys)
     table = open_table(target, storage_options)
-    if _replayed(table, app_id, batch_id):
+    if _replayed(table, app_id, batch_id, writer):
         return Applied(batch_id, True, changes.num_rows, None, {})
     if changes.num_rows == 0:
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]
+    changes = _keys_as_in(table, changes, keys)
+    changes = _fill_unavailable(table, changes, keys)
+    if rows.UNSENT in changes.column_names:
+        changes = changes.drop_columns([rows.UNSENT])
     source = plan.source(table, changes, keys)
-    commit = _commit(app_id, batch_id)
+    commit = _commit(app_id, batch_id, writer)
     if source.num_rows == 0:  # scd2: every change at or before its key's row
         metrics: dict[str, Any] = {}
     elif table is None:
@@ -217,6 +265,43 @@ def _scd1_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
         Clause("update", f"NOT ({is_delete}) AND {newer}", values),
         Clause("insert", f"NOT ({is_delete})", values),
     ]
+
+
+def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with their key columns cast to the table's key types (checked: a value
+    that does not fit is :class:`SchemaChangeError`), so that they join the table's rows
+    (scd2's positions, the placeholders' values): a key widened since the table was made
+    (int32 to int64) is still the same key."""
+    if table is None:
+        return changes
+    schema = table_schema(table)
+    fields = pa.schema([schema.field(k) for k in keys if k in schema.names])
+    cast = rows.align(changes.select(fields.names), fields)
+    for name in fields.names:
+        changes = changes.set_column(changes.schema.get_field_index(name), name, cast.column(name))
+    return changes
+
+
+def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``changes`` with each value not sent (Debezium's placeholder for an unchanged TOASTed
+    column, or a column :data:`~replog.tables.changes.UNSENT` names) replaced by the key's
+    value: from its previous change in the batch, else from the table's (current) row. A
+    key the table does not hold keeps what the change holds: its value is not known."""
+    changes = rows.fill_unavailable(changes, keys)
+    marks = rows.placeholders(changes, keys)
+    if table is None or not marks:
+        return changes
+    schema = table_schema(table)
+    columns = [name for name in marks if name in schema.names]
+    if not columns:
+        return changes
+    first = keys[0]
+    marked = changes.filter(pa.array(np.logical_or.reduce(list(marks.values()))))
+    wanted = ds.field(first).isin(pc.unique(marked.column(first)))
+    if CURRENT in schema.names:  # scd2: the version a change follows is the current one
+        wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
+    stored = table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
+    return rows.fill_from_rows(changes, stored, keys)
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
