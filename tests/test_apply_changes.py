@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 from support.logcheck import check_log
 
@@ -672,3 +673,55 @@ def test_random_updates_that_leave_columns_unsent_equal_a_replay_in_python(
         found = table.to_pyarrow_table().to_pylist()
         current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
         assert current == model
+
+
+def test_changes_of_two_collections_are_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """A table mirrors one collection: equal keys of two collections must not merge."""
+    target = str(tmp_path / "t")
+    mixed = change_table([(1, "order", 1, "insert"), (1, "customer", 2, "insert")])
+    mixed = mixed.append_column(rows.COLLECTION, pa.array(["shop.orders", "shop.customers"]))
+    with pytest.raises(InvalidOptionError, match=r"'shop.customers', 'shop.orders'.*collection="):
+        apply_batch(target, mixed, ["id"], app_id="q", batch_id=0)
+    assert open_table(target, None) is None
+    one = mixed.filter(pc.equal(mixed.column(rows.COLLECTION), "shop.orders"))
+    apply_batch(target, one, ["id"], app_id="q", batch_id=0)
+    assert table_state(target) == {1: {"id": 1, "name": "order", "n": None}}
+
+
+@pytest.mark.spark
+def test_spark_refuses_a_log_of_several_collections_without_collection(
+    spark: Any, tmp_path: Path
+) -> None:
+    log = ReplicationLog.create(str(tmp_path / "log"), 2)
+    for name in ("orders", "customers"):
+        log.append(
+            [
+                {"key": json.dumps({"id": k}), "collection": name,
+                 "data": json.dumps({"id": k, "name": f"{name}{k}", "n": k})}
+                for k in range(3)
+            ]
+        )  # fmt: skip
+
+    def run(checkpoint: str, **options: Any) -> None:
+        (
+            spark.readStream.format("replog")
+            .load(log.url)
+            .writeStream.foreachBatch(
+                apply_changes(str(tmp_path / checkpoint), ["id"], app_id=checkpoint,
+                              schema=SCHEMA, **options)
+            )
+            .option("checkpointLocation", str(tmp_path / f"{checkpoint}.chk"))
+            .trigger(availableNow=True)
+            .start()
+            .awaitTermination()
+        )  # fmt: skip
+
+    with pytest.raises(Exception, match="collections \\['customers', 'orders'\\]"):
+        run("mixed")
+    assert open_table(str(tmp_path / "mixed"), None) is None
+    run("orders", collection="orders")
+    assert table_state(str(tmp_path / "orders")) == {
+        k: {"id": k, "name": f"orders{k}", "n": k} for k in range(3)
+    }

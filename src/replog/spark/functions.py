@@ -254,11 +254,14 @@ def _changes(batch: DataFrame, keys: tuple[str, ...], schema: StructType | str |
         F.col("operation").alias(rows.OPERATION),
         F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
         _unsent(batch).alias(rows.UNSENT),
+        (
+            F.col("collection") if "collection" in batch.columns else F.lit(None).cast("string")
+        ).alias(rows.COLLECTION),
     )
     fields = frame.schema["__row"].dataType
     assert isinstance(fields, StructType)
     rows.check_columns(fields.names, keys)
-    return frame.select("__row.*", *rows.CHANGE_COLUMNS, rows.UNSENT)
+    return frame.select("__row.*", *rows.CHANGE_COLUMNS, rows.UNSENT, rows.COLLECTION)
 
 
 def _unsent(batch: DataFrame) -> Column:
@@ -292,7 +295,7 @@ def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
         aggregates.append(F.max_by(value, F.struct(sent, *position)).alias(f"__sent{number}"))
         aggregates.append(F.max(sent).alias(f"__any{number}"))
         sent_any.append(F.when(~F.col(f"__any{number}"), F.lit(field.name)))
-    reduced = frame.groupBy(*keys).agg(
+    reduced = frame.groupBy(*keys, rows.COLLECTION).agg(  # two collections' keys both kept
         F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *aggregates
     )
     index = {field.name: number for number, field in enumerate(values)}

@@ -69,11 +69,31 @@ def check_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
             f"apply_changes: keys {missing} are not columns of the changes' rows "
             f"(columns: {[c for c in columns if c not in CHANGE_COLUMNS]})"
         )
-    clashing = [c for c in columns if c.startswith("__") and c not in (*CHANGE_COLUMNS, UNSENT)]
+    bookkeeping = (*CHANGE_COLUMNS, UNSENT, COLLECTION)
+    clashing = [c for c in columns if c.startswith("__") and c not in bookkeeping]
     if clashing:
         raise InvalidOptionError(
             f"apply_changes: row columns {clashing} use the prefix '__' that replog reserves "
             f"for its bookkeeping columns"
+        )
+
+
+COLLECTION = "__collection"
+"""Optional bookkeeping column: each change's collection. A table mirrors one collection:
+changes of several in one batch (equal keys of different tables) are refused."""
+
+
+def check_one_collection(changes: pa.Table) -> None:
+    """Refuse changes of more than one collection (:data:`COLLECTION`, where given)."""
+    if COLLECTION not in changes.column_names:
+        return
+    found = pc.unique(changes.column(COLLECTION)).to_pylist()
+    if len(found) > 1:
+        shown = sorted(found, key=lambda name: (name is not None, name or ""))
+        raise InvalidOptionError(
+            f"apply_changes: the changes hold events of collections {shown[:5]}"
+            f"{' ...' if len(shown) > 5 else ''}; a table mirrors one collection (equal keys "
+            f"of different collections would be merged): give collection= (nothing was written)"
         )
 
 

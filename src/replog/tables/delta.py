@@ -172,6 +172,9 @@ def apply_batch(
     if batch_id < 0:
         raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
     rows.check_changes(changes, keys)
+    rows.check_one_collection(changes)
+    if rows.COLLECTION in changes.column_names:
+        changes = changes.drop_columns([rows.COLLECTION])
     table = open_table(target, storage_options)
     if _replayed(table, app_id, batch_id, writer):
         return Applied(batch_id, True, changes.num_rows, None, {})
