@@ -132,6 +132,10 @@ def pg_dsn(postgres_server) -> Iterator[str]:
         yield dsn
 
 
+_REMOTE_SESSIONS: list[Any] = []
+"""The Connect sessions tests made: stopped before their server is."""
+
+
 @pytest.fixture(scope="session")
 def connect_url() -> Iterator[str]:
     """A local Spark Connect server for the run, in a process of its own
@@ -157,6 +161,8 @@ def connect_url() -> Iterator[str]:
         server.kill()
         raise RuntimeError(f"the Spark Connect server did not start: {line!r}")
     yield f"sc://127.0.0.1:{line.split()[1]}"
+    for session in _REMOTE_SESSIONS:  # else, at exit, each retries against a stopped
+        session.stop()  # server for minutes (RETRIES_EXCEEDED) before pytest can end
     server.stdin.close()  # the server stops its session when its stdin closes
     try:
         server.wait(timeout=120)
@@ -173,6 +179,9 @@ def connect(connect_url: str) -> Iterator[Any]:
 
     os.environ["SPARK_CONNECT_MODE_ENABLED"] = "1"
     try:
-        yield RemoteSparkSession.builder.remote(connect_url).getOrCreate()
+        session = RemoteSparkSession.builder.remote(connect_url).getOrCreate()
+        if session not in _REMOTE_SESSIONS:
+            _REMOTE_SESSIONS.append(session)
+        yield session
     finally:
         os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
