@@ -204,49 +204,52 @@ def placeholders(changes: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray
     return found
 
 
-def _unsent_left(changes: pa.Table, marks: dict[str, np.ndarray]) -> pa.Table:
-    """``changes`` with :data:`UNSENT` naming only the columns still unfilled (``marks``)."""
-    if UNSENT not in changes.column_names:
-        return changes
-    left = [
-        [name for name, marked in marks.items() if marked[row]] for row in range(changes.num_rows)
-    ]
-    position = changes.schema.get_field_index(UNSENT)
-    return changes.set_column(position, UNSENT, pa.array(left, pa.list_(pa.string())))
+Marks = dict[str, np.ndarray]
+"""Per column, which rows of a batch hold no value of their own (:func:`placeholders`)."""
 
 
-def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, Marks]:
     """``changes`` with each value not sent (:func:`placeholders`) replaced by the value of
-    the same column in the key's previous change of the batch (in log order); a key's first
-    change keeps it (the table holds its value: :func:`fill_from_rows`). The rows come back
-    sorted by key and position when any change did not send a column."""
-    if not placeholders(changes, keys):
-        return changes
-    ordered = changes.sort_by(
-        [*((k, "ascending") for k in keys), (SHARD, "ascending"), (SEQUENCE, "ascending")]
-    )
-    rows = ordered.num_rows
-    index = np.arange(rows, dtype=np.int64)
+    the same column in the key's previous change of the batch (in log order), and the
+    marks of those left (a key's first change: the table holds its value,
+    :func:`fill_from_rows`). The rows come back sorted by key and position when any
+    change did not send a column."""
+    marks = placeholders(changes, keys)
+    if not marks:
+        return changes, marks
+    order = pc.sort_indices(
+        changes,
+        sort_keys=[
+            *((k, "ascending") for k in keys),
+            (SHARD, "ascending"),
+            (SEQUENCE, "ascending"),
+        ],
+    ).to_numpy()
+    ordered = changes.take(order)
+    index = np.arange(ordered.num_rows, dtype=np.int64)
     same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
     starts = np.concatenate([[True], ~same_next[:-1]])
     group_start = np.maximum.accumulate(np.where(starts, index, 0))
     left = {}
-    for name, marked in placeholders(ordered, keys).items():
+    for name, unordered in marks.items():
+        marked = unordered[order]
         # the last row at or before each row that holds a value (not the placeholder)
         last_value = np.maximum.accumulate(np.where(marked, -1, index))
         found = marked & (last_value >= group_start)
         take = np.where(found, last_value, index)
         position = ordered.schema.get_field_index(name)
         ordered = ordered.set_column(position, name, ordered.column(name).take(take))
-        left[name] = marked & ~found
-    return _unsent_left(ordered, left)
+        if (marked & ~found).any():
+            left[name] = marked & ~found
+    return ordered, left
 
 
-def fill_from_rows(changes: pa.Table, stored: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """``changes`` with each :data:`UNAVAILABLE` value left replaced by the key's value in
+def fill_from_rows(
+    changes: pa.Table, marks: Marks, stored: pa.Table, keys: Sequence[str]
+) -> pa.Table:
+    """``changes`` with each value ``marks`` names replaced by the key's value in
     ``stored`` (the table's rows: keys and columns, one row per key); keys or columns
-    ``stored`` lacks keep the placeholder."""
-    marks = placeholders(changes, keys)
+    ``stored`` lacks keep what the change holds."""
     columns = [name for name in marks if name in stored.column_names]
     if not columns or stored.num_rows == 0:
         return changes
@@ -265,15 +268,14 @@ def fill_from_rows(changes: pa.Table, stored: pa.Table, keys: Sequence[str]) -> 
     pairs = left.join(right, list(keys), join_type="inner", use_threads=False)
     match = np.full(changes.num_rows, -1, dtype=np.int64)
     match[pairs.column(_ROW_INDEX).to_numpy()] = pairs.column("__stored").to_numpy()
+    index = np.arange(changes.num_rows, dtype=np.int64)
     for name in columns:
         have = changes.column(name).combine_chunks()
         values = pa.concat_arrays([have, stored.column(name).combine_chunks().cast(have.type)])
-        index = np.arange(changes.num_rows, dtype=np.int64)
         take = np.where(marks[name] & (match >= 0), changes.num_rows + match, index)
         position = changes.schema.get_field_index(name)
         changes = changes.set_column(position, name, values.take(pa.array(take)))
-        marks[name] = marks[name] & (match < 0)
-    return _unsent_left(changes, marks)
+    return changes
 
 
 def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:

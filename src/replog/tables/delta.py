@@ -290,8 +290,7 @@ def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequenc
     column, or a column :data:`~replog.tables.changes.UNSENT` names) replaced by the key's
     value: from its previous change in the batch, else from the table's (current) row. A
     key the table does not hold keeps what the change holds: its value is not known."""
-    changes = rows.fill_unavailable(changes, keys)
-    marks = rows.placeholders(changes, keys)
+    changes, marks = rows.fill_unavailable(changes, keys)
     if table is None or not marks:
         return changes
     schema = table_schema(table)
@@ -304,7 +303,7 @@ def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequenc
     if CURRENT in schema.names:  # scd2: the version a change follows is the current one
         wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
     stored = table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
-    return rows.fill_from_rows(changes, stored, keys)
+    return rows.fill_from_rows(changes, marks, stored, keys)
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
