@@ -76,6 +76,29 @@ def test_truncate_consumed_drops_only_what_every_consumer_committed(tmp_path: Pa
         list(log.read(0, 1))
 
 
+def test_a_consumer_registered_while_a_truncation_is_planned_blocks_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    log = filled_log(str(tmp_path / "log"), commits=2)
+    commit_offsets(log, "fast", {0: log.head()[0], 1: log.head()[1]})
+    plan_truncation = retention.plan_truncation
+
+    def plan_then_a_consumer_arrives(
+        log: ReplicationLog, requested: dict[int, int]
+    ) -> retention.TruncationPlan:
+        plan = plan_truncation(log, requested)
+        commit_offsets(log, "late", {0: 3})  # after the plan read the consumers
+        return plan
+
+    monkeypatch.setattr(retention, "plan_truncation", plan_then_a_consumer_arrives)
+    version = log.refresh().version
+    with pytest.raises(RetentionError, match="registered or set back while it was planned") as e:
+        retention.truncate(log, {0: 8})
+    assert "consumer 'late'" in str(e.value) and "up to sequence 3" in str(e.value)
+    assert log.refresh().version == version and log.state().lows == [1, 1]
+    assert next(log.read(0, 4))["sequence"][0].as_py() == 4  # 'late' still reads on
+
+
 def test_truncate_with_no_consumers_keeps_everything_and_force_overrides(tmp_path: Path) -> None:
     log = filled_log(str(tmp_path / "log"), commits=2)
     assert retention.consumed_lows(log) == {0: 1, 1: 1}

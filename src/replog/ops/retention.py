@@ -107,17 +107,21 @@ def plan_truncation(log: ReplicationLog, requested: Mapping[int, int]) -> Trunca
             )
         if low > state.lows[shard]:
             lows[shard] = low
-    blockers = []
-    for name, offsets in consumers.all_committed(log).items():
-        for shard, low in lows.items():
-            committed = offsets.get(shard, 0)
-            if committed < low - 1:
-                blockers.append(Blocker(name, shard, committed, low))
     return TruncationPlan(
         version=state.version,
         lows=lows,
         dropped_events={shard: low - state.lows[shard] for shard, low in lows.items()},
-        blockers=tuple(blockers),
+        blockers=_blockers(log, lows),
+    )
+
+
+def _blockers(log: ReplicationLog, lows: Mapping[int, int]) -> tuple[Blocker, ...]:
+    """The known consumers that have not committed what ``lows`` would drop."""
+    return tuple(
+        Blocker(name, shard, offsets.get(shard, 0), low)
+        for name, offsets in consumers.all_committed(log).items()
+        for shard, low in lows.items()
+        if offsets.get(shard, 0) < low - 1
     )
 
 
@@ -143,6 +147,15 @@ def truncate(
         lows = {shard: low for shard, low in plan.lows.items() if low > state.lows[shard]}
         if not lows:
             return None
+        # A consumer registered or set back since the plan was read: checked again on the
+        # state each attempt commits on, so the window is one put, not the whole call.
+        late = () if force else _blockers(log, lows)
+        if late:
+            reasons = "; ".join(str(blocker) for blocker in late)
+            raise RetentionError(
+                f"{log.url}: truncation refused: a consumer was registered or set back "
+                f"while it was planned: {reasons}. Nothing was changed."
+            )
         removed = tuple(
             segment
             for shard, low in lows.items()
