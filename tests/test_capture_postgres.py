@@ -620,6 +620,42 @@ def test_a_renamed_table_is_still_captured(
     ]
 
 
+def test_events_are_keyed_by_the_primary_key_they_were_written_under(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A primary key redefined with changes still unread: the start-up catalog knows only
+    the new key, the stream says which key each change was made under. Keyed by (id) alone
+    the rows (1, 'b') and (1, 'c') would share a key, and a table built from the log would
+    keep one of them; keyed by the new key the earlier changes would name columns the key
+    did not have."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, region text NOT NULL)")
+    run(pg_dsn, url, tables=("t",))
+    sql(
+        pg_dsn,
+        "INSERT INTO t VALUES (1, 'a')",
+        "DELETE FROM t WHERE id = 1",
+        "ALTER TABLE t DROP CONSTRAINT t_pkey, ADD PRIMARY KEY (region, id)",
+        "INSERT INTO t VALUES (1, 'b'), (1, 'c')",
+        "DELETE FROM t WHERE region = 'b'",
+    )
+    with caplog.at_level("WARNING", logger="replog.capture.postgres"):
+        run(pg_dsn, url, tables=("t",))  # starts knowing the key (region, id)
+    changes = [(e["op"], e["key"]) for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert changes == [
+        ("c", '{"id":1}'),
+        ("d", '{"id":1}'),
+        ("c", '{"region":"b","id":1}'),
+        ("c", '{"region":"c","id":1}'),
+        ("d", '{"region":"b","id":1}'),
+    ]
+    warnings = [
+        r.getMessage() for r in caplog.records if "primary key of public.t" in r.getMessage()
+    ]
+    assert len(warnings) == 2 and "is (id) from transaction" in warnings[0]
+    assert "is (region, id) from transaction" in warnings[1]
+
+
 def test_a_table_dropped_and_created_again_is_captured_under_its_name(
     pg_dsn: str, tmp_path: Path
 ) -> None:

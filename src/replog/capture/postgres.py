@@ -32,7 +32,7 @@ import threading
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
@@ -192,6 +192,26 @@ class PostgresSource:
         self._by_oid[table.oid] = table
         return table
 
+    def rekey(self, table: Table, key: tuple[str, ...]) -> Table:
+        """Capture ``table`` keyed by ``key`` from now on."""
+        rekeyed = replace(table, key=key)
+        self.tables[table.qualified] = rekeyed
+        self._by_oid[table.oid] = rekeyed
+        return rekeyed
+
+    def primary_key(self, oid: int) -> tuple[str, ...]:
+        """The table's primary key columns as the catalog has them now, in key order."""
+        return tuple(
+            row[0]
+            for row in self.connection.execute(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
+                " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+                " WHERE i.indrelid = %s AND i.indisprimary"
+                " ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                (oid,),
+            ).fetchall()
+        )
+
     def table_with_oid(self, oid: int) -> Table | None:
         """The captured table whose id is ``oid`` (whatever it is called now)."""
         return self._by_oid.get(oid)
@@ -213,16 +233,7 @@ class PostgresSource:
             " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
             (oid,),
         ).fetchall()
-        primary = [
-            row[0]
-            for row in self.connection.execute(
-                "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
-                " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
-                " WHERE i.indrelid = %s AND i.indisprimary"
-                " ORDER BY array_position(i.indkey::int2[], a.attnum)",
-                (oid,),
-            ).fetchall()
-        ]
+        primary = self.primary_key(oid)
         key = tuple(self.options.keys.get(qualified, ())) or tuple(primary)
         names = {column for column, _, _ in columns}
         if not key:
@@ -407,7 +418,7 @@ class _Events:
         self.reader = ValueReader()
         self.source = source
         self.slot = slot
-        self._digests: dict[tuple[str, Columns], str] = {}
+        self._digests: dict[tuple[str, Columns, tuple[str, ...]], str] = {}
         self._shapes: dict[tuple[str, bool], tuple[Table | Relation, _Shape]] = {}
         """(table, from a Relation) -> the description last seen, and its shape."""
         self.schemas: dict[str, tuple[str, dict[str, Any]]] = {}
@@ -437,12 +448,12 @@ class _Events:
     def _digest(self, table: Table, columns: Columns) -> str:
         """The digest of the table's schema with ``columns``; the schema is kept in
         :attr:`schemas` for registering before the commit."""
-        digest = self._digests.get((table.qualified, columns))
+        digest = self._digests.get((table.qualified, columns, table.key))
         if digest is None:
             prefix = f"{self.slot}.{table.qualified}"
             schema = table_schema(prefix, columns, table.key, self.source.pg_type)
             digest = connect_schemas.digest(schema)
-            self._digests[(table.qualified, columns)] = digest
+            self._digests[(table.qualified, columns, table.key)] = digest
             self.schemas[digest] = (table.qualified, schema)
         return digest
 
@@ -779,7 +790,7 @@ class PostgresCapture:
         for txn in fresh:
             order = 1
             for change in txn.changes:
-                table = self._captured_table(change.relation)
+                table = self._captured_table(change.relation, txn)
                 if table is not None:
                     events = self.events.changes(table, change, txn, order, processed_ms)
                     records.extend(events)
@@ -815,7 +826,7 @@ class PostgresCapture:
         that says "every row is gone" (Debezium skips truncations by default too), so a
         table built from the log keeps the rows. The operator must see it to act."""
         for relation, lsn in txn.truncated:
-            table = self._captured_table(relation)
+            table = self._captured_table(relation, txn)
             if table is None:
                 continue
             self.progress.skipped_truncations += 1
@@ -828,7 +839,7 @@ class PostgresCapture:
                 lsn_to_text(lsn),
             )
 
-    def _captured_table(self, relation: Relation) -> Table | None:
+    def _captured_table(self, relation: Relation, txn: SourceTransaction) -> Table | None:
         """The captured table a change is of; None for one not captured. With
         ``--publication`` the captured tables are the publication's: a table added to it
         while capturing is published from then on, so it is captured from then on (skipping
@@ -847,7 +858,36 @@ class PostgresCapture:
             )
             table = self.source.add_table(relation.name)  # errors (no key...) stop it
             logger.info("%s %s: captured from now on", table.qualified, how)
+        if table is not None:
+            table = self._follow_primary_key(table, relation, txn)
         return table
+
+    def _follow_primary_key(
+        self, table: Table, relation: Relation, txn: SourceTransaction
+    ) -> Table:
+        """Key ``table`` by its primary key as of this point of the stream. Under the
+        default replica identity the columns pgoutput flags as identity are the primary key
+        then (decoding reads the catalog as it was), which the catalog read at start-up may
+        not be: an ``ALTER TABLE ... PRIMARY KEY`` while capturing, or before a restart with
+        changes still unread. Keyed by a stale key, two rows could share one key and be
+        merged into one downstream. Keys given with ``--keys`` are kept."""
+        if relation.replica_identity != "d" or table.qualified in self.options.keys:
+            return table
+        identity = [column.name for column in relation.columns if column.in_identity]
+        if not identity or set(identity) == set(table.key):
+            return table
+        current = self.source.primary_key(table.oid)
+        key = current if set(current) == set(identity) else tuple(identity)
+        logger.warning(
+            "the primary key of %s is (%s) from transaction %d on, not (%s): its events are "
+            "keyed by it, so rows a table built from the log keeps under the old key are not "
+            "updated or deleted by them (rebuild such tables from a snapshot)",
+            table.qualified,
+            ", ".join(key),
+            txn.xid,
+            ", ".join(table.key),
+        )
+        return self.source.rekey(table, key)
 
 
 def server_positions(dsn: str) -> tuple[int, dict[str, int | None]]:
