@@ -220,10 +220,14 @@ class _Positions:
         return True
 
     def transaction(self) -> Transaction | None:
-        """The position to record: the newest of the input, if the log is behind it."""
+        """The position to record: the newest of the input, if the log is behind it. It
+        follows the position the input was sorted against: another append of the connector
+        committed meanwhile would have the events both hold doubled, so the commit fails
+        (:class:`~replog.errors.TransactionOrderError`) and a re-run sorts them again."""
         if self.newest is None or (self.logged is not None and self.newest.version <= self.logged):
             return None
-        return Transaction(self.newest.app_id, self.newest.version)
+        follows = self.logged if self.logged is not None else 0
+        return Transaction(self.newest.app_id, self.newest.version, follows=follows)
 
 
 def _no_position(app_id: str) -> int | None:
