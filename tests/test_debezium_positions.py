@@ -63,6 +63,24 @@ def log(tmp_path: Path) -> ReplicationLog:
     return ReplicationLog.create(str(tmp_path / "log"), shards=2)
 
 
+def flat(key: int, value: str) -> str:
+    """An ExtractNewRecordState row with ``add.fields=op,table``: no source position."""
+    return json.dumps({"id": key, "v": value, "__op": "u", "__table": "items"})
+
+
+def test_flattened_rows_without_a_position_are_never_collapsed(log: ReplicationLog) -> None:
+    """Without a position, two changes of one row with equal values are not the same
+    change: X, Y, X must leave the row at X (collapsing the second X left it at Y), and
+    two different values must not be refused as one event id given twice."""
+    lines = [flat(1, "X"), flat(1, "Y"), flat(1, "X"), flat(2, "A"), flat(2, "B")]
+    report = _append(log, lines)
+    assert report.duplicates == 0 and report.events == 5
+    rows = _events(log)
+    last = [row for row in rows if row["key"] == '{"id":1}'][-1]
+    assert json.loads(last["data"])["v"] == "X"
+    assert len({row["event_id"] for row in rows}) == 5
+
+
 def test_overlapping_appends_racing_do_not_double_events(log: ReplicationLog) -> None:
     """Two appends of one connector read the log's position before either commits (a
     retry started while the first run still ran): the one that commits second must not

@@ -15,6 +15,7 @@ validated before anything is returned: a bad line is an error that names it.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -279,6 +280,8 @@ class _Taken:
     skipped: Counter[str] = field(default_factory=Counter)
     brackets: _Brackets = field(default_factory=_Brackets)
     schemas: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    unpinned: Counter[str] = field(default_factory=Counter)
+    """Event id -> how often a change whose source does not pin it gave it so far."""
 
     def take(
         self, converted: debezium.Change | debezium.Skipped | debezium.Marker, line: int
@@ -291,6 +294,16 @@ class _Taken:
         if isinstance(converted, debezium.Skipped):  # a record that carries no event
             self.skipped[converted.reason] += 1
             return
+        if not converted.pinned:
+            # Two changes of one row may look alike (X, Y, X): neither is a redelivery of
+            # the other that could be told apart, so none collapses (each its own id).
+            event_id = str(converted.record["event_id"])
+            repeats = self.unpinned[event_id]
+            self.unpinned[event_id] += 1
+            if repeats:
+                converted.record["event_id"] = str(
+                    uuid.uuid5(debezium.EVENT_ID_NAMESPACE, f"{event_id}#{repeats}")
+                )
         self.brackets.count(converted)
         if converted.position is not None and not self.positions.keep(converted.position, line):
             return
