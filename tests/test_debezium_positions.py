@@ -63,6 +63,31 @@ def log(tmp_path: Path) -> ReplicationLog:
     return ReplicationLog.create(str(tmp_path / "log"), shards=2)
 
 
+def test_events_sharing_the_recorded_position_are_not_lost_when_split(
+    log: ReplicationLog,
+) -> None:
+    """An update of a primary key is, in Debezium, a delete of the old key and a create of
+    the new one from one WAL record: one ``lsn``. A file cut between them recorded that
+    position; the next file (the connector resent from its last offset) holds both."""
+    earlier = pg("c", 1, 40)
+    delete_old = pg("d", 1, 50)
+    create_new = pg("c", 2, 50)
+    first = _append(log, [earlier, delete_old])
+    assert first.events == 2
+    second = _append(log, [delete_old, create_new, pg("u", 2, 60)])
+    assert second.behind == 1  # the delete, already appended
+    assert second.events == 2  # the create at the same position, and the later update
+    third = _append(log, [delete_old, create_new, pg("u", 2, 60)])  # resent once more
+    assert third.events == 0 and third.behind == 3
+    keys = sorted((row["key"], row["operation"]) for row in _events(log))
+    assert keys == [
+        ('{"id":1}', "delete"),
+        ('{"id":1}', "insert"),
+        ('{"id":2}', "insert"),
+        ('{"id":2}', "update"),
+    ]
+
+
 def flat(key: int, value: str) -> str:
     """An ExtractNewRecordState row with ``add.fields=op,table``: no source position."""
     return json.dumps({"id": key, "v": value, "__op": "u", "__table": "items"})
