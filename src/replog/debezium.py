@@ -86,6 +86,10 @@ class Change:
     digest: str | None
     position: Position | None
     transaction_id: str | None
+    pinned: bool = True
+    """Whether the source fields name this change alone (a redelivery has its event id, no
+    other change does): False for a flattened row that carries no source position, whose
+    ``__`` fields (``__op``, ``__table``, ...) two changes of one row can share."""
 
 
 OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c"}
@@ -343,6 +347,7 @@ def convert(
         document["replog_filled"] = ["timestamp"]
     identity = json.dumps([image.source, image.op, key], sort_keys=True, default=str)
     transaction = image.transaction.value if image.transaction is not None else None
+    position = position_of(image.source)
     return Change(
         record={
             "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
@@ -356,12 +361,13 @@ def convert(
         },
         schema=schema.value if schema is not None else None,
         digest=digest,
-        position=position_of(image.source),
+        position=position,
         transaction_id=(
             str(transaction["id"])
             if isinstance(transaction, dict) and "id" in transaction
             else None
         ),
+        pinned=not flat or position is not None,
     )
 
 

@@ -15,6 +15,7 @@ validated before anything is returned: a bad line is an error that names it.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -24,9 +25,10 @@ from typing import Any
 import pyarrow as pa
 
 from replog import debezium
-from replog.errors import InvalidEventError, InvalidOptionError
+from replog.core import history
+from replog.errors import DataLossError, InvalidEventError, InvalidOptionError
 from replog.format import jsontext
-from replog.format.commits import CommitRecord, Transaction
+from replog.format.commits import APPEND, TXN_QUERY, CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
 from replog.log import ReplicationLog
 from replog.schemas import registry
@@ -193,13 +195,18 @@ class _Positions:
     position the log holds are dropped (counted), and the newest is recorded."""
 
     recorded: Callable[[str], int | None]
+    held: Callable[[str, int], set[str] | None]
     app_id: str | None = None
     first_line: int = 0
     logged: int | None = None
     newest: debezium.Position | None = None
     behind: int = 0
+    at_logged: set[str] | None = None
+    """The event ids the log holds at the position it records (read at the first event
+    of the input at that position; None: unknown, every such event is taken as held)."""
+    looked: bool = False
 
-    def keep(self, position: debezium.Position, line: int) -> bool:
+    def keep(self, position: debezium.Position, line: int, event_id: str) -> bool:
         if self.app_id is None:
             self.app_id, self.first_line = position.app_id, line
             self.logged = self.recorded(position.app_id)
@@ -211,23 +218,71 @@ class _Positions:
             )
         if self.newest is None or position.version > self.newest.version:
             self.newest = position
-        if self.logged is not None and (
-            position.version < self.logged
-            or (position.version == self.logged and not position.snapshot)
-        ):
+        if self.logged is None or position.version > self.logged:
+            return True
+        if position.version < self.logged:
+            self.behind += 1
+            return False
+        if position.snapshot:
+            return True  # snapshot rows share a position: kept (a re-run appends them again)
+        # At the recorded position itself: several changes can share it (a key update's
+        # delete and create, the rows of one statement without ``row``), and an earlier
+        # append may have held only some of them. The log says which.
+        if not self.looked:
+            self.looked = True
+            self.at_logged = self.held(self.app_id, self.logged)
+        if self.at_logged is None or event_id in self.at_logged:
             self.behind += 1
             return False
         return True
 
     def transaction(self) -> Transaction | None:
-        """The position to record: the newest of the input, if the log is behind it."""
+        """The position to record: the newest of the input, if the log is behind it. It
+        follows the position the input was sorted against: another append of the connector
+        committed meanwhile would have the events both hold doubled, so the commit fails
+        (:class:`~replog.errors.TransactionOrderError`) and a re-run sorts them again."""
         if self.newest is None or (self.logged is not None and self.newest.version <= self.logged):
             return None
-        return Transaction(self.newest.app_id, self.newest.version)
+        follows = self.logged if self.logged is not None else 0
+        return Transaction(self.newest.app_id, self.newest.version, follows=follows)
 
 
 def _no_position(app_id: str) -> int | None:
     return None
+
+
+def _none_held(app_id: str, version: int) -> set[str] | None:
+    return None
+
+
+def _held_by(log: ReplicationLog) -> Callable[[str, int], set[str] | None]:
+    """The event ids appended since the commit that recorded ``version`` of ``app_id``,
+    that commit included: every event at that source position the log holds is among
+    them (an event at a position is in a commit recording it or a later one). None if
+    that commit is no longer there (retention) or its events cannot be read."""
+
+    def held(app_id: str, version: int) -> set[str] | None:
+        state = log.refresh(verify_within=0)
+        ids: set[str] = set()
+        try:
+            for number in range(state.version, 0, -1):
+                record = history.read_commit(log.storage, number)
+                if record is None:
+                    return None
+                if record.operation == APPEND:
+                    for segment in record.add:
+                        for batch in log.read(
+                            segment.shard, segment.first_sequence, segment.last_sequence
+                        ):
+                            ids.update(batch.column("event_id").to_pylist())
+                writer = record.writer
+                if writer is not None and (writer.sink_id, writer.query_id) == (app_id, TXN_QUERY):
+                    return ids if writer.epoch == version else None
+        except DataLossError:
+            return None
+        return None
+
+    return held
 
 
 @dataclass
@@ -275,6 +330,8 @@ class _Taken:
     skipped: Counter[str] = field(default_factory=Counter)
     brackets: _Brackets = field(default_factory=_Brackets)
     schemas: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    unpinned: Counter[str] = field(default_factory=Counter)
+    """Event id -> how often a change whose source does not pin it gave it so far."""
 
     def take(
         self, converted: debezium.Change | debezium.Skipped | debezium.Marker, line: int
@@ -287,8 +344,20 @@ class _Taken:
         if isinstance(converted, debezium.Skipped):  # a record that carries no event
             self.skipped[converted.reason] += 1
             return
+        if not converted.pinned:
+            # Two changes of one row may look alike (X, Y, X): neither is a redelivery of
+            # the other that could be told apart, so none collapses (each its own id).
+            event_id = str(converted.record["event_id"])
+            repeats = self.unpinned[event_id]
+            self.unpinned[event_id] += 1
+            if repeats:
+                converted.record["event_id"] = str(
+                    uuid.uuid5(debezium.EVENT_ID_NAMESPACE, f"{event_id}#{repeats}")
+                )
         self.brackets.count(converted)
-        if converted.position is not None and not self.positions.keep(converted.position, line):
+        if converted.position is not None and not self.positions.keep(
+            converted.position, line, str(converted.record["event_id"])
+        ):
             return
         if not self.chunks.add(converted.record, line):
             return  # a redelivery of an earlier line
@@ -304,6 +373,7 @@ def read_lines(
     key_fields: tuple[str, ...] = (),
     progress: Callable[[int], None] | None = None,
     recorded: Callable[[str], int | None] = _no_position,
+    held: Callable[[str, int], set[str] | None] = _none_held,
     now: int | None = None,
 ) -> Ingested:
     """Parse and validate JSON lines (blank lines are skipped).
@@ -315,14 +385,16 @@ def read_lines(
         key_fields: for Debezium, the row fields that make an event's key.
         progress: called with the byte length of each line read.
         recorded: the source position a log holds for a connector's app id (Debezium:
-            events at or before it are dropped and counted).
+            events before it are dropped and counted).
+        held: the event ids a log holds at the position it records for an app id (events
+            there that it does not hold are kept; None: all are dropped).
         now: the time of events that carry none (marked in their metadata).
 
     Raises:
         InvalidEventError: a line is not valid JSON or not a valid event (names the line).
     """
     _converter(format, key_fields)
-    taken = _Taken(positions=_Positions(recorded))
+    taken = _Taken(positions=_Positions(recorded, held))
     filled_ms = now if now is not None else now_ms()
     count = 0
     for count, line in enumerate(lines, start=1):
@@ -388,6 +460,7 @@ def append_lines(
         key_fields=key_fields,
         progress=progress,
         recorded=log.transaction_version,
+        held=_held_by(log),
     )
     transaction = transaction or ingested.position
     record = None
