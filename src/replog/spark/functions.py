@@ -69,8 +69,16 @@ def _event(value: str | bytes | None, key_fields: tuple[str, ...]) -> tuple[obje
     )
 
 
+ARRIVAL = "__replog_arrival"
+"""The column redeliveries are told apart by (a micro-batch's time; dropped again)."""
+
+
 def from_debezium(
-    frame: DataFrame, key_fields: Sequence[str], *, value: str | Column = "value"
+    frame: DataFrame,
+    key_fields: Sequence[str],
+    *,
+    value: str | Column = "value",
+    redeliveries_within: str | None = None,
 ) -> DataFrame:
     """Debezium change-event values (JSON, with or without the schema wrapper; string or
     binary) as the replog-sink's input columns, one row per change.
@@ -79,6 +87,12 @@ def from_debezium(
     ``replog append --format debezium`` (docs/CDC.md); ``key_fields`` name the row's key
     columns. A value that is not a Debezium change event fails the query, naming it.
     (A plain Python UDF: ``mapInArrow`` would need pandas on every executor.)
+
+    ``redeliveries_within`` (a Spark interval, ``"1 hour"``): a change given again within
+    that time of its first arrival (Debezium redelivers after a restart) is dropped by its
+    ``event_id``, which a redelivery keeps. Spark's ``dropDuplicatesWithinWatermark`` keeps
+    the ids in the query's state; the watermark is on arrival (the micro-batch's time), not
+    on the events' time, so a late change is never dropped for being late.
     """
     fields = tuple(key_fields)
     if not fields:
@@ -87,7 +101,7 @@ def from_debezium(
     mapped = F.udf(lambda text: _event(text, fields), EVENT_DDL, useArrow=False)(
         column.cast("string")
     )
-    return (
+    events = (
         frame.select(mapped.alias("event"))
         .where(F.col("event").isNotNull())
         .select(
@@ -100,6 +114,14 @@ def from_debezium(
             "event.before",
             "event.metadata",
         )
+    )
+    if redeliveries_within is None:
+        return events
+    return (
+        events.withColumn(ARRIVAL, F.current_timestamp())
+        .withWatermark(ARRIVAL, redeliveries_within)
+        .dropDuplicatesWithinWatermark(["event_id"])
+        .drop(ARRIVAL)
     )
 
 
