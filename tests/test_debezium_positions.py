@@ -125,3 +125,76 @@ def test_overlapping_appends_racing_do_not_double_events(log: ReplicationLog) ->
     assert again.behind == 3 and again.events == 3
     keys = sorted(json.loads(row["key"])["id"] for row in _events(log))
     assert keys == list(range(1, 9))
+
+
+def orders(op: str, key: int, lsn: int) -> str:
+    """A change of table ``orders`` by the same connector (its own Debezium topic)."""
+    return pg(op, key, lsn).replace('"table":"items"', '"table":"orders"')
+
+
+def test_a_connectors_topics_appended_one_after_another_lose_nothing(
+    log: ReplicationLog,
+) -> None:
+    """Debezium writes each table to a topic of its own, the position is the connector's:
+    a file of `orders` appended after one of `items` holds positions older than the one
+    the log records. They are new to the log (it does not hold them), so they are kept;
+    each file given again is a redelivery, and is dropped whole."""
+    items = [pg("c", key, 10 * key) for key in range(1, 6)]  # lsn 10..50
+    order_lines = [orders("c", key, 10 * key + 5) for key in range(1, 6)]  # lsn 15..55
+    assert _append(log, items).events == 5
+    second = _append(log, order_lines)
+    assert (second.events, second.behind) == (5, 0)
+    for lines in (items, order_lines, items + order_lines):
+        again = _append(log, lines)
+        assert (again.events, again.behind) == (0, len(lines))
+    assert _append(log, [orders("u", 1, 60), pg("u", 1, 45)]).events == 2
+    collections = sorted(row["collection"] for row in _events(log))
+    assert collections == ["public.items"] * 6 + ["public.orders"] * 6
+
+
+def test_a_redelivery_reads_back_only_the_commits_that_can_hold_it(
+    log: ReplicationLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Telling a redelivery from a new event reads the log's commits back from the head,
+    but only down to the first one that records a position older than the event's: a
+    connector resending its last few changes costs a few commits, not the log's age."""
+    for start in range(0, 200, 10):  # 20 appends of 10 changes each
+        _append(log, [pg("c", key, key) for key in range(start + 1, start + 11)])
+    head = log.refresh().version
+    records = [ingest.history.read_commit(log.storage, v) for v in range(1, head + 1)]
+    appends = [r.version for r in records if r is not None and r.writer is not None]
+    recording_180 = appends[17]  # the 18th append: changes 171..180
+    read: list[int] = []
+    read_one = ingest._History._read
+
+    def counted(self: Any, version: int) -> None:
+        read.append(version)
+        read_one(self, version)
+
+    monkeypatch.setattr(ingest._History, "_read", counted)
+    resent = [pg("c", key, key) for key in range(185, 206)]  # 185..200 resent, 5 new
+    again = _append(log, [orders("c", 1, 183), *resent])  # and another table's, new
+    assert (again.events, again.behind) == (6, 16)
+    # down to the commit recording 180 < 183 (merges commit in between): none below it
+    assert read == list(range(head, recording_180 - 1, -1)) and len(read) < 6
+
+
+def test_events_older_than_the_history_left_count_as_appended(
+    log: ReplicationLog, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Past the retention, the commits that would tell whether the log holds an old event
+    are gone: it is dropped as a redelivery (as before lookups existed), with one warning."""
+    for start in (0, 10, 20):
+        _append(log, [pg("c", key, key) for key in range(start + 1, start + 11)])
+    first_kept = log.refresh().version  # as if retention had removed every earlier commit
+    read_commit = ingest.history.read_commit
+
+    def expired_below(storage: Any, version: int) -> Any:
+        return None if version < first_kept else read_commit(storage, version)
+
+    monkeypatch.setattr(ingest.history, "read_commit", expired_below)
+    with caplog.at_level("WARNING", logger="replog.ingest"):
+        again = _append(log, [orders("c", 1, 3), orders("c", 2, 4), pg("c", 25, 25)])
+    assert (again.events, again.behind) == (0, 3)
+    warnings = [r.getMessage() for r in caplog.records if "taken as appended" in r.getMessage()]
+    assert len(warnings) == 1 and "the history that would tell expired" in warnings[0]

@@ -189,22 +189,26 @@ def _members(line: str, number: int) -> dict[str, jsontext.Member]:
         raise InvalidEventError(f"line {number}: not valid JSON: {exc}") from exc
 
 
+HeldLookup = Callable[[str, str, int], bool | None]
+"""``(app id, event id, position) ->`` whether the log holds that event of the connector
+(None: it cannot tell, its history having expired)."""
+
+
 @dataclass
 class _Positions:
-    """The source position of one connector across an input: events at or before the
-    position the log holds are dropped (counted), and the newest is recorded."""
+    """The source position of one connector across an input. Events past the position
+    the log holds are new; one at or before it is dropped (counted) when the log holds its
+    event id: a redelivery. One the log does not hold is kept: the position is the
+    connector's, and a file of another of its topics (tables) appended after this one's
+    holds older positions that are new to the log. The newest position is recorded."""
 
     recorded: Callable[[str], int | None]
-    held: Callable[[str, int], set[str] | None]
+    held: HeldLookup
     app_id: str | None = None
     first_line: int = 0
     logged: int | None = None
     newest: debezium.Position | None = None
     behind: int = 0
-    at_logged: set[str] | None = None
-    """The event ids the log holds at the position it records (read at the first event
-    of the input at that position; None: unknown, every such event is taken as held)."""
-    looked: bool = False
 
     def keep(self, position: debezium.Position, line: int, event_id: str) -> bool:
         if self.app_id is None:
@@ -220,21 +224,12 @@ class _Positions:
             self.newest = position
         if self.logged is None or position.version > self.logged:
             return True
-        if position.version < self.logged:
-            self.behind += 1
-            return False
-        if position.snapshot:
+        if position.snapshot and position.version == self.logged:
             return True  # snapshot rows share a position: kept (a re-run appends them again)
-        # At the recorded position itself: several changes can share it (a key update's
-        # delete and create, the rows of one statement without ``row``), and an earlier
-        # append may have held only some of them. The log says which.
-        if not self.looked:
-            self.looked = True
-            self.at_logged = self.held(self.app_id, self.logged)
-        if self.at_logged is None or event_id in self.at_logged:
-            self.behind += 1
-            return False
-        return True
+        if self.held(self.app_id, event_id, position.version) is False:
+            return True
+        self.behind += 1
+        return False
 
     def transaction(self) -> Transaction | None:
         """The position to record: the newest of the input, if the log is behind it. It
@@ -251,36 +246,79 @@ def _no_position(app_id: str) -> int | None:
     return None
 
 
-def _none_held(app_id: str, version: int) -> set[str] | None:
+def _nothing_known(app_id: str, event_id: str, position: int) -> bool | None:
     return None
 
 
-def _held_by(log: ReplicationLog) -> Callable[[str, int], set[str] | None]:
-    """The event ids appended since the commit that recorded ``version`` of ``app_id``,
-    that commit included: every event at that source position the log holds is among
-    them (an event at a position is in a commit recording it or a later one). None if
-    that commit is no longer there (retention) or its events cannot be read."""
+@dataclass
+class _History:
+    """The event ids of a log's appends, read back from the head only as far as a lookup
+    needs. An event at source position ``p`` is in a commit recording a position at or
+    past ``p`` (a commit records its input's newest), and the positions a connector's
+    commits record rise; so once a commit recording less than ``p`` has been read, every
+    commit that can hold the event has been."""
 
-    def held(app_id: str, version: int) -> set[str] | None:
-        state = log.refresh(verify_within=0)
-        ids: set[str] = set()
+    log: ReplicationLog
+    app_id: str
+    next_version: int
+    ids: set[str] = field(default_factory=set)
+    floor: int | None = None
+    """The position recorded by the oldest of the connector's commits read (None: none)."""
+    expired: bool = False
+    warned: bool = False
+
+    def holds(self, event_id: str, position: int) -> bool | None:
+        while not self.expired and (self.floor is None or self.floor >= position):
+            if event_id in self.ids:
+                return True
+            if self.next_version == 0:  # the whole log was read
+                return False
+            self._read(self.next_version)
+            self.next_version -= 1
+        if event_id in self.ids:
+            return True
+        return None if self.expired else False
+
+    def _read(self, version: int) -> None:
+        record = history.read_commit(self.log.storage, version)
+        if record is None:  # expired by retention: what it held is unknown
+            self.expired = True
+            return
         try:
-            for number in range(state.version, 0, -1):
-                record = history.read_commit(log.storage, number)
-                if record is None:
-                    return None
-                if record.operation == APPEND:
-                    for segment in record.add:
-                        for batch in log.read(
-                            segment.shard, segment.first_sequence, segment.last_sequence
-                        ):
-                            ids.update(batch.column("event_id").to_pylist())
-                writer = record.writer
-                if writer is not None and (writer.sink_id, writer.query_id) == (app_id, TXN_QUERY):
-                    return ids if writer.epoch == version else None
-        except DataLossError:
-            return None
-        return None
+            if record.operation == APPEND:
+                for segment in record.add:
+                    for batch in self.log.read(
+                        segment.shard, segment.first_sequence, segment.last_sequence
+                    ):
+                        self.ids.update(batch.column("event_id").to_pylist())
+        except DataLossError:  # truncated since: its events are gone from the log
+            self.expired = True
+            return
+        writer = record.writer
+        if writer is not None and (writer.sink_id, writer.query_id) == (self.app_id, TXN_QUERY):
+            self.floor = writer.epoch
+
+
+def _held_by(log: ReplicationLog) -> HeldLookup:
+    """Whether ``log`` holds an event of a connector, reading its commits back from the
+    head as far as the event's position needs (once per append: earlier lookups' reading
+    is kept). Unknown (None) past expired history: such events count as appended."""
+    histories: dict[str, _History] = {}
+
+    def held(app_id: str, event_id: str, position: int) -> bool | None:
+        if app_id not in histories:
+            histories[app_id] = _History(log, app_id, log.refresh(verify_within=0).version)
+        found = histories[app_id].holds(event_id, position)
+        if found is None and not histories[app_id].warned:
+            histories[app_id].warned = True
+            logger.warning(
+                "%s: events of %s before the position it records, from position %d on, are "
+                "taken as appended: the history that would tell expired",
+                log.url,
+                app_id,
+                position,
+            )
+        return found
 
     return held
 
@@ -373,7 +411,7 @@ def read_lines(
     key_fields: tuple[str, ...] = (),
     progress: Callable[[int], None] | None = None,
     recorded: Callable[[str], int | None] = _no_position,
-    held: Callable[[str, int], set[str] | None] = _none_held,
+    held: HeldLookup = _nothing_known,
     now: int | None = None,
 ) -> Ingested:
     """Parse and validate JSON lines (blank lines are skipped).
@@ -385,9 +423,9 @@ def read_lines(
         key_fields: for Debezium, the row fields that make an event's key.
         progress: called with the byte length of each line read.
         recorded: the source position a log holds for a connector's app id (Debezium:
-            events before it are dropped and counted).
-        held: the event ids a log holds at the position it records for an app id (events
-            there that it does not hold are kept; None: all are dropped).
+            events after it are new).
+        held: whether a log holds an event of a connector at or before that position
+            (held: dropped and counted; not held: kept; None, unknown: dropped).
         now: the time of events that carry none (marked in their metadata).
 
     Raises:
