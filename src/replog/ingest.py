@@ -265,6 +265,11 @@ class _History:
     floor: int | None = None
     """The position recorded by the oldest of the connector's commits read (None: none)."""
     expired: bool = False
+    unknown_to: float | None = None
+    """Events at or before this position may be in a commit whose events are no longer all
+    there (expired, truncated, or key-compacted: the log held them, and a key compaction
+    drops only events a newer change of their key supersedes); None: none. The lookups that
+    read such a commit are those of positions up to the floor when it was read."""
     warned: bool = False
 
     def holds(self, event_id: str, position: int) -> bool | None:
@@ -272,26 +277,38 @@ class _History:
             if event_id in self.ids:
                 return True
             if self.next_version == 0:  # the whole log was read
-                return False
+                break
             self._read(self.next_version)
             self.next_version -= 1
         if event_id in self.ids:
             return True
-        return None if self.expired else False
+        # Unknown only if a commit that can hold it is not all there: the commits read past
+        # an expiry or a compacted one, before a floor below ``position``, still tell.
+        return None if self.unknown_to is not None and position <= self.unknown_to else False
+
+    def _unknown(self) -> None:
+        above = float("inf") if self.floor is None else self.floor
+        self.unknown_to = above if self.unknown_to is None else max(self.unknown_to, above)
 
     def _read(self, version: int) -> None:
         record = history.read_commit(self.log.storage, version)
         if record is None:  # expired by retention: what it held is unknown
+            self._unknown()
             self.expired = True
             return
         try:
             if record.operation == APPEND:
                 for segment in record.add:
+                    read = 0
                     for batch in self.log.read(
                         segment.shard, segment.first_sequence, segment.last_sequence
                     ):
                         self.ids.update(batch.column("event_id").to_pylist())
+                        read += batch.num_rows
+                    if read < segment.last_sequence - segment.first_sequence + 1:
+                        self._unknown()  # key-compacted since: the ids it dropped are gone
         except DataLossError:  # truncated since: its events are gone from the log
+            self._unknown()
             self.expired = True
             return
         writer = record.writer
@@ -313,7 +330,7 @@ def _held_by(log: ReplicationLog) -> HeldLookup:
             histories[app_id].warned = True
             logger.warning(
                 "%s: events of %s before the position it records, from position %d on, are "
-                "taken as appended: the history that would tell expired",
+                "taken as appended: the history that would tell expired or was compacted",
                 log.url,
                 app_id,
                 position,
@@ -489,7 +506,8 @@ def append_lines(
     Debezium input is idempotent by itself: the connector's newest source position is
     recorded in the commit (a :class:`Transaction` ``debezium.<source.name>`` whose version
     is the position), and events at or before the position the log holds are dropped and
-    counted. An explicit ``transaction`` takes the place of the position. The schemas the
+    counted. An explicit ``transaction`` is refused when the input has a position to record
+    (:class:`InvalidOptionError`, nothing written). The schemas the
     events name are registered (put-if-absent) before the commit.
     """
     ingested = read_lines(
@@ -500,6 +518,16 @@ def append_lines(
         recorded=log.transaction_version,
         held=_held_by(log),
     )
+    if transaction is not None and ingested.position is not None:
+        # Its events past the connector's recorded position would sit in a commit that
+        # records none: a later commit recording an older position (a file of another
+        # topic) would end the lookup before it, and a redelivery of them be appended again.
+        raise InvalidOptionError(
+            f"{log.url}: the input's newest source position ({ingested.position.app_id} "
+            f"{ingested.position.version}) is past the one the log records, and an explicit "
+            f"transaction would take its place: leave --txn-app-id out (the position makes "
+            f"the append idempotent)"
+        )
     transaction = transaction or ingested.position
     record = None
     if ingested.table.num_rows:
