@@ -266,3 +266,44 @@ def test_events_appended_under_an_explicit_transaction_are_not_doubled_later(
         log, items, format="debezium", key_fields=KEYS, transaction=Transaction("mine", 1)
     )
     assert (done.events, done.behind) == (0, 2)
+
+
+def test_two_appends_of_an_older_topic_racing_do_not_double_it(log: ReplicationLog) -> None:
+    """A file of another topic, all older than the recorded position, is kept (new to the
+    log) and records no position: two runs of it racing both found it new."""
+    assert _append(log, [pg("c", key, 10 * key) for key in range(1, 6)]).events == 5
+    order_lines = [orders("c", key, 10 * key + 5) for key in range(1, 4)]  # 15..35
+
+    def racing() -> Iterator[str]:
+        yield order_lines[0]
+        assert _append(log, order_lines).events == 3
+        yield from order_lines[1:]
+
+    with pytest.raises(TransactionOrderError):
+        _append(log, racing())
+    assert len(_events(log)) == 8
+    again = _append(log, order_lines)  # the re-run sees what the first run appended
+    assert (again.events, again.behind) == (0, 3)
+    assert _append(log, [pg("c", 9, 51)]).events == 1  # the position recorded is 51: new
+    assert len(_events(log)) == 9
+
+
+def test_two_files_of_other_topics_racing_lose_nothing(log: ReplicationLog) -> None:
+    """Two different inputs whose commits would record one position: the one that commits
+    second found the position held and was skipped as 'already applied', losing its
+    events. It fails instead, and its re-run appends them."""
+    assert _append(log, [pg("c", key, 10 * key) for key in range(1, 6)]).events == 5
+    order_lines = [orders("c", key, 10 * key + 5) for key in range(1, 4)]  # 15..35
+    other = [orders("c", key, 10 * key + 6) for key in range(4, 6)]  # 46..56: 56 is new
+
+    def racing() -> Iterator[str]:
+        yield order_lines[0]
+        assert _append(log, [*other[:1], pg("c", 9, 56)]).events == 2  # records 56
+        yield from order_lines[1:]
+        yield other[1]  # newest 56 too
+
+    with pytest.raises(TransactionOrderError):
+        _append(log, racing())
+    again = _append(log, [*order_lines, other[1]])
+    assert (again.events, again.behind) == (4, 0)
+    assert len(_events(log)) == 11

@@ -26,7 +26,12 @@ import pyarrow as pa
 
 from replog import debezium
 from replog.core import history
-from replog.errors import DataLossError, InvalidEventError, InvalidOptionError
+from replog.errors import (
+    DataLossError,
+    InvalidEventError,
+    InvalidOptionError,
+    TransactionOrderError,
+)
 from replog.format import jsontext
 from replog.format.commits import APPEND, TXN_QUERY, CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
@@ -209,6 +214,8 @@ class _Positions:
     logged: int | None = None
     newest: debezium.Position | None = None
     behind: int = 0
+    kept_behind: bool = False
+    """An event at or before the recorded position was kept (the log does not hold it)."""
 
     def keep(self, position: debezium.Position, line: int, event_id: str) -> bool:
         if self.app_id is None:
@@ -227,6 +234,7 @@ class _Positions:
         if position.snapshot and position.version == self.logged:
             return True  # snapshot rows share a position: kept (a re-run appends them again)
         if self.held(self.app_id, event_id, position.version) is False:
+            self.kept_behind = True
             return True
         self.behind += 1
         return False
@@ -236,8 +244,17 @@ class _Positions:
         follows the position the input was sorted against: another append of the connector
         committed meanwhile would have the events both hold doubled, so the commit fails
         (:class:`~replog.errors.TransactionOrderError`) and a re-run sorts them again."""
-        if self.newest is None or (self.logged is not None and self.newest.version <= self.logged):
+        if self.newest is None:
             return None
+        if self.logged is not None and self.newest.version <= self.logged:
+            if not self.kept_behind:
+                return None
+            # Events the log did not hold, all at or before its position (a file of another
+            # topic): the commit must still fail if another append of the connector landed
+            # meanwhile (two runs racing both found them new). It records one past the
+            # position: every event up to a recorded position is looked up by id, so a real
+            # event there is still told apart, and recorded positions still rise.
+            return Transaction(self.newest.app_id, self.logged + 1, follows=self.logged)
         follows = self.logged if self.logged is not None else 0
         return Transaction(self.newest.app_id, self.newest.version, follows=follows)
 
@@ -534,6 +551,16 @@ def append_lines(
         for (collection, digest), schema in ingested.schemas.items():
             registry.register(log.storage, collection, schema, digest)
         record = log.append(ingested.table, transaction=transaction)
+        if record is None and transaction is ingested.position:
+            # The position was past the log's when the input was checked against it: an
+            # append of the connector recording it or a later one landed meanwhile. Its
+            # events are not these (two inputs sharing a newest position, or two files of
+            # other topics), so skipping as "already applied" would lose them.
+            raise TransactionOrderError(
+                f"{log.url}: another append of {transaction.app_id} recorded position "
+                f"{transaction.version} or later while this one ran; nothing was committed "
+                f"(run it again)"
+            )
     return AppendReport(
         log.url,
         ingested.lines,
