@@ -198,3 +198,112 @@ def test_events_older_than_the_history_left_count_as_appended(
     assert (again.events, again.behind) == (0, 3)
     warnings = [r.getMessage() for r in caplog.records if "taken as appended" in r.getMessage()]
     assert len(warnings) == 1 and "the history that would tell expired" in warnings[0]
+
+
+def test_a_redelivery_of_an_event_key_compaction_removed_is_not_appended_again(
+    log: ReplicationLog,
+) -> None:
+    """Key compaction drops the superseded events of a key: the log no longer holds their
+    event ids, but it held them. A redelivery of one must not land after the newer change
+    (the key would go back to its old value)."""
+    from replog.ops import keys
+
+    assert _append(log, [pg("c", 1, 10), pg("u", 1, 20), pg("c", 2, 30)]).events == 3
+    assert keys.compact_by_key(log).record is not None
+    assert len(_events(log)) == 2  # the create of key 1 is gone
+    again = _append(log, [pg("c", 1, 10)])  # the connector resends it
+    assert (again.events, again.behind) == (0, 1)
+    assert len(_events(log)) == 2
+
+
+def test_an_event_newer_than_the_history_read_is_kept_after_a_lookup_hit_expiry(
+    log: ReplicationLog, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A lookup of an old event reads back into expired history; a later event of the
+    input whose position is past every commit already read is still told apart: the
+    commits that could hold it were all read, and it is new."""
+    for start in (0, 10, 20):
+        _append(log, [pg("c", key, key) for key in range(start + 1, start + 11)])
+    head = log.refresh().version
+    records = [ingest.history.read_commit(log.storage, v) for v in range(1, head + 1)]
+    recording = [r.version for r in records if r is not None and r.writer is not None]
+    first_kept = recording[1]  # the commit recording 20 and later are left
+    read_commit = ingest.history.read_commit
+
+    def expired_below(storage: Any, version: int) -> Any:
+        return None if version < first_kept else read_commit(storage, version)
+
+    monkeypatch.setattr(ingest.history, "read_commit", expired_below)
+    again = _append(log, [orders("c", 1, 3), orders("c", 2, 25)])
+    assert (again.events, again.behind) == (1, 1)  # 3: unknown, dropped; 25: new, kept
+    assert sorted(row["collection"] for row in _events(log)).count("public.orders") == 1
+
+
+def test_events_appended_under_an_explicit_transaction_are_not_doubled_later(
+    log: ReplicationLog,
+) -> None:
+    """An explicit transaction would take the place of the position: the events of that
+    commit positioned, but no position of the connector recorded. A later commit of the
+    connector recording an older position (a file of another topic) ended the lookup before
+    them, and the file resent was appended again. Such an append is refused."""
+    from replog.errors import InvalidOptionError
+    from replog.format.commits import Transaction
+
+    items = [pg("c", 1, 110), pg("c", 2, 120)]
+    with pytest.raises(InvalidOptionError, match="explicit transaction"):
+        ingest.append_lines(
+            log, items, format="debezium", key_fields=KEYS, transaction=Transaction("mine", 1)
+        )
+    assert _events(log) == []
+    assert _append(log, items).events == 2
+    assert _append(log, [orders("c", k, 50 + k) for k in range(1, 6)]).events == 5  # older
+    assert _append(log, [orders("c", 9, 130)]).events == 1
+    again = _append(log, items)  # the items file resent
+    assert (again.events, again.behind) == (0, 2)
+    assert len(_events(log)) == 8
+    # nothing past the position to record: an explicit transaction is still taken
+    done = ingest.append_lines(
+        log, items, format="debezium", key_fields=KEYS, transaction=Transaction("mine", 1)
+    )
+    assert (done.events, done.behind) == (0, 2)
+
+
+def test_two_appends_of_an_older_topic_racing_do_not_double_it(log: ReplicationLog) -> None:
+    """A file of another topic, all older than the recorded position, is kept (new to the
+    log) and records no position: two runs of it racing both found it new."""
+    assert _append(log, [pg("c", key, 10 * key) for key in range(1, 6)]).events == 5
+    order_lines = [orders("c", key, 10 * key + 5) for key in range(1, 4)]  # 15..35
+
+    def racing() -> Iterator[str]:
+        yield order_lines[0]
+        assert _append(log, order_lines).events == 3
+        yield from order_lines[1:]
+
+    with pytest.raises(TransactionOrderError):
+        _append(log, racing())
+    assert len(_events(log)) == 8
+    again = _append(log, order_lines)  # the re-run sees what the first run appended
+    assert (again.events, again.behind) == (0, 3)
+    assert _append(log, [pg("c", 9, 51)]).events == 1  # the position recorded is 51: new
+    assert len(_events(log)) == 9
+
+
+def test_two_files_of_other_topics_racing_lose_nothing(log: ReplicationLog) -> None:
+    """Two different inputs whose commits would record one position: the one that commits
+    second found the position held and was skipped as 'already applied', losing its
+    events. It fails instead, and its re-run appends them."""
+    assert _append(log, [pg("c", key, 10 * key) for key in range(1, 6)]).events == 5
+    order_lines = [orders("c", key, 10 * key + 5) for key in range(1, 4)]  # 15..35
+    other = [orders("c", key, 10 * key + 6) for key in range(4, 6)]  # 46..56: 56 is new
+
+    def racing() -> Iterator[str]:
+        yield order_lines[0]
+        assert _append(log, [*other[:1], pg("c", 9, 56)]).events == 2  # records 56
+        yield from order_lines[1:]
+        yield other[1]  # newest 56 too
+
+    with pytest.raises(TransactionOrderError):
+        _append(log, racing())
+    again = _append(log, [*order_lines, other[1]])
+    assert (again.events, again.behind) == (4, 0)
+    assert len(_events(log)) == 11

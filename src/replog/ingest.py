@@ -26,7 +26,12 @@ import pyarrow as pa
 
 from replog import debezium
 from replog.core import history
-from replog.errors import DataLossError, InvalidEventError, InvalidOptionError
+from replog.errors import (
+    DataLossError,
+    InvalidEventError,
+    InvalidOptionError,
+    TransactionOrderError,
+)
 from replog.format import jsontext
 from replog.format.commits import APPEND, TXN_QUERY, CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
@@ -209,6 +214,8 @@ class _Positions:
     logged: int | None = None
     newest: debezium.Position | None = None
     behind: int = 0
+    kept_behind: bool = False
+    """An event at or before the recorded position was kept (the log does not hold it)."""
 
     def keep(self, position: debezium.Position, line: int, event_id: str) -> bool:
         if self.app_id is None:
@@ -227,6 +234,7 @@ class _Positions:
         if position.snapshot and position.version == self.logged:
             return True  # snapshot rows share a position: kept (a re-run appends them again)
         if self.held(self.app_id, event_id, position.version) is False:
+            self.kept_behind = True
             return True
         self.behind += 1
         return False
@@ -236,8 +244,17 @@ class _Positions:
         follows the position the input was sorted against: another append of the connector
         committed meanwhile would have the events both hold doubled, so the commit fails
         (:class:`~replog.errors.TransactionOrderError`) and a re-run sorts them again."""
-        if self.newest is None or (self.logged is not None and self.newest.version <= self.logged):
+        if self.newest is None:
             return None
+        if self.logged is not None and self.newest.version <= self.logged:
+            if not self.kept_behind:
+                return None
+            # Events the log did not hold, all at or before its position (a file of another
+            # topic): the commit must still fail if another append of the connector landed
+            # meanwhile (two runs racing both found them new). It records one past the
+            # position: every event up to a recorded position is looked up by id, so a real
+            # event there is still told apart, and recorded positions still rise.
+            return Transaction(self.newest.app_id, self.logged + 1, follows=self.logged)
         follows = self.logged if self.logged is not None else 0
         return Transaction(self.newest.app_id, self.newest.version, follows=follows)
 
@@ -265,6 +282,11 @@ class _History:
     floor: int | None = None
     """The position recorded by the oldest of the connector's commits read (None: none)."""
     expired: bool = False
+    unknown_to: float | None = None
+    """Events at or before this position may be in a commit whose events are no longer all
+    there (expired, truncated, or key-compacted: the log held them, and a key compaction
+    drops only events a newer change of their key supersedes); None: none. The lookups that
+    read such a commit are those of positions up to the floor when it was read."""
     warned: bool = False
 
     def holds(self, event_id: str, position: int) -> bool | None:
@@ -272,26 +294,38 @@ class _History:
             if event_id in self.ids:
                 return True
             if self.next_version == 0:  # the whole log was read
-                return False
+                break
             self._read(self.next_version)
             self.next_version -= 1
         if event_id in self.ids:
             return True
-        return None if self.expired else False
+        # Unknown only if a commit that can hold it is not all there: the commits read past
+        # an expiry or a compacted one, before a floor below ``position``, still tell.
+        return None if self.unknown_to is not None and position <= self.unknown_to else False
+
+    def _unknown(self) -> None:
+        above = float("inf") if self.floor is None else self.floor
+        self.unknown_to = above if self.unknown_to is None else max(self.unknown_to, above)
 
     def _read(self, version: int) -> None:
         record = history.read_commit(self.log.storage, version)
         if record is None:  # expired by retention: what it held is unknown
+            self._unknown()
             self.expired = True
             return
         try:
             if record.operation == APPEND:
                 for segment in record.add:
+                    read = 0
                     for batch in self.log.read(
                         segment.shard, segment.first_sequence, segment.last_sequence
                     ):
                         self.ids.update(batch.column("event_id").to_pylist())
+                        read += batch.num_rows
+                    if read < segment.last_sequence - segment.first_sequence + 1:
+                        self._unknown()  # key-compacted since: the ids it dropped are gone
         except DataLossError:  # truncated since: its events are gone from the log
+            self._unknown()
             self.expired = True
             return
         writer = record.writer
@@ -313,7 +347,7 @@ def _held_by(log: ReplicationLog) -> HeldLookup:
             histories[app_id].warned = True
             logger.warning(
                 "%s: events of %s before the position it records, from position %d on, are "
-                "taken as appended: the history that would tell expired",
+                "taken as appended: the history that would tell expired or was compacted",
                 log.url,
                 app_id,
                 position,
@@ -489,7 +523,8 @@ def append_lines(
     Debezium input is idempotent by itself: the connector's newest source position is
     recorded in the commit (a :class:`Transaction` ``debezium.<source.name>`` whose version
     is the position), and events at or before the position the log holds are dropped and
-    counted. An explicit ``transaction`` takes the place of the position. The schemas the
+    counted. An explicit ``transaction`` is refused when the input has a position to record
+    (:class:`InvalidOptionError`, nothing written). The schemas the
     events name are registered (put-if-absent) before the commit.
     """
     ingested = read_lines(
@@ -500,12 +535,32 @@ def append_lines(
         recorded=log.transaction_version,
         held=_held_by(log),
     )
+    if transaction is not None and ingested.position is not None:
+        # Its events past the connector's recorded position would sit in a commit that
+        # records none: a later commit recording an older position (a file of another
+        # topic) would end the lookup before it, and a redelivery of them be appended again.
+        raise InvalidOptionError(
+            f"{log.url}: the input's newest source position ({ingested.position.app_id} "
+            f"{ingested.position.version}) is past the one the log records, and an explicit "
+            f"transaction would take its place: leave --txn-app-id out (the position makes "
+            f"the append idempotent)"
+        )
     transaction = transaction or ingested.position
     record = None
     if ingested.table.num_rows:
         for (collection, digest), schema in ingested.schemas.items():
             registry.register(log.storage, collection, schema, digest)
         record = log.append(ingested.table, transaction=transaction)
+        if record is None and transaction is ingested.position:
+            # The position was past the log's when the input was checked against it: an
+            # append of the connector recording it or a later one landed meanwhile. Its
+            # events are not these (two inputs sharing a newest position, or two files of
+            # other topics), so skipping as "already applied" would lose them.
+            raise TransactionOrderError(
+                f"{log.url}: another append of {transaction.app_id} recorded position "
+                f"{transaction.version} or later while this one ran; nothing was committed "
+                f"(run it again)"
+            )
     return AppendReport(
         log.url,
         ingested.lines,
