@@ -58,6 +58,14 @@ def _events(log: ReplicationLog) -> list[dict[str, Any]]:
     return [row for shard in range(log.shards) for b in log.read(shard) for row in b.to_pylist()]
 
 
+def _racing(log: ReplicationLog, lines: list[str], *, meanwhile: list[str]) -> Iterator[str]:
+    """``lines``, with an append of ``meanwhile`` landing after the first is read (the
+    position is read at the first event): two appends of one connector racing."""
+    yield lines[0]
+    assert _append(log, meanwhile).events == len(meanwhile)
+    yield from lines[1:]
+
+
 @pytest.fixture
 def log(tmp_path: Path) -> ReplicationLog:
     return ReplicationLog.create(str(tmp_path / "log"), shards=2)
@@ -113,13 +121,8 @@ def test_overlapping_appends_racing_do_not_double_events(log: ReplicationLog) ->
     first = [pg("c", key, 10 * key) for key in range(1, 6)]  # lsn 10..50
     second = [pg("c", key, 10 * key) for key in range(3, 9)]  # lsn 30..80
 
-    def racing() -> Iterator[str]:
-        yield second[0]  # the position is read at the first event
-        assert _append(log, first).events == 5
-        yield from second[1:]
-
     with pytest.raises(TransactionOrderError):
-        _append(log, racing())
+        _append(log, _racing(log, second, meanwhile=first))
     assert len(_events(log)) == 5
     again = _append(log, second)  # the re-run sees what the first append holds
     assert again.behind == 3 and again.events == 3
@@ -274,13 +277,8 @@ def test_two_appends_of_an_older_topic_racing_do_not_double_it(log: ReplicationL
     assert _append(log, [pg("c", key, 10 * key) for key in range(1, 6)]).events == 5
     order_lines = [orders("c", key, 10 * key + 5) for key in range(1, 4)]  # 15..35
 
-    def racing() -> Iterator[str]:
-        yield order_lines[0]
-        assert _append(log, order_lines).events == 3
-        yield from order_lines[1:]
-
     with pytest.raises(TransactionOrderError):
-        _append(log, racing())
+        _append(log, _racing(log, order_lines, meanwhile=order_lines))
     assert len(_events(log)) == 8
     again = _append(log, order_lines)  # the re-run sees what the first run appended
     assert (again.events, again.behind) == (0, 3)

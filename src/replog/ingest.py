@@ -551,7 +551,7 @@ def append_lines(
         for (collection, digest), schema in ingested.schemas.items():
             registry.register(log.storage, collection, schema, digest)
         record = log.append(ingested.table, transaction=transaction)
-        if record is None and transaction is ingested.position:
+        if record is None and transaction is not None and transaction is ingested.position:
             # The position was past the log's when the input was checked against it: an
             # append of the connector recording it or a later one landed meanwhile. Its
             # events are not these (two inputs sharing a newest position, or two files of
