@@ -35,6 +35,7 @@ from replog.errors import (
 from replog.format import jsontext
 from replog.format.commits import APPEND, TXN_QUERY, CommitRecord, Transaction
 from replog.format.events import STORED_SCHEMA, events_from_records
+from replog.format.state import LogState
 from replog.log import ReplicationLog
 from replog.schemas import registry
 from replog.timeutil import now_ms
@@ -277,6 +278,8 @@ class _History:
 
     log: ReplicationLog
     app_id: str
+    state: LogState
+    """The log as the lookups read it (one refresh for them all)."""
     next_version: int
     ids: set[str] = field(default_factory=set)
     floor: int | None = None
@@ -314,16 +317,28 @@ class _History:
             self.expired = True
             return
         try:
-            if record.operation == APPEND:
+            if record.operation == APPEND and record.add:
+                # An append's entries on a shard are one run of sequences: one scan reads
+                # them all, from the state the lookups began with (no refresh per entry).
+                runs: dict[int, tuple[int, int]] = {}
                 for segment in record.add:
-                    read = 0
-                    for batch in self.log.read(
-                        segment.shard, segment.first_sequence, segment.last_sequence
-                    ):
-                        self.ids.update(batch.column("event_id").to_pylist())
-                        read += batch.num_rows
-                    if read < segment.last_sequence - segment.first_sequence + 1:
-                        self._unknown()  # key-compacted since: the ids it dropped are gone
+                    first, last = runs.get(
+                        segment.shard, (segment.first_sequence, segment.last_sequence)
+                    )
+                    runs[segment.shard] = (
+                        min(first, segment.first_sequence),
+                        max(last, segment.last_sequence),
+                    )
+                start = dict.fromkeys(range(self.log.shards), 0)  # other shards: none
+                end = dict(start)
+                for shard, (first, last) in runs.items():
+                    start[shard], end[shard] = first - 1, last
+                read = 0
+                for batch in self.log.scan(start, end, state=self.state):
+                    self.ids.update(batch.column("event_id").to_pylist())
+                    read += batch.num_rows
+                if read < sum(last - first + 1 for first, last in runs.values()):
+                    self._unknown()  # key-compacted since: the ids it dropped are gone
         except DataLossError:  # truncated since: its events are gone from the log
             self._unknown()
             self.expired = True
@@ -341,7 +356,8 @@ def _held_by(log: ReplicationLog) -> HeldLookup:
 
     def held(app_id: str, event_id: str, position: int) -> bool | None:
         if app_id not in histories:
-            histories[app_id] = _History(log, app_id, log.refresh(verify_within=0).version)
+            state = log.refresh(verify_within=0)
+            histories[app_id] = _History(log, app_id, state, state.version)
         found = histories[app_id].holds(event_id, position)
         if found is None and not histories[app_id].warned:
             histories[app_id].warned = True

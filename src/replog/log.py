@@ -863,16 +863,22 @@ class ReplicationLog:
         return found
 
     def scan(
-        self, start: Mapping[int, int] | None = None, end: Mapping[int, int] | None = None
+        self,
+        start: Mapping[int, int] | None = None,
+        end: Mapping[int, int] | None = None,
+        *,
+        state: LogState | None = None,
     ) -> Iterator[pa.RecordBatch]:
         """Events of every shard after ``start`` (``{shard: last sequence read}``; default:
         from the oldest retained) up to ``end`` (default: the heads), shard by shard, from
-        one refresh. On remote storage the files are fetched in parallel across shards.
+        one refresh, or from ``state`` (one this object read: a caller reading many ranges
+        of one version saves a refresh each). On remote storage the files are fetched in
+        parallel across shards.
 
         Raises:
             DataLossError: an event after ``start`` was removed by retention.
         """
-        state = self.refresh()
+        state = self.refresh() if state is None else state
         wanted: list[tuple[SegmentInfo, int, int]] = []
         for shard in range(self.shards):
             first = (start or {}).get(shard, state.lows[shard] - 1) + 1
