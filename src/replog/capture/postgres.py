@@ -636,6 +636,8 @@ class PostgresCapture:
         self.decoder = Decoder()
         self._registered: set[str] = set()
         self._renames_noted: set[tuple[int, str]] = set()
+        self._keys_followed: dict[int, Relation] = {}
+        """Table id -> the relation description its key was last checked against."""
         self._logged = 0
         """The position the log holds as far as this capture knows (0: none): each commit
         must follow it, so a second capture of the slot cannot commit over this one's."""
@@ -871,6 +873,9 @@ class PostgresCapture:
         not be: an ``ALTER TABLE ... PRIMARY KEY`` while capturing, or before a restart with
         changes still unread. Keyed by a stale key, two rows could share one key and be
         merged into one downstream. Keys given with ``--keys`` are kept."""
+        if self._keys_followed.get(table.oid) is relation:
+            return table  # this description was seen: once per table per decoding session
+        self._keys_followed[table.oid] = relation
         if relation.replica_identity != "d" or table.qualified in self.options.keys:
             return table
         identity = [column.name for column in relation.columns if column.in_identity]
