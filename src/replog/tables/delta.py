@@ -297,22 +297,32 @@ def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequenc
     columns = [name for name in marks if name in schema.names]
     if not columns:
         return changes
-    first = keys[0]
     marked = changes.filter(pa.array(np.logical_or.reduce(list(marks.values()))))
-    wanted = ds.field(first).isin(pc.unique(marked.column(first)))
-    if CURRENT in schema.names:  # scd2: the version a change follows is the current one
-        wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
-    stored = table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
+    # scd2: the version a change follows is the current one
+    stored = _stored_rows(table, marked, keys, columns, current_only=CURRENT in schema.names)
     return rows.fill_from_rows(changes, marks, stored, keys)
+
+
+def _stored_rows(
+    table: DeltaTable,
+    changes: pa.Table,
+    keys: Sequence[str],
+    columns: Sequence[str],
+    *,
+    current_only: bool = False,
+) -> pa.Table:
+    """The table's ``keys`` and ``columns`` of the rows whose first key column is one of
+    the changes' (a superset of their keys' rows, narrowed by the caller's join), read with
+    that filter pushed down to the files' statistics."""
+    wanted = ds.field(keys[0]).isin(pc.unique(changes.column(keys[0])))
+    if current_only:
+        wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
+    return table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     """The newest position per key of ``changes`` among the table's rows."""
-    first = keys[0]
-    wanted = pc.unique(changes.column(first))
-    found = table.to_pyarrow_dataset().to_table(
-        columns=[*keys, *POSITION], filter=ds.field(first).isin(wanted)
-    )
+    found = _stored_rows(table, changes, keys, POSITION)
     return rows.latest_per_key(
         found.append_column(OPERATION, pa.nulls(found.num_rows, pa.string())).append_column(
             TIMESTAMP, pa.nulls(found.num_rows, pa.timestamp("us", tz="UTC"))
