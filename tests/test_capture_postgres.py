@@ -4,16 +4,17 @@ values, whole transactions per commit, restarts without loss or doubles, clear e
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 import os
 import threading
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support.capture import captured
+from support.capture import captured, query, run, sql
 from support.cli import replog
 
 from replog.capture.options import CaptureOptions, capture_app_id
+from replog.capture.pgoutput import lsn_to_int
 from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
 from replog.capture.progress import CaptureProgress
 from replog.errors import (
@@ -55,19 +56,6 @@ NULLS_JSON = (
     '"label":null,"at":null,"local":null,"day":null,"blob":null,"doc":null,"docb":null,'
     '"ints":null,"words":null,"amounts":null,"span":null,"uid":null'
 )
-
-
-def run(dsn: str, url: str, **options: Any) -> Any:
-    log = ReplicationLog.open_or_create(url, 4)
-    return capture(CaptureOptions(dsn=dsn, slot=options.pop("slot", "cap"), **options), log)
-
-
-def sql(dsn: str, *statements: str) -> None:
-    import psycopg
-
-    with psycopg.connect(dsn, autocommit=True) as connection:
-        for statement in statements:
-            connection.execute(statement)
 
 
 def test_every_type_is_captured_exactly(pg_dsn: str, tmp_path: Path) -> None:
@@ -251,7 +239,9 @@ def test_restart_after_a_commit_whose_slot_advance_was_lost(
     assert len({e["txid"] for e in changes}) == 35
     log = ReplicationLog.open(url)
     mark = log.refresh().sinks[capture_app_id("cap")]
-    assert mark.epoch_of(TXN_QUERY) == max(e["end_lsn"] for e in changes)
+    [(confirmed,)] = query(pg_dsn, "SELECT confirmed_flush_lsn::text FROM pg_replication_slots")
+    assert mark.epoch_of(TXN_QUERY) == lsn_to_int(confirmed)
+    assert mark.epoch_of(TXN_QUERY) > max(e["commit_lsn"] for e in changes)
 
 
 def test_snapshot_is_consistent_with_the_slot(pg_dsn: str, tmp_path: Path) -> None:
@@ -481,15 +471,15 @@ def test_two_captures_of_one_slot_never_double_a_transaction(pg_dsn: str, tmp_pa
             progress=lambda _: b_stop.set(),  # B stops after its first batch
         ) as b,
     ):
-        real_peek = a.source.peek
+        real_peek = a.source.peek_stream
 
-        def peek_then_let_b_run(max_changes: int) -> list[tuple[int, bytes]]:
-            rows = real_peek(max_changes)
+        def peek_then_let_b_run(max_changes: int) -> Iterator[tuple[int, bytes]]:
+            rows = list(real_peek(max_changes))
             if not b_stop.is_set():
                 b.run()
-            return rows
+            return iter(rows)
 
-        a.source.peek = peek_then_let_b_run  # type: ignore[method-assign]
+        a.source.peek_stream = peek_then_let_b_run  # type: ignore[method-assign]
         with pytest.raises(CaptureError, match="another capture of slot 'cap'"):
             a.run()  # refuses to commit what B committed meanwhile
     run(pg_dsn, url, tables=("t", "u"))

@@ -5,9 +5,33 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import psycopg
+
+from replog.capture.options import CaptureOptions
+from replog.capture.postgres import capture
+from replog.capture.progress import CaptureProgress
 from replog.format.commits import APPEND, CommitRecord, commit_path
 from replog.log import ReplicationLog
 from support.logcheck import check_log
+
+
+def run(dsn: str, url: str, **options: Any) -> CaptureProgress:
+    """One capture of ``dsn`` into the log at ``url`` (created with 4 shards if absent)
+    until caught up; slot ``cap`` unless ``slot=`` is given."""
+    log = ReplicationLog.open_or_create(url, 4)
+    return capture(CaptureOptions(dsn=dsn, slot=options.pop("slot", "cap"), **options), log)
+
+
+def sql(dsn: str, *statements: str) -> None:
+    """Run each statement in its own transaction (autocommit)."""
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        for statement in statements:
+            connection.execute(statement)
+
+
+def query(dsn: str, statement: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        return connection.execute(statement).fetchall()
 
 
 def commit_of_events(log: ReplicationLog) -> dict[tuple[int, int], int]:
@@ -44,12 +68,14 @@ def captured(log: ReplicationLog) -> list[dict[str, Any]]:
                 "lsn": source["lsn"],
                 "txid": source["txId"],
                 "order": (metadata.get("transaction") or {}).get("total_order", 0),
-                "end_lsn": int((metadata.get("transaction") or {"id": "0:0"})["id"].split(":")[1]),
+                "commit_lsn": int(
+                    (metadata.get("transaction") or {"id": "0:0"})["id"].split(":")[1]
+                ),
                 "version": commits[(row["shard"], row["sequence"])],
                 "event_id": row["event_id"],
             }
         )
     snapshot = [e for e in events if e["op"] == "r"]
     changes = [e for e in events if e["op"] != "r"]
-    changes.sort(key=lambda e: (e["end_lsn"], e["order"]))  # commit order, then change order
+    changes.sort(key=lambda e: (e["commit_lsn"], e["order"]))  # commit order, then change order
     return snapshot + changes

@@ -12,6 +12,8 @@ SNAPSHOT_MODES = ("initial", "never")
 DEFAULT_MAX_CHANGES = 20_000
 """Changes read from the slot per log commit (more when one transaction is bigger: a
 transaction is never split)."""
+DEFAULT_CHUNK_ROWS = 20_000
+"""Rows a snapshot reads per chunk (between two watermarks; one commit of the log)."""
 DEFAULT_POLL_S = 0.05
 """How long a following capture waits after finding no new changes."""
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
@@ -48,6 +50,7 @@ class CaptureOptions:
     """Drop the slot when capture ends (the server then stops keeping WAL for it)."""
     max_changes: int = DEFAULT_MAX_CHANGES
     poll_s: float = DEFAULT_POLL_S
+    snapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
 
     def check(self) -> None:
         if not _SLOT_NAME.fullmatch(self.slot):
@@ -63,3 +66,7 @@ class CaptureOptions:
             raise InvalidOptionError("name the tables to capture (--tables) or a --publication")
         if self.max_changes < 1:
             raise InvalidOptionError(f"max_changes must be >= 1, got {self.max_changes}")
+        if self.snapshot_chunk_rows < 1:
+            raise InvalidOptionError(
+                f"snapshot_chunk_rows must be >= 1, got {self.snapshot_chunk_rows}"
+            )

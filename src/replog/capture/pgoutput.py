@@ -2,15 +2,19 @@
 
 The layout is PostgreSQL's "Logical Replication Message Formats". Only what capture needs
 is decoded: transactions (Begin, Commit), relations (column names and type ids), row
-changes (Insert, Update, Delete) and truncations. Column values stay the server's text
-output, so the caller decides how each type becomes JSON; a value is
-:data:`UNCHANGED_TOAST` when the server did not send it (an unchanged TOASTed column).
+changes (Insert, Update, Delete), truncations and logical messages (``messages`` option:
+the snapshot's watermarks and signals). Column values stay the server's text output, so
+the caller decides how each type becomes JSON; a value is :data:`UNCHANGED_TOAST` when
+the server did not send it (an unchanged TOASTed column).
+
+The decoder hands each message on as it comes (:meth:`Decoder.feed`): a transaction of
+millions of changes is never held whole.
 """
 
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Final
 
 PG_EPOCH_MS: Final = 946_684_800_000
@@ -77,16 +81,45 @@ class RowChange:
 
 @dataclass
 class SourceTransaction:
-    """One committed source transaction: its changes in commit order."""
+    """One source transaction, from its Begin; :attr:`end_lsn` is set by its Commit."""
 
     xid: int
     begin_lsn: int
     commit_ms: int
+    commit_lsn: int = 0
+    """Where its commit record is (known from Begin): names the transaction in event ids."""
     end_lsn: int = 0
     """The end of its commit record: the slot position just past this transaction."""
-    changes: list[RowChange] = field(default_factory=list)
-    truncated: list[tuple[Relation, int]] = field(default_factory=list)
-    """Tables emptied by ``TRUNCATE`` in it, each with the LSN of the message."""
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """A ``TRUNCATE`` of ``relations`` at ``lsn``."""
+
+    relations: tuple[Relation, ...]
+    lsn: int
+
+
+@dataclass(frozen=True)
+class Message:
+    """A logical message (``pg_logical_emit_message``); transactional ones come inside
+    their transaction, so in commit order with every other transaction."""
+
+    prefix: str
+    content: bytes
+    lsn: int
+    transactional: bool
+
+
+@dataclass(frozen=True)
+class Commit:
+    """The end of :attr:`transaction` (its :attr:`~SourceTransaction.end_lsn` set)."""
+
+    transaction: SourceTransaction
+
+
+Item = SourceTransaction | RowChange | Truncation | Message | Commit
+"""What :meth:`Decoder.feed` hands on: a SourceTransaction is a Begin."""
 
 
 class ProtocolError(ValueError):
@@ -94,6 +127,7 @@ class ProtocolError(ValueError):
 
 
 _BEGIN = struct.Struct("!QqI")
+_MESSAGE = struct.Struct("!BQ")
 _COMMIT = struct.Struct("!BQQq")
 _INT32 = struct.Struct("!I")
 _INT16 = struct.Struct("!H")
@@ -150,7 +184,8 @@ def _relation(data: bytes) -> Relation:
 
 
 class Decoder:
-    """Turns the rows of ``pg_logical_slot_peek_binary_changes`` into whole transactions.
+    """Turns the rows of ``pg_logical_slot_peek_binary_changes`` into items, one message
+    at a time (:data:`Item`).
 
     Relations are remembered across calls (the server sends each one again at the start
     of every decoding session, and whenever it changes).
@@ -160,28 +195,36 @@ class Decoder:
         self.relations: dict[int, Relation] = {}
         self._open: SourceTransaction | None = None
 
-    def feed(self, lsn: int, message: bytes) -> SourceTransaction | None:
-        """Take one message; the transaction it completes, if it is a Commit."""
+    def feed(self, lsn: int, message: bytes) -> Item | None:  # noqa: PLR0911 - one per kind
+        """Take one message; what it says, or None (relations, types, origins)."""
         kind = message[:1]
         if kind == b"B":
             final_lsn, commit_us, xid = _BEGIN.unpack_from(message, 1)
-            del final_lsn
-            self._open = SourceTransaction(xid, lsn, PG_EPOCH_MS + commit_us // 1000)
-        elif kind == b"C":
+            self._open = SourceTransaction(xid, lsn, PG_EPOCH_MS + commit_us // 1000, final_lsn)
+            return self._open
+        if kind == b"C":
             _flags, _commit_lsn, end_lsn, _ts = _COMMIT.unpack_from(message, 1)
             done, self._open = self._require_open(kind), None
             done.end_lsn = end_lsn
-            return done
-        elif kind == b"R":
+            return Commit(done)
+        if kind == b"R":
             relation = _relation(message)
             self.relations[relation.oid] = relation
-        elif kind in (b"I", b"U", b"D"):
-            self._require_open(kind).changes.append(self._change(kind, lsn, message))
-        elif kind == b"T":
-            self._require_open(kind).truncated.extend(
-                (self._relation_of(oid), lsn) for oid in _truncated_oids(message)
-            )
-        # 'Y' (type), 'O' (origin), 'M' (message): nothing to capture.
+            return None
+        if kind in (b"I", b"U", b"D"):
+            self._require_open(kind)
+            return self._change(kind, lsn, message)
+        if kind == b"T":
+            self._require_open(kind)
+            oids = _truncated_oids(message)
+            return Truncation(tuple(self._relation_of(oid) for oid in oids), lsn)
+        if kind == b"M":
+            flags, message_lsn = _MESSAGE.unpack_from(message, 1)
+            prefix, at = _cstring(message, 1 + _MESSAGE.size)
+            (length,) = _INT32.unpack_from(message, at)
+            content = message[at + 4 : at + 4 + length]
+            return Message(prefix, content, message_lsn, bool(flags & 1))
+        # 'Y' (type), 'O' (origin): nothing to capture.
         return None
 
     def _require_open(self, kind: bytes) -> SourceTransaction:

@@ -20,6 +20,12 @@ class CaptureProgress:
     """Transactions the log already held (a restart after a kill)."""
     skipped_truncations: int = 0
     """``TRUNCATE`` of a captured table: not captured (the log has no such event)."""
+    skipped_changes: int = 0
+    """Changes of tables a user's publication publishes and ``--tables`` leaves out."""
+    snapshot_table: str | None = None
+    """The table whose snapshot is being read (None: none owed)."""
+    snapshot_tables_left: int = 0
+    """Tables whose snapshot is owed, the one being read included."""
     position: int = 0
     """The slot position the log holds (end LSN of the last captured transaction)."""
     lag_bytes: int = 0
@@ -35,6 +41,9 @@ class CaptureProgress:
             "commits": self.commits,
             "skipped_transactions": self.skipped_transactions,
             "skipped_truncations": self.skipped_truncations,
+            "skipped_changes": self.skipped_changes,
+            "snapshot_table": self.snapshot_table,
+            "snapshot_tables_left": self.snapshot_tables_left,
             "position": lsn_to_text(self.position),
             "lag_bytes": self.lag_bytes,
             "last_commit_ms": self.last_commit_ms,

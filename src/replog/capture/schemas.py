@@ -37,7 +37,7 @@ are NOT NULL, and reading the catalog later could see a different table).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -146,11 +146,21 @@ def table_schema(
     columns: Sequence[tuple[str, int, int]],
     key: Sequence[str],
     lookup: TypeLookup,
+    defaults: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The change-event envelope schema of a table with ``columns`` ``(name, type id, type
-    modifier)`` and ``key``; ``prefix`` names it (``<slot>.<schema>.<table>``)."""
+    modifier)`` and ``key``; ``prefix`` names it (``<slot>.<schema>.<table>``).
+    ``defaults``: the value (as stored) that rows written before a column was added hold
+    (``ADD COLUMN ... DEFAULT``): the field's ``default``, as Debezium's schemas carry
+    one, so a table built from the log can give those rows the value the source gives."""
+    defaults = defaults or {}
     fields = [
-        {"field": name, **value_schema(type_oid, modifier, lookup), "optional": name not in key}
+        {
+            "field": name,
+            **value_schema(type_oid, modifier, lookup),
+            "optional": name not in key,
+            **({"default": defaults[name]} if name in defaults else {}),
+        }
         for name, type_oid, modifier in columns
     ]
     row = {"type": "struct", "name": f"{prefix}.Value", "fields": fields}

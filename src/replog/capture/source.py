@@ -1,0 +1,675 @@
+"""The source database of a capture: its checks, catalog, slot and publication.
+
+DESIGN: everything capture asks of PostgreSQL goes through :class:`PostgresSource`: the
+checks that run before anything is written (``wal_level``, tables, keys, replica
+identities), the catalog (columns, types, partitions, defaults), the slot (create, peek,
+advance, drop) and the publication. The other stages (snapshot, change stream, the loop
+that commits) never write SQL of their own, so each can be tested against a real server
+through this one face.
+
+Two rules protect the source:
+
+* A table is published only after its replica identity was checked: published without
+  one, every UPDATE and DELETE on it fails (a DEFERRABLE primary key cannot be the
+  identity; ``REPLICA IDENTITY NOTHING`` has none; a partitioned table's partitions each
+  need their own).
+* Capture's own publication publishes through partitioned tables' roots
+  (``publish_via_partition_root``) and, from PostgreSQL 18, STORED generated columns
+  (``publish_generated_columns``), so the stream carries what the snapshot reads.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
+
+from replog.capture.options import CaptureOptions
+from replog.capture.pgoutput import lsn_to_int, lsn_to_text
+from replog.capture.schemas import PgType
+from replog.capture.values import SESSION_SETTINGS
+from replog.errors import (
+    CaptureError,
+    InvalidOptionError,
+    SourceConfigError,
+    SourceConnectionError,
+)
+
+logger = logging.getLogger(__name__)
+
+WATERMARK_PREFIX = "replog.watermark"
+"""Prefix of the logical messages capture writes into the WAL around snapshot chunks."""
+SIGNAL_PREFIX = "replog.signal"
+"""Prefix of the logical messages that ask a running capture for a snapshot."""
+
+Columns = tuple[tuple[str, int, int], ...]
+"""A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
+precision and scale; -1: none), as the catalog and pgoutput's Relation message give them."""
+
+
+@dataclass(frozen=True)
+class Table:
+    """A captured table as the catalog describes it: its published columns and its key."""
+
+    schema: str
+    name: str
+    columns: Columns
+    key: tuple[str, ...]
+    oid: int
+    """The table's id: pgoutput names a table by it, and it survives a rename."""
+    key_deferrable: bool = False
+    """The key is a DEFERRABLE constraint: rows may share a key inside a statement."""
+    key_indexed: bool = True
+    """The key columns are a primary key or a unique index of NOT NULL columns, so the
+    snapshot can read the table in key order; else it reads it in physical order."""
+    defaults: tuple[tuple[str, str], ...] = ()
+    """(column, text output) of each column whose rows written before it was added read
+    as a value (``ALTER TABLE ... ADD COLUMN ... DEFAULT``: ``attmissingval``)."""
+
+    @property
+    def qualified(self) -> str:
+        return f"{self.schema}.{self.name}"
+
+
+def safe_dsn(dsn: str) -> str:
+    """The DSN without its password, for messages."""
+    try:
+        parts = conninfo_to_dict(dsn)
+    except psycopg.ProgrammingError:
+        return "the given DSN"
+    shown = {k: v for k, v in parts.items() if k in ("host", "port", "dbname", "user")}
+    return " ".join(f"{k}={v}" for k, v in shown.items()) or "the default server"
+
+
+def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
+    """An autocommit session that writes values as :mod:`~replog.capture.values` reads them."""
+    try:
+        connection = psycopg.connect(dsn, autocommit=True, **kwargs)
+    except psycopg.Error as exc:
+        raise SourceConnectionError(
+            f"cannot connect to PostgreSQL ({safe_dsn(dsn)}): {str(exc).strip()}"
+        ) from exc
+    if not kwargs.get("replication"):
+        for name, value in SESSION_SETTINGS.items():
+            connection.execute("SELECT set_config(%s, %s, false)", (name, value))
+    return connection
+
+
+def text_rows(
+    connection: psycopg.Connection[Any], query: str | sql.Composed, params: Sequence[Any] = ()
+) -> list[tuple[str | None, ...]]:
+    """The rows of ``query`` as each type's output function writes its values (what
+    pgoutput sends), not parsed by psycopg: the snapshot and the stream then read the
+    same text, and a cast (``col::text`` drops a ``character(n)``'s trailing blanks)
+    never stands in for the output function."""
+    with connection.cursor() as cursor:
+        cursor.execute(query, params, binary=False)
+        result = cursor.pgresult
+        if result is None:
+            return []
+        fields = range(result.nfields)
+        return [
+            tuple(
+                None if (value := result.get_value(row, field)) is None else value.decode()
+                for field in fields
+            )
+            for row in range(result.ntuples)
+        ]
+
+
+def quoted_list(name: str) -> str:
+    """``name`` as one element of a text list option of pgoutput."""
+    return '"' + name.replace('"', '""') + '"'
+
+
+def qualified_name(name: str) -> str:
+    """``schema.table`` for a table name given bare (``public``) or qualified."""
+    return name if "." in name else f"public.{name}"
+
+
+class PostgresSource:
+    """The source database: checks, tables, the slot and the publication."""
+
+    def __init__(self, options: CaptureOptions) -> None:
+        self.options = options
+        self.connection = connect(options.dsn)
+        self.database: str = self._one("SELECT current_database()")
+        self.server_version: int = int(self._one("SHOW server_version_num"))
+        self.tables: dict[str, Table] = {}
+        self._by_oid: dict[int, Table] = {}
+        self._types: dict[int, PgType] = {}
+        self._roots: dict[int, int | None] = {}
+
+    def close(self) -> None:
+        self.connection.close()
+
+    def _one(self, query: str | sql.Composed, params: Sequence[Any] = ()) -> Any:
+        row = self.connection.execute(query, params).fetchone()
+        return None if row is None else row[0]
+
+    def _all(self, query: str | sql.Composed, params: Sequence[Any] = ()) -> list[Any]:
+        return self.connection.execute(query, params).fetchall()
+
+    # -- checks, before anything is written ------------------------------------------
+
+    def check(self) -> None:
+        """Every reason capture cannot run, as an error naming the value at fault."""
+        wal_level = self._one("SHOW wal_level")
+        if wal_level != "logical":
+            raise SourceConfigError(
+                f"wal_level is {wal_level!r} on {safe_dsn(self.options.dsn)}; capture needs "
+                f"'logical' (ALTER SYSTEM SET wal_level = logical, then restart the server)"
+            )
+        publication = self.options.publication
+        if publication is not None and not self._one(
+            "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)
+        ):
+            raise SourceConfigError(
+                f"publication {publication!r} does not exist in database {self.database!r}"
+            )
+        names = [qualified_name(t) for t in self.options.tables] or self._published_roots()
+        if not names:
+            raise SourceConfigError(f"publication {publication!r} publishes no tables")
+        for name in names:
+            self.add_table(name)
+        unknown = set(self.options.keys) - set(self.tables)
+        if unknown:
+            raise InvalidOptionError(f"keys given for tables not captured: {sorted(unknown)}")
+        if publication is not None and self.options.tables:
+            for table in self.tables.values():
+                if not self.is_published(table):
+                    raise SourceConfigError(
+                        f"table {table.qualified!r} is not in publication {publication!r}"
+                    )
+        self._check_slot()
+
+    def _published_roots(self) -> list[str]:
+        """The tables of the user's publication, a partitioned table once (not each of its
+        partitions, which a publication without ``publish_via_partition_root`` lists)."""
+        rows = self._all(
+            "SELECT DISTINCT n.nspname || '.' || c.relname FROM pg_publication_tables pt"
+            " JOIN pg_namespace pn ON pn.nspname = pt.schemaname"
+            " JOIN pg_class p ON p.relname = pt.tablename AND p.relnamespace = pn.oid"
+            " JOIN pg_class c ON c.oid = coalesce(pg_partition_root(p.oid), p.oid)"
+            " JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE pt.pubname = %s ORDER BY 1",
+            (self.options.publication,),
+        )
+        return [row[0] for row in rows]
+
+    def is_published(self, table: Table) -> bool:
+        """Whether the user's publication publishes ``table`` (itself, or its partitions)."""
+        return bool(
+            self._one(
+                "SELECT count(*) FROM pg_publication_tables pt"
+                " JOIN pg_namespace pn ON pn.nspname = pt.schemaname"
+                " JOIN pg_class p ON p.relname = pt.tablename AND p.relnamespace = pn.oid"
+                " WHERE pt.pubname = %s AND coalesce(pg_partition_root(p.oid), p.oid) = %s",
+                (self.options.publication, table.oid),
+            )
+        )
+
+    def add_table(self, name: str) -> Table:
+        """Describe table ``name`` from the catalog and capture it from now on; raises
+        :class:`SourceConfigError` for one that is missing, has no usable key, or whose
+        replica identity would make its writes fail once published."""
+        table = self.describe(name)
+        self.tables[table.qualified] = table
+        self._by_oid[table.oid] = table
+        return table
+
+    def rekey(self, table: Table, key: tuple[str, ...]) -> Table:
+        """Capture ``table`` keyed by ``key`` from now on."""
+        rekeyed = replace(table, key=key)
+        self.tables[table.qualified] = rekeyed
+        self._by_oid[table.oid] = rekeyed
+        return rekeyed
+
+    def forget(self, table: Table) -> None:
+        """Stop knowing ``table`` by its id (it was dropped)."""
+        self._by_oid.pop(table.oid, None)
+
+    def primary_key(self, oid: int) -> tuple[str, ...]:
+        """The table's primary key columns as the catalog has them now, in key order."""
+        return tuple(
+            row[0]
+            for row in self._all(
+                "SELECT a.attname FROM pg_index i JOIN pg_attribute a"
+                " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+                " WHERE i.indrelid = %s AND i.indisprimary"
+                " ORDER BY array_position(i.indkey::int2[], a.attnum)",
+                (oid,),
+            )
+        )
+
+    def table_with_oid(self, oid: int) -> Table | None:
+        """The captured table whose id is ``oid`` (whatever it is called now)."""
+        return self._by_oid.get(oid)
+
+    def partition_root(self, oid: int) -> int | None:
+        """The partitioned table at the top of relation ``oid``'s tree (None if it is no
+        partition, or no longer exists). Cached: a partition's root never changes while
+        it stays attached, and a detached one is no longer published through it."""
+        if oid not in self._roots:
+            root = self._one("SELECT pg_partition_root(%s::regclass)::oid", (oid,))
+            self._roots[oid] = int(root) if root is not None and int(root) != oid else None
+        return self._roots[oid]
+
+    def relation_name(self, oid: int) -> str:
+        """``schema.table`` of relation ``oid``."""
+        return str(
+            self._one(
+                "SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
+                " ON n.oid = c.relnamespace WHERE c.oid = %s",
+                (oid,),
+            )
+        )
+
+    def current_oids(self, names: Sequence[str]) -> dict[str, int | None]:
+        """The id each table name has now (None: no such table): one query for all."""
+        rows = self._all(
+            "SELECT name, to_regclass(name)::oid FROM unnest(%s::text[]) AS name", (list(names),)
+        )
+        return {name: (int(oid) if oid is not None else None) for name, oid in rows}
+
+    def describe(self, name: str) -> Table:
+        """Table ``name`` as the catalog describes it now, its identity checked."""
+        qualified = qualified_name(name)
+        schema, _, table = qualified.partition(".")
+        row = self.connection.execute(
+            "SELECT c.oid, c.relkind FROM pg_class c JOIN pg_namespace n"
+            " ON n.oid = c.relnamespace WHERE n.nspname = %s AND c.relname = %s"
+            " AND c.relkind IN ('r', 'p')",
+            (schema, table),
+        ).fetchone()
+        if row is None:
+            raise SourceConfigError(
+                f"table {qualified!r} does not exist in database {self.database!r}"
+            )
+        oid = int(row[0])
+        columns = self._columns(oid)
+        primary = self.primary_key(oid)
+        key = tuple(self.options.keys.get(qualified, ())) or primary
+        if not key:
+            raise SourceConfigError(
+                f"table {qualified!r} has no primary key: give its key columns "
+                f"(--keys {qualified}=col[,col...]) and set REPLICA IDENTITY FULL on it"
+            )
+        names = {column for column, _, _ in columns}
+        missing = [column for column in key if column not in names]
+        if missing:
+            raise SourceConfigError(f"table {qualified!r} has no column(s) {missing}")
+        deferrable = bool(
+            self._one(
+                "SELECT count(*) FROM pg_index WHERE indrelid = %s AND indisprimary"
+                " AND NOT indimmediate",
+                (oid,),
+            )
+        )
+        leaves = [(oid, qualified)]
+        if row[1] == "p":
+            leaves = [
+                (int(r[0]), r[1])
+                for r in self._all(
+                    "SELECT t.relid::oid, n.nspname || '.' || c.relname FROM pg_partition_tree(%s) t"
+                    " JOIN pg_class c ON c.oid = t.relid"
+                    " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.isleaf",
+                    (oid,),
+                )
+            ]
+        for leaf, leaf_name in leaves:
+            self._check_identity(leaf, leaf_name, qualified, key)
+        return Table(
+            schema,
+            table,
+            columns,
+            key,
+            oid,
+            key_deferrable=deferrable and set(key) == set(primary),
+            key_indexed=self._key_indexed(oid, key),
+            defaults=self._defaults(oid),
+        )
+
+    def _columns(self, oid: int) -> Columns:
+        """The columns the stream carries: a user's publication says which (its column
+        list; PostgreSQL 18 lists STORED generated columns only with
+        ``publish_generated_columns = stored``); capture's own publication carries every
+        column but VIRTUAL generated ones (and STORED ones before PostgreSQL 18). The
+        snapshot reads the same columns, so a row has one shape on both paths."""
+        rows = self._all(
+            "SELECT attname, atttypid, atttypmod, attgenerated FROM pg_attribute"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            (oid,),
+        )
+        published = self._published_columns(oid)
+        kept = []
+        for name, type_oid, modifier, generated in rows:
+            if published is not None:
+                carried = name in published
+            else:
+                carried = generated == "" or (generated == "s" and self.server_version >= 180000)
+            if carried:
+                kept.append((name, int(type_oid), int(modifier)))
+            elif generated:
+                logger.warning(
+                    "generated column %s of table %s is not published (%s): capture leaves "
+                    "it out of the snapshot and the schema too",
+                    name,
+                    oid,
+                    "VIRTUAL columns never are"
+                    if generated == "v"
+                    else "publish_generated_columns = stored would publish it",
+                )
+        return tuple(kept)
+
+    def _published_columns(self, oid: int) -> set[str] | None:
+        """The columns the user's publication publishes of the table (None: capture's
+        own publication, or a server before PostgreSQL 15, which has no column lists)."""
+        if self.options.publication is None or self.server_version < 150000:
+            return None
+        row = self.connection.execute(
+            "SELECT attnames FROM pg_publication_tables pt"
+            " JOIN pg_namespace pn ON pn.nspname = pt.schemaname"
+            " JOIN pg_class p ON p.relname = pt.tablename AND p.relnamespace = pn.oid"
+            " WHERE pt.pubname = %s AND coalesce(pg_partition_root(p.oid), p.oid) = %s LIMIT 1",
+            (self.options.publication, oid),
+        ).fetchone()
+        return None if row is None or row[0] is None else set(row[0])
+
+    def _identity_columns(self, oid: int, where: str, name: str) -> tuple[str, str]:
+        """(what the identity is, its columns as a comma list; empty for FULL) of table
+        ``oid`` (called ``name``, described as ``where``), or the refusal of one that has
+        none."""
+        fail = "once published, every UPDATE and DELETE on it would fail on the source"
+        fix = f"ALTER TABLE {name} REPLICA IDENTITY FULL"
+        identity = self._one("SELECT relreplident FROM pg_class WHERE oid = %s", (oid,))
+        if identity == "f":
+            return "REPLICA IDENTITY FULL", ""
+        if identity == "n":
+            raise SourceConfigError(
+                f"{where} has REPLICA IDENTITY NOTHING: {fail}. Give it an identity first: "
+                f"{fix} (or DEFAULT, with a primary key)"
+            )
+        indexed = self.connection.execute(
+            "SELECT i.indexrelid::regclass::text, i.indimmediate,"
+            " array_agg(a.attname ORDER BY a.attnum) FROM pg_index i JOIN pg_attribute a"
+            " ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+            " WHERE i.indrelid = %s AND (i.indisprimary AND %s OR i.indisreplident AND NOT %s)"
+            " GROUP BY 1, 2",
+            (oid, identity == "d", identity == "d"),
+        ).fetchone()
+        if indexed is None and identity == "d":
+            raise SourceConfigError(
+                f"{where} has no primary key, so its deletes would carry no key and {fail}: {fix}"
+            )
+        if indexed is None:
+            raise SourceConfigError(
+                f"{where} has REPLICA IDENTITY USING INDEX, but the index is gone: {fail}. {fix}"
+            )
+        index, immediate, columns = indexed
+        if identity == "d" and not immediate:
+            raise SourceConfigError(
+                f"the primary key of {where} is DEFERRABLE, so it cannot be the replica "
+                f"identity: {fail}. {fix} (or USING INDEX a unique index that is not "
+                f"deferrable) before capturing it"
+            )
+        what = "its primary key" if identity == "d" else f"REPLICA IDENTITY USING INDEX {index}"
+        return what, ", ".join(columns)
+
+    def _check_identity(self, oid: int, name: str, table: str, key: tuple[str, ...]) -> None:
+        """Refuse a table (or partition) whose UPDATEs and DELETEs would fail once
+        published, or whose deletes would not carry the key capture keys it by."""
+        where = f"table {table!r}" if name == table else f"{name!r} (a partition of {table!r})"
+        what, listed = self._identity_columns(oid, where, name)
+        columns = listed.split(", ") if listed else []
+        if columns and not set(key) <= set(columns):
+            raise SourceConfigError(
+                f"{where} has {what} ({listed}): its deletes carry only those columns, not "
+                f"its key ({', '.join(key)}). Capture it keyed by them "
+                f"(--keys {table}={listed.replace(', ', ',')}), or ALTER TABLE {name} REPLICA "
+                f"IDENTITY FULL"
+            )
+
+    def _key_indexed(self, oid: int, key: tuple[str, ...]) -> bool:
+        """Whether ``key`` is the primary key or a unique index's columns, all NOT NULL:
+        then the snapshot can page through the table in key order."""
+        rows = self._all(
+            "SELECT array_agg(a.attname), bool_and(a.attnotnull) FROM pg_index i"
+            " JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey)"
+            " WHERE i.indrelid = %s AND i.indisunique AND i.indpred IS NULL"
+            " AND i.indexprs IS NULL GROUP BY i.indexrelid",
+            (oid,),
+        )
+        return any(set(columns) == set(key) and not_null for columns, not_null in rows)
+
+    def _defaults(self, oid: int) -> tuple[tuple[str, str], ...]:
+        """The value rows written before each added column hold (its text output)."""
+        found = []
+        for name, type_name in self._all(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+            " WHERE attrelid = %s AND atthasmissing AND NOT attisdropped ORDER BY attnum",
+            (oid,),
+        ):
+            # attmissingval is an array of the column's type (anyarray): read back as one
+            # value of the type, written by its output function.
+            [(value,)] = text_rows(
+                self.connection,
+                sql.SQL(
+                    "SELECT (attmissingval::text::{}[])[1] FROM pg_attribute"
+                    " WHERE attrelid = %s AND attname = %s"
+                ).format(sql.SQL(type_name)),
+                (oid, name),
+            )
+            if value is not None:
+                found.append((name, value))
+        return tuple(found)
+
+    def pg_type(self, type_oid: int) -> PgType:
+        """A type id's base type (domains resolved), the domain's modifier and an array's
+        element type, from the catalog (once per id: type ids never change meaning)."""
+        found = self._types.get(type_oid)
+        if found is not None:
+            return found
+        row = self.connection.execute(
+            "SELECT typtype, typbasetype, typtypmod, typelem, typcategory FROM pg_type"
+            " WHERE oid = %s",
+            (type_oid,),
+        ).fetchone()
+        if row is None:  # dropped meanwhile: its values are text
+            found = PgType(type_oid)
+        elif row[0] == "d":  # a domain: its base type, and its modifier if it sets one
+            base = self.pg_type(row[1])
+            found = PgType(
+                base.base_oid, row[2] if row[2] >= 0 else base.modifier, base.element_oid
+            )
+        elif row[4] == "A" and row[3]:
+            found = PgType(type_oid, -1, row[3])
+        else:
+            found = PgType(type_oid)
+        self._types[type_oid] = found
+        return found
+
+    def estimated_rows(self, table: Table) -> int:
+        """The planner's estimate of the table's rows (``pg_class.reltuples``, over a
+        partitioned table's partitions); 0 when never analysed."""
+        value = self._one(
+            "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_class c"
+            " WHERE c.oid IN (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf)",
+            (table.oid,),
+        )
+        return int(value or 0)
+
+    def _check_slot(self) -> None:
+        slot = self.slot()
+        if slot is None:
+            return
+        plugin, database, _, active_pid = slot
+        if plugin != "pgoutput":
+            raise SourceConfigError(
+                f"replication slot {self.options.slot!r} uses plug-in {plugin!r}, not pgoutput"
+            )
+        if database != self.database:
+            raise SourceConfigError(
+                f"replication slot {self.options.slot!r} belongs to database {database!r}, "
+                f"not {self.database!r}"
+            )
+        if active_pid is not None:
+            raise CaptureError(
+                f"replication slot {self.options.slot!r} is in use by server process "
+                f"{active_pid} (another capture?)"
+            )
+
+    # -- the slot and the publication --------------------------------------------------
+
+    def slot(self) -> tuple[str, str, int, int | None] | None:
+        """(plug-in, database, confirmed position, active pid) of the slot, if it exists."""
+        row = self.connection.execute(
+            "SELECT plugin, database, confirmed_flush_lsn::text, active_pid"
+            " FROM pg_replication_slots WHERE slot_name = %s",
+            (self.options.slot,),
+        ).fetchone()
+        if row is None:
+            return None
+        return row[0], row[1], lsn_to_int(row[2]) if row[2] else 0, row[3]
+
+    @property
+    def publication(self) -> str:
+        return self.options.publication or self.options.slot
+
+    @property
+    def own_publication(self) -> bool:
+        """Capture made the publication (named after the slot) and keeps it in step."""
+        return self.options.publication is None
+
+    def _own_members(self) -> set[int]:
+        return {
+            int(row[0])
+            for row in self._all(
+                "SELECT r.prrelid FROM pg_publication_rel r JOIN pg_publication p"
+                " ON p.oid = r.prpubid WHERE p.pubname = %s",
+                (self.publication,),
+            )
+        }
+
+    def ensure_publication(self) -> list[Table]:
+        """Create the slot's own publication for the tables, or add those missing from it
+        (each table was checked when it was described); the tables it added to an
+        existing publication (their rows so far were never streamed)."""
+        if not self.own_publication:
+            return []
+        name = sql.Identifier(self.publication)
+        options = sql.SQL("publish_via_partition_root = true")
+        if self.server_version >= 180000:
+            options = sql.SQL(
+                "publish_via_partition_root = true, publish_generated_columns = stored"
+            )
+        exists = self._one(
+            "SELECT count(*) FROM pg_publication WHERE pubname = %s", (self.publication,)
+        )
+        if not exists:
+            tables = [sql.Identifier(t.schema, t.name) for t in self.tables.values()]
+            self.connection.execute(
+                sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
+                    name, sql.SQL(", ").join(tables), options
+                )
+            )
+            logger.info("created publication %s", self.publication)
+            return []
+        # A publication made by an earlier replog lacks the options: set them (changes
+        # still unread were decoded without them: the stream maps partitions to roots).
+        self.connection.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, options))
+        members = self._own_members()
+        added = []
+        for table in self.tables.values():
+            if table.oid not in members:
+                self.add_to_publication(table)
+                added.append(table)
+        return added
+
+    def add_to_publication(self, table: Table) -> None:
+        """Publish ``table`` in capture's own publication (its identity was checked)."""
+        self.connection.execute(
+            sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
+                sql.Identifier(self.publication), sql.Identifier(table.schema, table.name)
+            )
+        )
+        logger.info("added %s to publication %s", table.qualified, self.publication)
+
+    def create_slot(self) -> int:
+        """Create the slot; its consistent point."""
+        row = self.connection.execute(
+            "SELECT lsn::text FROM pg_create_logical_replication_slot(%s, 'pgoutput')",
+            (self.options.slot,),
+        ).fetchone()
+        assert row is not None
+        return lsn_to_int(row[0])
+
+    def drop_slot(self) -> None:
+        self.connection.execute("SELECT pg_drop_replication_slot(%s)", (self.options.slot,))
+        logger.info("dropped replication slot %s", self.options.slot)
+
+    def advance(self, position: int) -> None:
+        self.connection.execute(
+            "SELECT pg_replication_slot_advance(%s, %s::pg_lsn)",
+            (self.options.slot, lsn_to_text(position)),
+        )
+
+    def current_position(self) -> int:
+        return lsn_to_int(self._one("SELECT pg_current_wal_lsn()::text"))
+
+    def peek(self, max_changes: int) -> list[tuple[int, bytes]]:
+        """The slot's next messages (whole transactions), consuming nothing."""
+        return list(self.peek_stream(max_changes))
+
+    def peek_stream(self, max_changes: int, fetch: int = 2_000) -> Iterator[tuple[int, bytes]]:
+        """The slot's next messages (whole transactions, messages included), consuming
+        nothing, fetched ``fetch`` at a time: a transaction of millions of changes is
+        never held whole in this process."""
+        with self.connection.transaction(), self.connection.cursor(name="replog_peek") as cursor:
+            cursor.itersize = fetch
+            cursor.execute(
+                "SELECT lsn::text, data FROM pg_logical_slot_peek_binary_changes("
+                "%s, NULL, %s, 'proto_version', '1', 'publication_names', %s,"
+                " 'messages', 'true')",
+                (self.options.slot, max_changes, quoted_list(self.publication)),
+            )
+            for lsn, data in cursor:
+                yield lsn_to_int(lsn), bytes(data)
+
+    def emit_message(self, prefix: str, content: str) -> int:
+        """Write a transactional logical message into the WAL (its own transaction); the
+        message's position. The stream meets it in commit order with every other
+        transaction: the snapshot's watermarks."""
+        return lsn_to_int(
+            self._one("SELECT pg_logical_emit_message(true, %s, %s)::text", (prefix, content))
+        )
+
+    @contextmanager
+    def reader(self) -> Iterator[psycopg.Connection[Any]]:
+        """A second session for reading table rows (the snapshot's chunks)."""
+        connection = connect(self.options.dsn)
+        try:
+            yield connection
+        finally:
+            connection.close()
+
+
+def server_positions(dsn: str) -> tuple[int, dict[str, int | None]]:
+    """The server's current WAL position and each logical slot's confirmed position (None
+    for a slot that has confirmed nothing yet): what ``replog status --source-dsn`` needs."""
+    with connect(dsn) as connection:
+        row = connection.execute("SELECT pg_current_wal_lsn()::text").fetchone()
+        assert row is not None
+        slots = connection.execute(
+            "SELECT slot_name, confirmed_flush_lsn::text FROM pg_replication_slots"
+            " WHERE slot_type = 'logical'"
+        ).fetchall()
+    return lsn_to_int(row[0]), {
+        name: None if confirmed is None else lsn_to_int(confirmed) for name, confirmed in slots
+    }
