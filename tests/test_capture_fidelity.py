@@ -4,9 +4,11 @@ Nothing is skipped silently, and capture never makes the source refuse writes.""
 
 from __future__ import annotations
 
+import json
 import threading
 from pathlib import Path
 
+import psycopg
 import pytest
 from support.capture import captured, query, run, sql
 
@@ -14,6 +16,7 @@ from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture, capture
 from replog.capture.progress import CaptureProgress
 from replog.errors import CaptureError, SourceConfigError
+from replog.format import jsontext
 from replog.log import ReplicationLog
 
 PARTITIONED = (
@@ -123,9 +126,7 @@ def test_a_change_capture_cannot_map_stops_it_before_the_slot_moves_past(
     with pytest.raises(CaptureError, match=r"public\.stray.*not a captured table"):
         run(pg_dsn, url, tables=("t",))
     assert ReplicationLog.open(url).refresh().version == version
-    assert query(pg_dsn, "SELECT confirmed_flush_lsn FROM pg_replication_slots") == [
-        (slot_before,)
-    ]
+    assert query(pg_dsn, "SELECT confirmed_flush_lsn FROM pg_replication_slots") == [(slot_before,)]
 
 
 def test_tables_of_a_publication_left_out_by_tables_are_counted_and_warned(
@@ -289,3 +290,330 @@ def test_a_following_capture_is_stopped_not_wedged_by_an_unmappable_change(
     options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t",), follow=True, poll_s=0.01)
     with pytest.raises(CaptureError, match="stray"):
         capture(options, ReplicationLog.open(url), stop=threading.Event(), progress=publish_stray)
+
+
+# -- one text per value, whichever path read it ---------------------------------------------
+
+TYPES = {  # column type -> a literal (several per family; edge values where paths differ)
+    "boolean": "true",
+    "smallint": "-32768",
+    "integer": "2147483647",
+    "bigint": "-9223372036854775808",
+    "numeric(12, 4)": "1.5000",
+    "numeric": "0.000000000000000000000000001",
+    "real": "1.17549e-38",
+    "double precision": "1e308",
+    "money": "12.34",
+    "character(6)": "'ab'",
+    "character varying(8)": "'ab  '",
+    "text": "E'zo\\u00eb \"q\"\\n'",
+    "name": "'a name'",
+    '"char"': "'x'",
+    "bytea": "'\\x00ff10'",
+    "date": "'2024-02-29'",
+    "time": "'23:59:59.999999'",
+    "time with time zone": "'10:30:45.123456+05:30'",
+    "timestamp": "'2024-05-01 12:00:00.5'",
+    "timestamp with time zone": "'2024-05-01 12:00:00.123456+05:30'",
+    "interval": "'1 year 2 mons 3 days 04:05:06.5'",
+    "uuid": "'a0eebc99-9c0b-4ef8-bb6d-6bb9bd380a11'",
+    "json": '\'{"b": 1.0,  "a": [1,2]}\'',
+    "jsonb": '\'{"b": 1.0, "a": 2}\'',
+    "inet": "'10.0.0.1/32'",
+    "cidr": "'10.0.0.0/8'",
+    "macaddr": "'08:00:2b:01:02:03'",
+    "macaddr8": "'08:00:2b:01:02:03:04:05'",
+    "bit(4)": "B'1010'",
+    "bit varying(8)": "B'101'",
+    "point": "'(1.5,2)'",
+    "line": "'{1,2,3}'",
+    "lseg": "'[(0,0),(1,1)]'",
+    "box": "'((0,0),(1,1))'",
+    "path": "'[(0,0),(1,1),(2,0)]'",
+    "polygon": "'((0,0),(1,1),(2,0))'",
+    "circle": "'<(0,0),1>'",
+    "tsvector": "'a fat cat'",
+    "tsquery": "'fat & rat'",
+    "int4range": "'[1,5)'",
+    "numrange": "'(1.50,2.50]'",
+    "tstzrange": "'[2024-01-01 00:00+00,2024-02-01 00:00+00)'",
+    "daterange": "'[2024-01-01,2024-02-01)'",
+    "int4multirange": "'{[1,3),[5,7)}'",
+    "pg_lsn": "'16/B374D848'",
+    "oid": "4294967295",
+    "integer[]": "'{1,NULL,3}'",
+    "text[]": '\'{"a b",NULL,"NULL"}\'',
+    "numeric[]": "'{1.50,NaN,-0.000}'",
+    "character(3)[]": "'{a,bc}'",
+    "boolean[]": "'{t,f}'",
+    "timestamp with time zone[]": "'{\"2024-05-01 12:00:00+02\"}'",
+    "mood": "'happy'",
+    "short_text": "'ab '",
+    "pair": "ROW(1, 'x y')",
+}
+TYPES_SETUP = (
+    "CREATE TYPE mood AS ENUM ('sad', 'happy')",
+    "CREATE DOMAIN short_text AS character(4)",
+    "CREATE TYPE pair AS (a int, b text)",
+)
+
+
+def _all_types_table(dsn: str) -> list[str]:
+    columns = [f"c{i}" for i in range(len(TYPES))]
+    definitions = ", ".join(f"{c} {t}" for c, t in zip(columns, TYPES, strict=True))
+    sql(dsn, *TYPES_SETUP, f"CREATE TABLE every_type (id int PRIMARY KEY, {definitions})")
+    return columns
+
+
+def test_snapshot_and_stream_write_each_value_as_the_server_outputs_it(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """A row captured by the stream and the same row read by a snapshot are the same JSON,
+    column by column, and each value is what the type's output function writes (a cast to
+    text is not: ``character(n)`` lost its trailing blanks, ``inet`` gained ``/32``)."""
+    from replog.capture.source import connect, text_rows
+    from replog.capture.values import ValueReader
+
+    columns = _all_types_table(pg_dsn)
+    streamed, snapshotted = str(tmp_path / "streamed"), str(tmp_path / "snapshotted")
+    run(pg_dsn, streamed, tables=("every_type",), slot="s1")
+    literals = ", ".join(TYPES.values())
+    sql(pg_dsn, f"INSERT INTO every_type VALUES (1, {literals})")
+    run(pg_dsn, streamed, tables=("every_type",), slot="s1")
+    run(pg_dsn, snapshotted, tables=("every_type",), slot="s2")
+
+    [change] = [e for e in captured(ReplicationLog.open(streamed)) if e["op"] == "c"]
+    [read] = [e for e in captured(ReplicationLog.open(snapshotted)) if e["op"] == "r"]
+    from_stream, from_snapshot = json.loads(change["data"]), json.loads(read["data"])
+    assert from_stream == from_snapshot
+    assert change["data"] == read["data"]  # byte for byte: number text, key order
+
+    reader = ValueReader()
+    with connect(pg_dsn) as connection:
+        [output] = text_rows(connection, f"SELECT {', '.join(columns)} FROM every_type")
+        types = dict(
+            connection.execute(
+                "SELECT attname, atttypid FROM pg_attribute WHERE attrelid = 'every_type'::regclass"
+            ).fetchall()
+        )
+    for column, text in zip(columns, output, strict=True):
+        expected = json.loads(jsontext.encode(reader.read(types[column], text)))
+        assert from_stream[column] == expected, (column, text)
+    by_type = dict(zip(TYPES, columns, strict=True))
+    assert from_stream[by_type["character(6)"]] == "ab    "
+    assert from_stream[by_type["short_text"]] == "ab  "
+    assert from_stream[by_type["inet"]] == "10.0.0.1"
+    assert from_stream[by_type["boolean"]] is True
+    assert from_stream[by_type["character(3)[]"]] == ["a  ", "bc "]
+
+
+def test_the_pure_python_driver_reads_the_snapshot_the_same(pg_dsn: str, tmp_path: Path) -> None:
+    """Under psycopg's pure-Python implementation every snapshot ``true`` was false."""
+    import os
+    import subprocess
+
+    from support.cli import REPLOG
+
+    sql(
+        pg_dsn,
+        "CREATE TABLE flags (id int PRIMARY KEY, on_ boolean, c character(3))",
+        "INSERT INTO flags VALUES (1, true, 'a'), (2, false, NULL)",
+    )
+    url = str(tmp_path / "log")
+    result = subprocess.run(
+        [REPLOG, "capture", "postgres", pg_dsn, url, "--slot", "pure", "--tables", "flags"],
+        env={**os.environ, "PSYCOPG_IMPL": "python"},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    rows = sorted(
+        (json.loads(e["data"]) for e in captured(ReplicationLog.open(url))), key=lambda r: r["id"]
+    )
+    assert rows == [{"id": 1, "on_": True, "c": "a  "}, {"id": 2, "on_": False, "c": None}]
+
+
+# -- generated columns, defaults ------------------------------------------------------------
+
+
+def test_stored_generated_columns_are_in_the_stream_as_in_the_snapshot(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE g (id int PRIMARY KEY, v int, twice int GENERATED ALWAYS AS (v * 2) STORED)",
+        "INSERT INTO g (id, v) VALUES (1, 1)",
+    )
+    run(pg_dsn, url, tables=("g",))
+    sql(pg_dsn, "INSERT INTO g (id, v) VALUES (2, 2)", "UPDATE g SET v = 10 WHERE id = 1")
+    run(pg_dsn, url, tables=("g",))
+    assert [e["data"] for e in captured(ReplicationLog.open(url))] == [
+        '{"id":1,"v":1,"twice":2}',
+        '{"id":2,"v":2,"twice":4}',
+        '{"id":1,"v":10,"twice":20}',
+    ]
+
+    # A user's publication that does not publish them: absent from both paths, and said so.
+    other = str(tmp_path / "other")
+    sql(pg_dsn, "CREATE PUBLICATION plain FOR TABLE g")
+    with caplog.at_level("WARNING", logger="replog.capture"):
+        run(pg_dsn, other, publication="plain", slot="plain")
+    sql(pg_dsn, "UPDATE g SET v = 3 WHERE id = 2")
+    run(pg_dsn, other, publication="plain", slot="plain")
+    assert {e["data"] for e in captured(ReplicationLog.open(other))} == {
+        '{"id":1,"v":10}',
+        '{"id":2,"v":2}',
+        '{"id":2,"v":3}',
+    }
+    assert any("generated column twice" in r.getMessage() for r in caplog.records)
+
+
+def test_a_column_added_with_a_default_registers_the_value_older_rows_hold(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Rows untouched since ``ADD COLUMN ... DEFAULT`` hold the default in PostgreSQL (its
+    ``attmissingval``) but had no event saying so: the schema version carries it."""
+    from replog.schemas import registry
+
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE d (id int PRIMARY KEY)", "INSERT INTO d VALUES (1)")
+    run(pg_dsn, url, tables=("d",))
+    sql(
+        pg_dsn,
+        "ALTER TABLE d ADD COLUMN n int DEFAULT 5",
+        "ALTER TABLE d ADD COLUMN amount numeric(6, 2) DEFAULT 1.50",
+        "ALTER TABLE d ADD COLUMN c character(4) DEFAULT 'ab'",
+        "ALTER TABLE d ADD COLUMN later text",
+        "INSERT INTO d (id, later) VALUES (2, 'x')",
+    )
+    run(pg_dsn, url, tables=("d",))
+    events = captured(ReplicationLog.open(url))
+    assert events[-1]["data"] == '{"id":2,"n":5,"amount":1.50,"c":"ab  ","later":"x"}'
+    version = next(
+        v
+        for v in registry.versions(ReplicationLog.open(url).storage, "public.d")
+        if v.digest == events[-1]["metadata"]["schema"]
+    )
+    fields = {f["field"]: f for f in version.schema["fields"][1]["fields"]}
+    assert fields["n"]["default"] == 5
+    assert fields["amount"]["default"] == "1.50"
+    assert fields["c"]["default"] == "ab  "
+    assert "default" not in fields["later"] and "default" not in fields["id"]
+
+    fresh = str(tmp_path / "fresh")  # a snapshot (of another slot) registers the same fields
+    run(pg_dsn, fresh, tables=("d",), slot="fresh")
+    [snapshotted] = registry.versions(ReplicationLog.open(fresh).storage, "public.d")
+    assert snapshotted.schema["fields"][1]["fields"] == version.schema["fields"][1]["fields"]
+
+
+# -- key changes ----------------------------------------------------------------------------
+
+
+def _latest(url: str) -> dict[str, str]:
+    """The table a log builds: key -> row of its newest event unless that is a delete."""
+    latest: dict[str, tuple[str, str]] = {}
+    for event in captured(ReplicationLog.open(url)):
+        latest[event["key"]] = (event["op"], event["data"])
+    return {key: data for key, (op, data) in latest.items() if op != "d"}
+
+
+def test_a_deferrable_key_shifted_in_one_statement_ends_as_in_the_source(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """``UPDATE seats SET id = id + 1`` under a DEFERRABLE key is decoded row by row as
+    d1 c2 d2 c3 d3 c4: taken one by one, keys 2 and 3 ended deleted."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE seats (id int PRIMARY KEY DEFERRABLE, label text)",
+        "ALTER TABLE seats REPLICA IDENTITY FULL",
+        "INSERT INTO seats VALUES (1, 'a'), (2, 'b'), (3, 'c')",
+    )
+    run(pg_dsn, url, tables=("seats",))
+    sql(pg_dsn, "UPDATE seats SET id = id + 1")
+    run(pg_dsn, url, tables=("seats",))
+    source = dict(query(pg_dsn, "SELECT id, label FROM seats"))
+    assert _latest(url) == {
+        f'{{"id":{i}}}': json.dumps({"id": i, "label": label}, separators=(",", ":"))
+        for i, label in source.items()
+    }
+    # The same row moved twice in one transaction is deleted from its middle key.
+    with psycopg.connect(pg_dsn) as connection:  # one transaction, two statements
+        connection.execute("UPDATE seats SET id = 10 WHERE id = 4")
+        connection.execute("UPDATE seats SET id = 11 WHERE id = 10")
+    run(pg_dsn, url, tables=("seats",))
+    assert sorted(_latest(url)) == ['{"id":11}', '{"id":2}', '{"id":3}']
+
+
+def test_a_key_update_names_the_old_key_on_the_create(pg_dsn: str, tmp_path: Path) -> None:
+    """A primary-key UPDATE whose TOASTed column did not change: the create of the new key
+    cannot carry that value; it names the old key, whose row holds it (apply_changes
+    fills it from there)."""
+    url = str(tmp_path / "log")
+    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
+    sql(
+        pg_dsn,
+        "CREATE TABLE docs (id int PRIMARY KEY, body text)",
+        f"INSERT INTO docs VALUES (1, {big})",
+    )
+    run(pg_dsn, url, tables=("docs",))
+    sql(pg_dsn, "UPDATE docs SET id = 2")
+    run(pg_dsn, url, tables=("docs",))
+    delete, create = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert (delete["op"], create["op"]) == ("d", "c")
+    assert create["metadata"]["old_key"] == '{"id":1}'
+    assert delete["metadata"]["new_key"] == '{"id":2}'
+    assert create["metadata"]["unavailable"] == ["body"]
+
+
+def test_a_numeric_key_retyped_keeps_its_key(pg_dsn: str, tmp_path: Path) -> None:
+    """``numeric`` -> ``numeric(10, 2)`` writes 1 as 1.00: the key must stay one key
+    (one shard, one order), whatever scale the type now writes it with."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE n (id numeric PRIMARY KEY, v int)", "INSERT INTO n VALUES (1, 1)")
+    run(pg_dsn, url, tables=("n",))
+    sql(
+        pg_dsn,
+        "ALTER TABLE n ALTER COLUMN id TYPE numeric(10, 2)",
+        "UPDATE n SET v = 2",
+        "INSERT INTO n VALUES (2.5, 1)",
+    )
+    run(pg_dsn, url, tables=("n",))
+    events = captured(ReplicationLog.open(url))
+    assert [(e["key"], e["data"]) for e in events] == [
+        ('{"id":1}', '{"id":1,"v":1}'),
+        ('{"id":1}', '{"id":1.00,"v":2}'),  # the value keeps the server's text
+        ('{"id":2.5}', '{"id":2.50,"v":1}'),
+    ]
+
+
+# -- tables joining the capture ------------------------------------------------------------
+
+
+def test_a_table_added_to_tables_on_a_restart_gets_its_rows_snapshotted(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Its changes stream from the restart on; its rows from before were never captured:
+    an incremental snapshot reads them while the stream runs."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE TABLE late (id int PRIMARY KEY, v int)",
+        "INSERT INTO late SELECT g, g FROM generate_series(1, 50) g",
+    )
+    run(pg_dsn, url, tables=("t",))
+    sql(pg_dsn, "INSERT INTO t VALUES (1)", "UPDATE late SET v = -1 WHERE id = 1")
+    run(pg_dsn, url, tables=("t", "late"), snapshot_chunk_rows=7)
+    sql(pg_dsn, "UPDATE late SET v = -2 WHERE id = 2")
+    run(pg_dsn, url, tables=("t", "late"))
+    events = captured(ReplicationLog.open(url))
+    reads = [e for e in events if e["collection"] == "public.late" and e["op"] == "r"]
+    assert len(reads) == 50 and {e["metadata"]["source"]["snapshot"] for e in reads} == {
+        "incremental"
+    }
+    assert json.loads(next(e for e in reads if e["key"] == '{"id":1}')["data"])["v"] == -1
+    assert _latest(url)['{"id":2}'] == '{"id":2,"v":-2}'
+    assert len({e["version"] for e in reads}) == 8  # ceil(50 / 7) chunks, a commit each

@@ -231,6 +231,14 @@ class PostgresSource:
         self._by_oid[table.oid] = rekeyed
         return rekeyed
 
+    def refresh_columns(self, table: Table) -> Table:
+        """``table`` with its columns and defaults as the catalog has them now (a column
+        was added or dropped while capturing)."""
+        fresh = replace(table, columns=self._columns(table.oid), defaults=self._defaults(table.oid))
+        self.tables[table.qualified] = fresh
+        self._by_oid[table.oid] = fresh
+        return fresh
+
     def forget(self, table: Table) -> None:
         """Stop knowing ``table`` by its id (it was dropped)."""
         self._by_oid.pop(table.oid, None)
@@ -317,8 +325,8 @@ class PostgresSource:
             leaves = [
                 (int(r[0]), r[1])
                 for r in self._all(
-                    "SELECT t.relid::oid, n.nspname || '.' || c.relname FROM pg_partition_tree(%s) t"
-                    " JOIN pg_class c ON c.oid = t.relid"
+                    "SELECT t.relid::oid, n.nspname || '.' || c.relname"
+                    " FROM pg_partition_tree(%s) t JOIN pg_class c ON c.oid = t.relid"
                     " JOIN pg_namespace n ON n.oid = c.relnamespace WHERE t.isleaf",
                     (oid,),
                 )

@@ -63,6 +63,7 @@ class Relations:
         self._translated: dict[int, tuple[Relation, Relation, tuple[int, ...]]] = {}
         """Partition id -> (its relation, as the root's relation, value positions)."""
         self._skips_noted: set[tuple[int, int]] = set()
+        self._columns_followed: dict[int, Relation] = {}
 
     def table_of(self, relation: Relation, txn: SourceTransaction) -> Table | None:
         """The captured table ``relation`` is (None for one not captured, counted)."""
@@ -78,7 +79,19 @@ class Relations:
         table, replaced = found
         if table.oid != change.relation.oid:  # a partition: in its root's column order
             change = self._as_root(change, table)
+        table = self._follow_columns(table, change.relation)
         return Mapped(self._follow_primary_key(table, change.relation, txn), change, replaced)
+
+    def _follow_columns(self, table: Table, relation: Relation) -> Table:
+        """``table`` described afresh when the stream's columns are not the ones known
+        (``ADD COLUMN`` while capturing): its defaults, and the columns the snapshot reads."""
+        if self._columns_followed.get(table.oid) is relation:
+            return table
+        self._columns_followed[table.oid] = relation
+        known = [name for name, _, _ in table.columns]
+        if [column.name for column in relation.columns] == known:
+            return table
+        return self.source.refresh_columns(table)
 
     def _find(self, relation: Relation, txn: SourceTransaction) -> tuple[Table, int | None] | None:
         source = self.source
