@@ -6,6 +6,11 @@ stored on the local filesystem.  Dependencies: the standard library and pyarrow.
     read_log(path) -> {"log_id", "shards", "version", "heads", "lows", "events"}
 
 Usage: python format_reader.py <log directory>
+
+Amended where FORMAT.md was made precise (issue 35): a header of another log is unusable,
+a header whose commit is gone or another's is passed over ("Finding the head", step 5),
+a compaction covers exactly what it removes, low watermarks only come with truncations.
+It does not know key compaction's holed entries (added to the format later).
 """
 
 from __future__ import annotations
