@@ -39,7 +39,7 @@ __all__ = [
     "read",
     "register",
 ]
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 
 def create_log(url: str, shards: int = 8, **storage_options: Any) -> ReplicationLog:

@@ -6,6 +6,11 @@ stored on the local filesystem.  Dependencies: the standard library and pyarrow.
     read_log(path) -> {"log_id", "shards", "version", "heads", "lows", "events"}
 
 Usage: python format_reader.py <log directory>
+
+Amended where FORMAT.md was made precise (issue 35): a header of another log is unusable,
+a header whose commit is gone or another's is passed over ("Finding the head", step 5),
+a compaction covers exactly what it removes, low watermarks only come with truncations.
+It does not know key compaction's holed entries (added to the format later).
 """
 
 from __future__ import annotations
@@ -262,6 +267,7 @@ class LogReader:
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
         self.meta = os.path.join(self.root, "_replog")
+        self._rejected = set()  # headers that are not the commits' history (step 5)
         self._read_descriptor()
 
     # ---- paths
@@ -340,7 +346,14 @@ class LogReader:
         if hdr.get("version") != h:
             raise CorruptionError("%s: version %r does not match the file name"
                                   % (name, hdr.get("version")))
-        self._check_log_id(hdr, name)
+        try:
+            self._check_log_id(hdr, name)
+        except RecreatedLogError:
+            # FORMAT.md "Finding the head", step 3: written late by a writer of a log
+            # deleted here before, unless the descriptor, read again, changed too
+            if LogReader(self.root).log_id != self.log_id:
+                raise
+            raise CorruptionError("%s: a header of another log" % name) from None
         if "shards" in hdr and hdr["shards"] != self.shards:
             raise CorruptionError("%s: shards %r differs from the descriptor's %d"
                                   % (name, hdr["shards"], self.shards))
@@ -365,6 +378,9 @@ class LogReader:
     def _read_header(self, h, copy=None):
         """The validated header h, or None if it is missing or corrupt (warned)."""
         name = self.header_rel(h)
+        if h in self._rejected:
+            _warn("%s: unusable (its commit is not the one it describes)" % name)
+            return None
         if copy is not None:
             try:
                 return self._validate_header(copy, h, name + " (hint copy)")
@@ -594,6 +610,8 @@ class LogReader:
             if op != "append" or add or not isinstance(gc, dict) \
                     or not _is_int(gc.get("cutoff_ms")):
                 raise CorruptionError("%s: malformed gc mark" % name)
+        if op != "truncate" and rec.get("low_watermarks"):
+            raise CorruptionError("%s: low_watermarks in a %r commit" % (name, op))
         if op == "append":
             if remove:
                 raise CorruptionError("%s: append with a non-empty remove" % name)
@@ -615,14 +633,20 @@ class LogReader:
                 r, a = removed.get(s, []), added.get(s, [])
 
                 def cover(es):
-                    if not es:
-                        return None
-                    return (min(x.first for x in es), max(x.last for x in es),
-                            sum(x.last - x.first + 1 for x in es))
-                if cover(r) != cover(a):
+                    # each sequence once: sorted runs, adjacent ones joined
+                    runs = []
+                    for x in sorted(es, key=lambda x: x.first):
+                        if runs and x.first <= runs[-1][1]:
+                            return "overlapping"
+                        if runs and x.first == runs[-1][1] + 1:
+                            runs[-1][1] = x.last
+                        else:
+                            runs.append([x.first, x.last])
+                    return runs
+                if cover(r) != cover(a) or cover(a) == "overlapping":
                     raise CorruptionError(
                         "%s: compact of shard %d adds sequences %s but removes %s "
-                        "(lowest, highest, count)" % (name, s, cover(a), cover(r)))
+                        "(each removed sequence, exactly once)" % (name, s, cover(a), cover(r)))
             for e in add:
                 put(e)
         elif op == "truncate":
@@ -783,8 +807,8 @@ class LogReader:
             st = self._fallback_state(hv)
         return st, hdr
 
-    def load_state(self) -> State:
-        n, copy = self._read_hint()
+    def load_state(self, start=None) -> State:
+        n, copy = self._read_hint() if start is None else (start, None)
         try:
             if n is None:
                 raise _NoUsableHeader("no hint")
@@ -822,6 +846,15 @@ class LogReader:
                     self._compare_with_header(st, required_hdr)
             if len(batch) < C:
                 break
+        if hdr is not None and st.version == hv > 0:
+            # step 5: no commit past header hv; its own commit must be the one it describes
+            rec = self._read_commit(hv)
+            if rec is None or ("token" in hdr and rec.get("token") != hdr["token"]):
+                snap = os.path.join(self.meta, "snapshots")
+                newer = [int(n[:20]) for n in os.listdir(snap)
+                         if re.fullmatch(r"[0-9]{20}\.json", n) and int(n[:20]) > hv]
+                self._rejected.add(hv)  # a newer one is taken, or none: hv is unusable
+                return self.load_state(max(newer) if newer else None)
         if st.version < required:
             raise UnrecoverableLogError(
                 "%s: missing: replaying from %s stopped at version %d, below header %d"

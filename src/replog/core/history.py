@@ -450,6 +450,7 @@ class LogSnapshots:
         self.storage = storage
         self.descriptor = descriptor
         self._headers: dict[int, SnapshotHeader] = {}
+        self._rejected: dict[int, str] = {}
         self._table_sha256: dict[int, str | None] = {0: None}
         self.hint = hint(storage)
 
@@ -461,12 +462,21 @@ class LogSnapshots:
         return self.storage.exists(header_path(version))
 
     def header(self, version: int) -> SnapshotHeader:
-        """Header ``version``, checked to belong to this log."""
+        """Header ``version``, checked to belong to this log (and not rejected)."""
+        if version in self._rejected:
+            raise CorruptionError(self.storage.path(header_path(version)), self._rejected[version])
         if version not in self._headers:
             relative = header_path(version)
             data = self.storage.read(relative)
             self._remember_header(SnapshotHeader.from_bytes(data, self.storage.path(relative)))
         return self._headers[version]
+
+    def reject(self, version: int, reason: str) -> None:
+        """Treat header ``version`` as unusable from now on although it reads well: what it
+        says is not the history of the commits (its own commit is gone or another's)."""
+        self._rejected[version] = reason
+        self._headers.pop(version, None)
+        self._table_sha256.pop(version, None)
 
     def offer_header(self, version: int, copy: bytes) -> None:
         """Take the hint's copy of header ``version`` instead of reading the file, if its
@@ -724,7 +734,8 @@ def _repair_start(snapshots: LogSnapshots) -> LogState | None:
     writer moved it back), or every retained header is damaged. Lists the snapshots (a
     repair path) for the newest usable header; None to start from the empty state (no
     commit yet, or commit 1 landed after the caller looked for it). Raises
-    :class:`CorruptionError` if the log has commits but cannot be rebuilt."""
+    :class:`CorruptionError` if the log has commits but cannot be rebuilt: the marker
+    :data:`EXPIRED_MARKER` exists, or commits do but commit 1 does not."""
     newest = _newest_listed_header(snapshots)
     state = _usable_state(snapshots, newest)
     if state is not None:
@@ -753,9 +764,51 @@ def _unrebuildable(storage: Storage) -> CorruptionError:
     )
 
 
+def _below_rejected(snapshots: LogSnapshots, version: int) -> LogState | None:
+    """Where to start once header ``version`` is rejected: the newest usable header below
+    it, else the empty state while commit 1 exists, else the repair path."""
+    state = _usable_state(snapshots, version - snapshots.descriptor.checkpoint_interval)
+    if state is None and not snapshots.storage.exists(commit_path(1)):
+        state = _repair_start(snapshots)
+    return state
+
+
+def _after_base_missing(snapshots: LogSnapshots, state: LogState, header: int) -> LogState | None:
+    """Where to start again when ``state``, loaded from header ``header`` (0: the empty
+    state), found the commit it reached gone or another's (:class:`BaseMissing`).
+
+    If it reached no commit past a header, the header's own commit is gone or carries
+    another token: retention overtook the header (a newer one exists: listing finds it),
+    or, when no newer header is found, the header is not this log's history (damaged, or
+    written late by a stalled writer): it is rejected like a corrupt one and the header
+    below it is used. Otherwise a commit read moments ago went (retention racing the
+    open): start again from the newest listed header. None: from the empty state."""
+    if state.version == header > 0:
+        newest = _newest_listed_header(snapshots)
+        newer = _usable_state(snapshots, newest, floor=header) if newest > header else None
+        if newer is not None:
+            logger.warning(
+                "header %d of %s was overtaken by retention; found header %d by listing",
+                header,
+                snapshots.storage.url,
+                newer.version,
+            )
+            return newer
+        reason = (
+            f"commit {header} is missing or does not carry this header's token, and no "
+            f"newer header exists: the header is not the log's history"
+        )
+        logger.warning(
+            "snapshot header %d of %s is unusable: %s", header, snapshots.storage.url, reason
+        )
+        snapshots.reject(header, reason)
+        return _below_rejected(snapshots, header)
+    return _repair_start(snapshots)
+
+
 REPAIRS = 3
-"""How often opening a log starts again from a listed header (retention racing the
-open can expire the commits just read; more than this means damage)."""
+"""How often opening a log starts again after a commit it had read went (retention racing
+the open can expire the commits just read; more than this means damage)."""
 
 
 def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
@@ -765,36 +818,49 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     read at once (in parallel on remote storage). The hint is not probed past first: it
     lags only after a crash or a slow writer, a full window reveals that, and only then
     are newer headers looked for. The commit the state ends at is checked to be the one
-    it applied (:func:`check_base`): a hint moved back to a header retention deleted
-    would otherwise show the log as it was then.
+    it applied (:func:`check_base`), and a header the state ends at to be its commit's:
+    a hint moved back to a header retention deleted would otherwise show the log as it
+    was then (see :func:`_after_base_missing`).
 
     Raises :class:`CorruptionError` if every header that retention kept is unusable and
-    the commits before them are gone (the log cannot be rebuilt: restore the files).
+    the commits before them are gone (the log cannot be rebuilt: restore the files), or
+    if commits read during the open kept disappearing.
     """
     snapshots = LogSnapshots(storage, descriptor)
     interval = descriptor.checkpoint_interval
     state = _usable_state(snapshots, _hinted_header(snapshots))
     if state is None and not storage.exists(commit_path(1)):
         state = _repair_start(snapshots)
-    if state is None:
-        state = LogState(shards=descriptor.shards, snapshots=snapshots, log_id=descriptor.log_id)
-    repairs = 0
+
+    def empty() -> LogState:
+        return LogState(shards=descriptor.shards, snapshots=snapshots, log_id=descriptor.log_id)
+
+    state = state or empty()
+    header = state.version  # the header the state was loaded from (0: the empty state)
+    races = 0
     while True:
         try:
             if catch_up(storage, state, limit=interval, window=interval):
                 return state
         except BaseMissing:
-            repairs += 1
-            repaired = _repair_start(snapshots) if repairs <= REPAIRS else None
-            if repaired is None:
-                raise _unrebuildable(storage) from None
-            state = repaired
+            if not state.version == header > 0:
+                races += 1
+                if races > REPAIRS:
+                    raise CorruptionError(
+                        storage.path(COMMITS_DIR),
+                        f"commit {state.version} went while the log was opened, "
+                        f"{REPAIRS + 1} times: commits are being deleted outside retention",
+                    ) from None
+            state = _after_base_missing(snapshots, state, header) or empty()
+            header = state.version
             continue
         newest = probe_forward(
             state.version - state.version % interval, interval, snapshots.has_header
         )
         if newest > state.version:
-            state = _usable_state(snapshots, newest, floor=state.version) or state
+            newer = _usable_state(snapshots, newest, floor=state.version)
+            if newer is not None:
+                state, header = newer, newer.version
 
 
 def check_snapshot(storage: Storage, descriptor: LogDescriptor, version: int) -> None:

@@ -370,6 +370,8 @@ class CommitRecord:
             raise CorruptionError(path, "an append commit removes segments")
         if record.operation == TRUNCATE and record.add:
             raise CorruptionError(path, "a truncate commit adds segments")
+        if record.operation != TRUNCATE and record.low_watermarks:
+            raise CorruptionError(path, f"a {record.operation!r} commit sets low watermarks")
         if record.gc is not None and (record.operation != APPEND or record.add):
             raise CorruptionError(path, "a gc mark must be an append of no segments")
         return record

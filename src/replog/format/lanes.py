@@ -21,7 +21,7 @@ import pyarrow as pa
 
 from replog.errors import CorruptionError
 from replog.format.commits import CommitRecord, commit_path
-from replog.format.segments import SegmentInfo
+from replog.format.segments import DENSE, SegmentInfo
 
 Lanes = list[list[SegmentInfo]]
 """Live segments per shard, each lane ordered by first sequence."""
@@ -140,12 +140,14 @@ def segments_table(lanes: Lanes, tombstones: Iterable[SegmentInfo] = ()) -> pa.T
 
 
 def _entries(table: pa.Table) -> list[SegmentInfo]:
-    """The entries of a checksum-verified table or changes file (its schema types them)."""
+    """The entries of a checksum-verified table or changes file (its schema types them).
+    ``offset`` and ``rows`` are each read if present (absent: 0, dense), file by file."""
     columns = [table.column(name).to_pylist() for name in SEGMENT_TABLE_SCHEMA.names]
-    if "offset" in table.column_names:
-        columns.append(table.column("offset").to_pylist())
-        if "rows" in table.column_names:
-            columns.append(table.column("rows").to_pylist())
+    for name, absent in (("offset", 0), ("rows", DENSE)):
+        if name in table.column_names:
+            columns.append(table.column(name).to_pylist())
+        else:
+            columns.append([absent] * table.num_rows)
     return [SegmentInfo(*values) for values in zip(*columns, strict=True)]
 
 

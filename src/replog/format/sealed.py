@@ -11,6 +11,7 @@ the same checksum:
   U+000A, U+000C and U+000D as ``\\b \\t \\n \\f \\r``; every other character outside
   U+0020..U+007E as ``\\uXXXX`` with lower-case hex digits (UTF-16 surrogate pairs above
   U+FFFF);
+* arrays: their elements in order, separated by ``,``;
 * numbers are integers, written in decimal without a plus sign or leading zeros; sealed
   records hold no fractions or exponents;
 * ``true``, ``false``, ``null`` as such.
@@ -77,8 +78,8 @@ def unseal(
     (which might seal differently) is reported as "upgrade", not as corruption.
     """
     try:
-        document = json.loads(data, parse_float=_no_float)
-    except TypeError as exc:  # a float in a record: not something replog sealed
+        document = json.loads(data, parse_float=_no_float, parse_constant=_no_float)
+    except TypeError as exc:  # a float (or NaN) in a record: not something replog sealed
         raise CorruptionError(path, f"not a sealed record: {exc}") from exc
     except ValueError as exc:
         raise CorruptionError(path, f"not valid JSON ({len(data)} bytes): {exc}") from exc

@@ -445,22 +445,30 @@ class LogState:
         return {str(shard): low for shard, low in enumerate(self.lows)}
 
 
+def _covered(segments: tuple[SegmentInfo, ...]) -> dict[int, list[tuple[int, int]]]:
+    """Per shard, the sequences ``segments`` cover as sorted disjoint ranges (adjacent ones
+    joined). Raises ``ValueError`` if two of them share a sequence."""
+    found: dict[int, list[tuple[int, int]]] = {}
+    ranges = sorted((s.shard, s.first_sequence, s.last_sequence) for s in segments)
+    for shard, first, last in ranges:
+        covered = found.setdefault(shard, [])
+        if covered and first <= covered[-1][1]:
+            raise ValueError(f"two entries of shard {shard} hold sequence {first}")
+        if covered and first == covered[-1][1] + 1:
+            covered[-1] = (covered[-1][0], last)
+        else:
+            covered.append((first, last))
+    return found
+
+
 def _check_compaction(commit: CommitRecord, path: str) -> None:
-    """A compaction must cover, per shard, exactly the sequences it removes (the rows may
-    be fewer: key compaction leaves holes)."""
-
-    def ranges(segments: tuple[SegmentInfo, ...]) -> dict[int, tuple[int, int, int]]:
-        found: dict[int, tuple[int, int, int]] = {}
-        for segment in segments:
-            low, high, events = found.get(segment.shard, (segment.first_sequence, 0, 0))
-            found[segment.shard] = (
-                min(low, segment.first_sequence),
-                max(high, segment.last_sequence),
-                events + segment.sequences,
-            )
-        return found
-
-    if ranges(commit.add) != ranges(commit.remove):
+    """A compaction must cover, per shard, exactly the sequences it removes: each once, no
+    more, no fewer (the rows may be fewer: key compaction leaves holes)."""
+    try:
+        added, removed = _covered(commit.add), _covered(commit.remove)
+    except ValueError as exc:
+        raise CorruptionError(path, f"compaction: {exc}") from exc
+    if added != removed:
         raise CorruptionError(
             path, "compaction adds segments that do not cover exactly the sequences it removes"
         )

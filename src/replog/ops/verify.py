@@ -217,8 +217,9 @@ def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> 
                         f"{entry.offset + entry.events}",
                     )
             for entry in entries:
+                rows = entry_rows(table, entry)  # a sequence column exactly for holed entries
                 if entry.holed:  # its rows' sequences: increasing, within its range
-                    row_sequences(entry_rows(table, entry), entry)
+                    row_sequences(rows, entry)
         except (ReplogError, OSError) as exc:
             return _problem(exc, log.storage.path(entries[0].path))
         return None

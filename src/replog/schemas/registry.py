@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, unquote
+from urllib.parse import quote
 
 from replog.errors import CorruptionError
 from replog.format.commits import META_DIR
@@ -28,8 +28,16 @@ logger = logging.getLogger(__name__)
 SCHEMAS_DIR = f"{META_DIR}/schemas"
 
 
+def folder_name(collection: str) -> str:
+    """The collection's folder: its UTF-8 bytes percent-encoded (upper-case hex) except
+    ASCII letters, digits and ``.-_~``; the names ``.`` and ``..`` encode their dots too
+    (they would name another folder)."""
+    encoded = quote(collection, safe=".-_")
+    return encoded.replace(".", "%2E") if encoded in (".", "..") else encoded
+
+
 def schema_path(collection: str, digest: str) -> str:
-    return f"{SCHEMAS_DIR}/{quote(collection, safe='.-_')}/{digest}.json"
+    return f"{SCHEMAS_DIR}/{folder_name(collection)}/{digest}.json"
 
 
 @dataclass(frozen=True)
@@ -74,9 +82,11 @@ class SchemaVersion:
         except (KeyError, TypeError, ValueError) as exc:
             raise CorruptionError(path, f"malformed schema version: {exc}") from exc
         if connect.digest(version.schema) != version.digest or not path.endswith(
-            f"/{version.digest}.json"
+            schema_path(version.collection, version.digest)[len(SCHEMAS_DIR) :]
         ):
-            raise CorruptionError(path, "the schema does not match its content address")
+            raise CorruptionError(
+                path, "the schema, its digest or its collection does not match its address"
+            )
         return version
 
 
@@ -122,7 +132,7 @@ def register(
 def versions(storage: Storage, collection: str | None = None) -> list[SchemaVersion]:
     """The registered versions (of one collection, or all), oldest first per collection."""
     if collection is not None:
-        folders = [quote(collection, safe=".-_")]
+        folders = [folder_name(collection)]
     else:
         folders = sorted(storage.listdir(SCHEMAS_DIR))
     found: list[SchemaVersion] = []
@@ -132,4 +142,4 @@ def versions(storage: Storage, collection: str | None = None) -> list[SchemaVers
             if name.endswith(".json"):
                 path = f"{where}/{name}"
                 found.append(SchemaVersion.from_bytes(storage.read(path), path))
-    return sorted(found, key=lambda v: (unquote(v.collection), v.registered_ms, v.digest))
+    return sorted(found, key=lambda v: (v.collection, v.registered_ms, v.digest))
