@@ -617,3 +617,52 @@ def test_a_table_added_to_tables_on_a_restart_gets_its_rows_snapshotted(
     assert json.loads(next(e for e in reads if e["key"] == '{"id":1}')["data"])["v"] == -1
     assert _latest(url)['{"id":2}'] == '{"id":2,"v":-2}'
     assert len({e["version"] for e in reads}) == 8  # ceil(50 / 7) chunks, a commit each
+
+
+# -- a large transaction: bounded memory, one commit, nothing left by a kill ---------------
+
+
+def test_a_large_transaction_is_staged_in_pieces_and_committed_once(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """Its events are staged as they are decoded (a piece of STAGE_EVENTS at a time), yet
+    it lands as one commit. Killed (SIGKILL) while staging: nothing is visible, and the
+    next run gives back the dead run's staging lease, so ``recover`` collects every file
+    it staged."""
+    import os
+    import subprocess
+
+    from support.cli import REPLOG, replog
+
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE big (id int PRIMARY KEY, v int)",
+        "INSERT INTO big SELECT g, 0 FROM generate_series(1, 1000) g",
+    )
+    run(pg_dsn, url, tables=("big",))
+    sql(pg_dsn, "UPDATE big SET v = v + 1")
+    version = ReplicationLog.open(url).refresh().version
+    STAGE = ["--stage-events", "128"]  # noqa: N806
+    killed = subprocess.run(
+        [REPLOG, "capture", "postgres", pg_dsn, url, "--slot", "cap", "--tables", "big", *STAGE],
+        env={**os.environ, "REPLOG_FAULT": "capture_staged"},
+        capture_output=True,
+        text=True,
+        check=False,
+        start_new_session=True,
+    )
+    assert killed.returncode == -9, killed.stderr
+    assert ReplicationLog.open(url).refresh().version == version  # nothing visible
+    assert list((tmp_path / "log" / "_replog" / "leases").glob("*"))  # the dead run's
+
+    run(pg_dsn, url, tables=("big",), stage_events=128)
+    log = ReplicationLog.open(url)
+    updates = [e for e in captured(log) if e["op"] == "u"]
+    assert len(updates) == 1000 and len({e["version"] for e in updates}) == 1
+    assert len({e["event_id"] for e in updates}) == 1000
+    result = replog("recover", url, "--grace", "0s", "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["garbage"]  # the files the killed run staged
+    assert not list((tmp_path / "log" / "_replog" / "leases").glob("*"))
+    assert replog("verify", url).returncode == 0

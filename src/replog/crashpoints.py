@@ -29,6 +29,7 @@ STEPS = (
     "after_committed",
     "write_task",
     "capture_committed",
+    "capture_staged",
     "apply_before_delta",
     "apply_after_delta",
 )

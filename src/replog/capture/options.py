@@ -14,6 +14,9 @@ DEFAULT_MAX_CHANGES = 20_000
 transaction is never split)."""
 DEFAULT_CHUNK_ROWS = 20_000
 """Rows a snapshot reads per chunk (between two watermarks; one commit of the log)."""
+DEFAULT_STAGE_EVENTS = 20_000
+"""Events a capture holds in memory before it stages them as segment files (a large
+transaction is committed once, from the files staged as it was decoded)."""
 DEFAULT_POLL_S = 0.05
 """How long a following capture waits after finding no new changes."""
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
@@ -51,6 +54,7 @@ class CaptureOptions:
     max_changes: int = DEFAULT_MAX_CHANGES
     poll_s: float = DEFAULT_POLL_S
     snapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
+    stage_events: int = DEFAULT_STAGE_EVENTS
 
     def check(self) -> None:
         if not _SLOT_NAME.fullmatch(self.slot):
@@ -66,7 +70,6 @@ class CaptureOptions:
             raise InvalidOptionError("name the tables to capture (--tables) or a --publication")
         if self.max_changes < 1:
             raise InvalidOptionError(f"max_changes must be >= 1, got {self.max_changes}")
-        if self.snapshot_chunk_rows < 1:
-            raise InvalidOptionError(
-                f"snapshot_chunk_rows must be >= 1, got {self.snapshot_chunk_rows}"
-            )
+        for name in ("snapshot_chunk_rows", "stage_events"):
+            if getattr(self, name) < 1:
+                raise InvalidOptionError(f"{name} must be >= 1, got {getattr(self, name)}")

@@ -83,18 +83,15 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["UNAVAILABLE", "PostgresCapture", "capture", "server_positions"]
 
-STAGE_EVENTS = 20_000
-"""Events of a batch held in memory before they are staged as segment files."""
-
 ProgressCallback = Callable[[CaptureProgress], None]
 
 
 class Batch:
     """The events of whole source transactions, to be committed at once: held in memory,
     and staged as segment files (under a staging lease) each time many gathered, so a
-    transaction of millions of changes costs the memory of :data:`STAGE_EVENTS`."""
+    transaction of millions of changes costs the memory of ``stage_events`` events."""
 
-    def __init__(self, log: ReplicationLog, owner: str, stage_events: int = STAGE_EVENTS) -> None:
+    def __init__(self, log: ReplicationLog, owner: str, stage_events: int) -> None:
         self.log = log
         self.owner = owner
         self.stage_events = stage_events
@@ -120,6 +117,7 @@ class Batch:
             self.lease = leases.acquire(self.log.storage, self.owner)
         self.staged.extend(self.log.stage(table))
         self.records = []
+        crash_point("capture_staged")
 
     def commit(self, transaction: Transaction) -> CommitRecord | None:
         """Commit every event as one commit recording ``transaction``; None if the log
@@ -154,6 +152,13 @@ class Batch:
         if self.lease is not None:
             leases.release_quietly(self.log.storage, self.lease)
             self.lease = None
+
+    def abandon(self) -> None:
+        """Before its commit was tried: delete what was staged (no commit can name it)."""
+        if self.staged:
+            self.log.discard_staged(self.staged)
+            self.staged = []
+        self.release()
 
 
 class PostgresCapture:
@@ -243,7 +248,22 @@ class PostgresCapture:
 
     # -- starting: the slot and the log must agree --------------------------------------
 
+    @property
+    def _lease_owner(self) -> str:
+        return f"replog capture of slot {self.options.slot}"
+
+    def _release_dead_leases(self) -> None:
+        """Staging leases of earlier runs of this slot's capture: their runs are dead (one
+        capture per slot; a second one is refused at its commit), so their staged files,
+        never committed, are ``recover``'s to collect now, not in 24 hours."""
+        found = leases.leases(self.log.storage)
+        for lease in found.readable:
+            if lease.owner == self._lease_owner:
+                logger.info("releasing staging lease %s of an earlier run", lease.lease_id)
+                leases.release_quietly(self.log.storage, lease)
+
     def _start(self) -> int:
+        self._release_dead_leases()
         logged = self.log.transaction_version(self.app_id)  # the slot position it holds
         self._logged = logged or 0
         slot = self.source.slot()
@@ -404,11 +424,11 @@ class PostgresCapture:
         """Read whole transactions from the slot, commit them, then advance the slot.
         Whether the slot had any."""
         position = self.progress.position
-        batch = Batch(self.log, f"replog capture {self.options.slot}")
+        batch = Batch(self.log, self._lease_owner, self.options.stage_events)
         try:
             self._read_batch(batch, position)
             if not batch.transactions:
-                batch.release()
+                batch.abandon()
                 return False
             last = batch.position
             if last > position:
@@ -417,10 +437,14 @@ class PostgresCapture:
                     self.plan.pending = batch.chunk.pending(last)
                     self._plan_changed = True
                 self._save_plan()
-                self._commit(batch, last)
         except BaseException:
-            batch.release()
+            batch.abandon()
             raise
+        if last > position:
+            try:
+                self._commit(batch, last)
+            finally:
+                batch.release()
         crash_point("capture_committed")
         self.source.advance(last)
         if self.plan is not None and self.plan.resolve(max(position, last)):

@@ -29,14 +29,17 @@ from typing import Any
 from psycopg import sql
 
 from replog.capture.options import DEFAULT_CHUNK_ROWS
+from replog.capture.pgoutput import lsn_to_int
 from replog.capture.source import (
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
     PostgresSource,
     Table,
+    connect,
+    qualified_name,
     text_rows,
 )
-from replog.errors import CaptureError, CorruptionError, LogIdentityError
+from replog.errors import CaptureError, CorruptionError, InvalidOptionError, LogIdentityError
 from replog.format.sealed import seal, unseal
 from replog.storage import Storage
 from replog.timeutil import now_ms
@@ -291,6 +294,24 @@ def signal_content(tables: Sequence[str], slot: str | None) -> str:
     if slot is not None:
         body["slot"] = slot
     return json.dumps(body)
+
+
+def request_snapshot(dsn: str, tables: Sequence[str], slot: str | None = None) -> int:
+    """Ask the capture of ``slot`` (every capture of the database: None) to snapshot
+    ``tables`` while it streams: a signal written into the WAL, so the capture meets it in
+    order with the changes, whether it runs now or starts later. Its LSN.
+
+    The same as ``SELECT pg_logical_emit_message(true, 'replog.signal',
+    '{"snapshot": ["public.orders"], "slot": "shop"}')`` (``replog snapshot``)."""
+    if not tables:
+        raise InvalidOptionError("name the tables to snapshot")
+    with connect(dsn) as connection:
+        row = connection.execute(
+            "SELECT pg_logical_emit_message(true, %s, %s)::text",
+            (SIGNAL_PREFIX, signal_content([qualified_name(t) for t in tables], slot)),
+        ).fetchone()
+    assert row is not None
+    return lsn_to_int(row[0])
 
 
 class ChunkReader:

@@ -105,6 +105,8 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
         follow=args.follow,
         drop_slot=args.drop_slot,
         max_changes=args.max_changes,
+        snapshot_chunk_rows=args.snapshot_chunk_rows,
+        stage_events=args.stage_events,
     )
     options.check()
     postgres = _postgres()
@@ -128,6 +130,17 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
 
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
+    """``replog snapshot postgres``: a signal in the WAL for the capture of the slot."""
+    tables = [t.strip() for t in args.tables.split(",") if t.strip()]
+    _postgres()  # the 'postgres' extra, or a clear error
+    from replog.capture.snapshot import request_snapshot  # noqa: PLC0415 - needs psycopg
+
+    position = request_snapshot(args.dsn, tables, args.slot)
+    out.snapshot_requested(args.slot, tables, position)
+    return 0
 
 
 def _capture_log(args: argparse.Namespace) -> ReplicationLog:

@@ -104,6 +104,9 @@ class Output(ABC):
     def captured(self, url: str, progress: CaptureProgress) -> None: ...
 
     @abstractmethod
+    def snapshot_requested(self, slot: str, tables: list[str], position: int) -> None: ...
+
+    @abstractmethod
     def info(self, info: LogInfo) -> None: ...
 
     @abstractmethod
@@ -226,6 +229,12 @@ class TextOutput(Output):
         if column.connect == "struct":
             for child in column.children:
                 self._column(child, indent + "  ")
+
+    def snapshot_requested(self, slot: str, tables: list[str], position: int) -> None:
+        self.line(
+            f"asked the capture of slot {slot} to snapshot {', '.join(tables)} "
+            f"(signal at LSN {lsn_to_text(position)})"
+        )
 
     def captured(self, url: str, progress: CaptureProgress) -> None:
         self.line(
@@ -461,6 +470,9 @@ class JsonOutput(Output):
 
     def captured(self, url: str, progress: CaptureProgress) -> None:
         self.document({"url": url, **progress.to_json()})
+
+    def snapshot_requested(self, slot: str, tables: list[str], position: int) -> None:
+        self.document({"slot": slot, "tables": tables, "signal_lsn": lsn_to_text(position)})
 
     def info(self, info: LogInfo) -> None:
         self.document(info.to_json())

@@ -6,7 +6,12 @@ import argparse
 from collections.abc import Callable
 
 from replog import __version__
-from replog.capture.options import DEFAULT_MAX_CHANGES, SNAPSHOT_MODES
+from replog.capture.options import (
+    DEFAULT_CHUNK_ROWS,
+    DEFAULT_MAX_CHANGES,
+    DEFAULT_STAGE_EVENTS,
+    SNAPSHOT_MODES,
+)
 from replog.cli import commands
 from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS
 from replog.ingest import FORMATS
@@ -138,6 +143,36 @@ def _capture_commands(command: _Command) -> None:
         default=DEFAULT_MAX_CHANGES,
         help=f"changes per log commit, in whole transactions (default {DEFAULT_MAX_CHANGES})",
     )
+    p.add_argument(
+        "--snapshot-chunk-rows",
+        type=int,
+        default=DEFAULT_CHUNK_ROWS,
+        help=f"rows a snapshot reads per chunk, each chunk one commit (default "
+        f"{DEFAULT_CHUNK_ROWS})",
+    )
+    p.add_argument(
+        "--stage-events",
+        type=int,
+        default=DEFAULT_STAGE_EVENTS,
+        help="events held in memory before they are staged as files: bounds the memory of "
+        f"a large transaction, still committed once (default {DEFAULT_STAGE_EVENTS})",
+    )
+
+
+    p = command(
+        "snapshot",
+        commands.cmd_snapshot,
+        help="ask a capture to snapshot tables while it streams",
+        description="Write a signal into the database's WAL asking the capture of --slot to "
+        "snapshot the tables again: it reads them in chunks between watermarks while it "
+        "goes on streaming (a running capture at once, a stopped one when it starts). The "
+        "same as SELECT pg_logical_emit_message(true, 'replog.signal', "
+        "'{\"snapshot\": [\"public.t\"], \"slot\": \"S\"}').",
+    )
+    p.add_argument("source", choices=["postgres"], help="the kind of database")
+    p.add_argument("dsn", help="a libpq connection string or URI")
+    p.add_argument("--slot", required=True, help="the capture's slot")
+    p.add_argument("--tables", required=True, help="schema.table[,schema.table...]")
 
 
 def _read_commands(command: _Command) -> None:
