@@ -11,6 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 from support.capture import captured, query, run, sql
+from support.logcheck import check_log
 
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture, capture
@@ -512,11 +513,13 @@ def test_a_column_added_with_a_default_registers_the_value_older_rows_hold(
 
 
 def _latest(url: str) -> dict[str, str]:
-    """The table a log builds: key -> row of its newest event unless that is a delete."""
+    """The table a log builds: key -> row of its newest event (in the order of its shard)
+    unless that is a delete."""
     latest: dict[str, tuple[str, str]] = {}
-    for event in captured(ReplicationLog.open(url)):
-        latest[event["key"]] = (event["op"], event["data"])
-    return {key: data for key, (op, data) in latest.items() if op != "d"}
+    rows = sorted(check_log(ReplicationLog.open(url)), key=lambda r: (r["shard"], r["sequence"]))
+    for row in rows:
+        latest[row["key"]] = (row["operation"], row["data"].decode())
+    return {key: data for key, (op, data) in latest.items() if op != "delete"}
 
 
 def test_a_deferrable_key_shifted_in_one_statement_ends_as_in_the_source(
@@ -666,3 +669,77 @@ def test_a_large_transaction_is_staged_in_pieces_and_committed_once(
     assert json.loads(result.stdout)["garbage"]  # the files the killed run staged
     assert not list((tmp_path / "log" / "_replog" / "leases").glob("*"))
     assert replog("verify", url).returncode == 0
+
+
+# -- a table dropped and created again under its name --------------------------------------
+
+
+def _source_rows(dsn: str, table: str) -> dict[str, str]:
+    rows = query(dsn, f"SELECT to_jsonb(r)::text, id FROM {table} r")
+    return {
+        f'{{"id":{i}}}': json.dumps(json.loads(text), separators=(",", ":")) for text, i in rows
+    }
+
+
+def test_a_table_dropped_and_created_again_between_runs_replaces_the_old_rows(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """With capture's own publication the drop took the table out of it: the new table's
+    changes were never sent (lost) and the old rows stayed in every table built from the
+    log. Now the new table is published, snapshotted, and the old rows are deleted."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    run(pg_dsn, url, tables=("t",))
+    sql(
+        pg_dsn,
+        "DROP TABLE t",
+        "CREATE TABLE t (id int PRIMARY KEY, label text)",
+        "INSERT INTO t VALUES (2, 'two'), (3, 'three')",
+    )
+    run(pg_dsn, url, tables=("t",))
+    sql(pg_dsn, "INSERT INTO t VALUES (4, 'four')", "UPDATE t SET label = 'TWO' WHERE id = 2")
+    run(pg_dsn, url, tables=("t",))
+    assert _latest(url) == _source_rows(pg_dsn, "t")
+    drops = [
+        e
+        for e in captured(ReplicationLog.open(url))
+        if "table_dropped" in json.dumps(e["metadata"])
+    ]
+    assert sorted(e["key"] for e in drops) == ['{"id":1}', '{"id":2}']
+
+
+def test_a_table_dropped_and_created_again_while_capturing_replaces_the_old_rows(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int)", "INSERT INTO t VALUES (1, 1), (2, 2)")
+    run(pg_dsn, url, tables=("t",))
+    done = threading.Event()
+    state = {"round": 0}
+
+    def ddl_while_running(progress: CaptureProgress) -> None:
+        state["round"] += 1
+        if state["round"] == 1:
+            sql(
+                pg_dsn,
+                "UPDATE t SET v = 10 WHERE id = 1",
+                "DROP TABLE t",
+                "CREATE TABLE t (id int PRIMARY KEY, label text)",
+                "INSERT INTO t VALUES (2, 'two')",
+            )
+        elif state["round"] == 30:
+            sql(pg_dsn, "INSERT INTO t VALUES (3, 'three')")
+        elif state["round"] > 60 and progress.snapshot_tables_left == 0:
+            done.set()
+
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t",), follow=True, poll_s=0.02)
+    capture(options, ReplicationLog.open(url), stop=done, progress=ddl_while_running)
+    run(pg_dsn, url, tables=("t",))
+    assert (
+        _latest(url)
+        == _source_rows(pg_dsn, "t")
+        == {
+            '{"id":2}': '{"id":2,"label":"two"}',
+            '{"id":3}': '{"id":3,"label":"three"}',
+        }
+    )

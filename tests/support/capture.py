@@ -77,5 +77,6 @@ def captured(log: ReplicationLog) -> list[dict[str, Any]]:
         )
     snapshot = [e for e in events if e["op"] == "r"]
     changes = [e for e in events if e["op"] != "r"]
-    changes.sort(key=lambda e: (e["commit_lsn"], e["order"]))  # commit order, then change order
+    # commit order, then source commit order, then change order
+    changes.sort(key=lambda e: (e["version"], e["commit_lsn"], e["order"]))
     return snapshot + changes

@@ -162,13 +162,6 @@ class EventMaker:
         """One event; ``ts_ms`` is when capture processed it (one time per batch)."""
         image = after if after is not None else before
         assert image is not None
-        metadata: dict[str, Any] = {
-            "op": op,
-            "ts_ms": ts_ms,
-            "source": source,
-            **(extra or {}),
-            "schema": schema,
-        }
         return {
             "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, identity)),
             "timestamp": source["ts_ms"],
@@ -177,10 +170,25 @@ class EventMaker:
             "key": key,
             "data": RawJSON(jsontext.encode(image)),
             "before": RawJSON(jsontext.encode(before)) if before is not None else None,
-            "metadata": RawJSON(jsontext.encode(metadata)),
+            "metadata": RawJSON(
+                self.metadata_text(op=op, ts_ms=ts_ms, source=source, schema=schema, extra=extra)
+            ),
         }
 
-    def _source(
+    @staticmethod
+    def metadata_text(
+        *,
+        op: str,
+        ts_ms: int,
+        source: dict[str, Any],
+        schema: str,
+        extra: Mapping[str, Any] | None = None,
+    ) -> str:
+        """An event's ``metadata``: Debezium's envelope without the row images."""
+        metadata = {"op": op, "ts_ms": ts_ms, "source": source, **(extra or {}), "schema": schema}
+        return jsontext.encode(metadata)
+
+    def source_block(
         self, table: Table, ts_ms: int, snapshot: str, xid: int | None, lsn: int
     ) -> dict[str, Any]:
         return {
@@ -217,7 +225,7 @@ class EventMaker:
             key=key,
             after=after,
             before=None,
-            source=self._source(table, ts_ms, kind, None, position),
+            source=self.source_block(table, ts_ms, kind, None, position),
             identity=f"{self.slot}:snapshot:{position}:{table.qualified}:{key}",
             schema=shape.digest,
             ts_ms=ts_ms,
@@ -290,7 +298,7 @@ class EventMaker:
                     key=event_key,
                     after=new_image,
                     before=old_image,
-                    source=self._source(table, txn.commit_ms, "false", txn.xid, change.lsn),
+                    source=self.source_block(table, txn.commit_ms, "false", txn.xid, change.lsn),
                     identity=f"{self.slot}:{txn.commit_lsn}:{number}",
                     schema=shape.digest,
                     ts_ms=ts_ms,

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
@@ -51,9 +52,11 @@ from replog.capture.pgoutput import (
     lsn_to_text,
 )
 from replog.capture.progress import CaptureProgress
+from replog.capture.resets import deletes, live_keys
 from replog.capture.snapshot import (
     ADDED,
     INITIAL,
+    RECREATED,
     REQUESTED,
     Chunk,
     ChunkReader,
@@ -84,6 +87,17 @@ logger = logging.getLogger(__name__)
 __all__ = ["UNAVAILABLE", "PostgresCapture", "capture", "server_positions"]
 
 ProgressCallback = Callable[[CaptureProgress], None]
+TABLE_CHECK_S = 1.0
+"""How often a capture looks in the catalog for captured tables dropped and created again."""
+
+
+class _EndBefore(Exception):  # noqa: N818 - control flow inside this module, never escapes
+    """The batch must end before the transaction at ``commit_lsn``: the rows of a dropped
+    table are deleted first (:mod:`~replog.capture.resets`)."""
+
+    def __init__(self, commit_lsn: int) -> None:
+        super().__init__(commit_lsn)
+        self.commit_lsn = commit_lsn
 
 
 class Batch:
@@ -104,6 +118,11 @@ class Batch:
         """The end LSN of its last whole transaction (0: none yet)."""
         self.chunk: Chunk | None = None
         """The snapshot chunk whose rows it carries."""
+        self.captured = 0
+        """Transactions it holds events of (the others the log held already)."""
+        self.last_commit_ms: int | None = None
+        self.resets: list[str] = []
+        """Tables whose dropped predecessor's rows it deletes (at its head)."""
 
     def add(self, events: list[dict[str, Any]]) -> None:
         self.records.extend(events)
@@ -199,6 +218,14 @@ class PostgresCapture:
         self._resources = ExitStack()
         self._reader: psycopg.Connection[Any] | None = None
         self._registered: set[str] = set()
+        self._end_before: int | None = None
+        """End the next batch before the transaction at this position (a reset first)."""
+        self._ready: dict[str, list[dict[str, Any]]] = {}
+        """Deletes of dropped tables' rows, for the head of the next batch, by table."""
+        self._tables_checked = 0.0
+        self._txn: SourceTransaction | None = None
+        """The transaction being read."""
+        self._drops_noted: set[str] = set()
         self._logged = 0
         """The position the log holds as far as this capture knows (0: none): each commit
         must follow it, so a second capture of the slot cannot commit over this one's."""
@@ -219,6 +246,7 @@ class PostgresCapture:
         position = self._start()
         self.progress.position = position
         while not self.stop.is_set():
+            self._check_tables()
             self._next_chunk()
             captured = self._capture_batch()
             self._report()
@@ -290,10 +318,13 @@ class PostgresCapture:
         self.plan = plan
         self._plan_changed |= plan.resolve(logged)
         known = plan.tables
-        for table in self.source.tables.values():
-            if table in added or table.qualified not in known:
+        for name, reset in plan.resets.items():
+            self.relations.gone[int(reset["old_oid"] or 0)] = name
+        for table in list(self.source.tables.values()):
+            if known.get(table.qualified, table.oid) != table.oid:
+                self._recreated(table.qualified, known[table.qualified])
+            elif table in added or table.qualified not in known:
                 self._owe_snapshot(table, ADDED)
-        plan.tables = self._table_ids()
         self._save_plan()
         if confirmed < logged:  # killed after a commit, before the advance
             logger.info(
@@ -367,6 +398,9 @@ class PostgresCapture:
             self.plan.drop(owed.table)
             self._plan_changed = True
             return
+        if self.source.current_oids([owed.table])[owed.table] != table.oid:
+            self._check_tables(now=True)  # dropped (and maybe created again) meanwhile
+            return
         if not owed.started_ms:
             owed.started_ms = now_ms()
         if self._reader is None:
@@ -390,6 +424,8 @@ class PostgresCapture:
         if found[1] == "low":
             chunk.low_seen = True
             return
+        assert self._txn is not None
+        self._deleted_first(chunk.table, batch, self._txn.commit_lsn)
         batch.add(list(chunk.events.values()))
         batch.chunk = chunk
         self.chunk = None
@@ -418,42 +454,163 @@ class PostgresCapture:
                 continue
             self._owe_snapshot(table, REQUESTED)
 
+    # -- tables dropped and created again ---------------------------------------------
+
+    def _check_tables(self, *, now: bool = False) -> None:
+        """Look in the catalog (once a second) for captured tables dropped, or dropped and
+        created again: nothing in the stream says so, and with capture's own publication
+        the new table is not even published (the drop took it out)."""
+        clock = time.monotonic()
+        if not now and clock - self._tables_checked < TABLE_CHECK_S:
+            return
+        self._tables_checked = clock
+        current = self.source.current_oids(list(self.source.tables))
+        for name, oid in current.items():
+            known = self.source.tables[name].oid
+            if oid == known:
+                continue
+            if oid is None:
+                if name not in self._drops_noted:
+                    self._drops_noted.add(name)
+                    logger.warning(
+                        "captured table %s was dropped: tables built from the log keep its "
+                        "rows (a table created again under its name replaces them)",
+                        name,
+                    )
+                continue
+            self._drops_noted.discard(name)
+            self._recreated(name, known)
+
+    def _recreated(self, name: str, old_oid: int) -> None:
+        """Table ``name`` is a new table (the one with id ``old_oid`` was dropped): its
+        predecessor's rows are deleted before its first event, it is published (capture's
+        own publication) after its identity was checked, and its rows are snapshotted."""
+        assert self.plan is not None
+        if name in self.plan.resets:
+            return
+        self.plan.resets[name] = {"old_oid": old_oid, "done_at": None}
+        self.relations.gone[old_oid] = name
+        self._plan_changed = True
+        table = self.source.table_with_oid(self.source.current_oids([name])[name] or 0)
+        if table is None:
+            table = self.source.add_table(name)  # its identity checked before publishing
+        if self.source.own_publication:
+            self.source.add_to_publication(table)
+        elif not self.source.is_published(table):
+            logger.warning(
+                "%s was dropped and created again, and publication %s no longer publishes "
+                "it: ALTER PUBLICATION %s ADD TABLE %s, or its changes are not captured",
+                name,
+                self.source.publication,
+                self.source.publication,
+                name,
+            )
+        self._owe_snapshot(table, RECREATED)
+        self._save_plan()
+
+    def _deleted_first(self, table: Table, batch: Batch, commit_lsn: int) -> None:
+        """Before the first event of a table that replaced a dropped one: the dropped
+        table's rows must be deleted first, at the head of this batch; if they are not
+        there yet, end the batch before this transaction (:class:`_EndBefore`)."""
+        reset = self.plan.resets.get(table.qualified) if self.plan is not None else None
+        if reset is None or reset.get("done_at") is not None or table.oid == reset["old_oid"]:
+            return
+        if table.qualified not in batch.resets:
+            raise _EndBefore(commit_lsn)
+
     # -- streaming -----------------------------------------------------------------------
 
     def _capture_batch(self) -> bool:
         """Read whole transactions from the slot, commit them, then advance the slot.
-        Whether the slot had any."""
+        Whether the slot had any (or a batch had to end early, to delete the rows of a
+        dropped table first)."""
         position = self.progress.position
         batch = Batch(self.log, self._lease_owner, self.options.stage_events)
         try:
+            for name, made in self._ready.items():
+                batch.add(made)
+                batch.resets.append(name)
             self._read_batch(batch, position)
-            if not batch.transactions:
-                batch.abandon()
-                return False
-            last = batch.position
-            if last > position:
-                if batch.chunk is not None:
-                    assert self.plan is not None
-                    self.plan.pending = batch.chunk.pending(last)
-                    self._plan_changed = True
-                self._save_plan()
+        except _EndBefore as early:
+            batch.abandon()
+            self._end_before = early.commit_lsn
+            return True
         except BaseException:
             batch.abandon()
             raise
+        if not batch.transactions:
+            batch.abandon()
+            return self._prepare_resets(position)
+        last = batch.position
         if last > position:
+            try:
+                self._note_for_plan(batch, last)
+            except BaseException:
+                batch.abandon()
+                raise
             try:
                 self._commit(batch, last)
             finally:
                 batch.release()
+        self._ready = {}
         crash_point("capture_committed")
         self.source.advance(last)
         if self.plan is not None and self.plan.resolve(max(position, last)):
             self._plan_changed = True  # saved with the next change of the plan
         self.progress.position = max(position, last)
         self.progress.rows += batch.events - (len(batch.chunk.events) if batch.chunk else 0)
+        self.progress.transactions += batch.captured
+        self.progress.skipped_transactions += batch.transactions - batch.captured
+        if batch.last_commit_ms is not None:
+            self.progress.last_commit_ms = batch.last_commit_ms
+        self._prepare_resets(max(position, last))
         return True
 
-    def _read_batch(self, batch: Batch, position: int) -> None:
+    def _note_for_plan(self, batch: Batch, position: int) -> None:
+        """Write down, before the commit, what it carries of the plan: a chunk (how far
+        its table then got), deletes of dropped tables' rows. A restart reads the log's
+        position to tell whether that commit landed (:meth:`SnapshotPlan.resolve`)."""
+        if self.plan is None:
+            return
+        if batch.chunk is not None:
+            self.plan.pending = batch.chunk.pending(position)
+            self._plan_changed = True
+        for name in batch.resets:
+            self.plan.resets[name]["done_at"] = position
+            self._plan_changed = True
+        self._save_plan()
+
+    def _prepare_resets(self, position: int) -> bool:
+        """Once a batch ended before a new table's first event, every event of the
+        dropped one is in the log: read its live keys and make their deletes, for the
+        head of the next batch. Whether there were any to make."""
+        if self._end_before is None or self.plan is None:
+            return False
+        self._end_before = None
+        self._ready = {}
+        for name, reset in self.plan.resets.items():
+            if reset.get("done_at") is not None:
+                continue
+            table = self.source.tables[name]
+            keys = live_keys(self.log, name)
+            logger.warning(
+                "%s was dropped and created again: deleting the %d rows of the dropped table "
+                "(id %s) from the log before the new table's first event",
+                name,
+                len(keys),
+                reset["old_oid"],
+            )
+            self._ready[name] = deletes(
+                self.events,
+                table,
+                keys,
+                old_oid=int(reset["old_oid"] or 0),
+                ts_ms=now_ms(),
+                position=position,
+            )
+        return True
+
+    def _read_batch(self, batch: Batch, position: int) -> None:  # noqa: C901 - per message kind
         """Fill ``batch`` with whole transactions from the slot (a high watermark ends it)."""
         txn: SourceTransaction | None = None
         skip = False
@@ -462,7 +619,10 @@ class PostgresCapture:
         for lsn, message in self.source.peek_stream(self.options.max_changes):
             item = self.decoder.feed(lsn, message)
             if isinstance(item, SourceTransaction):
+                if self._end_before is not None and item.commit_lsn >= self._end_before:
+                    break  # the deletes of a dropped table's rows come first
                 txn, order = item, 1
+                self._txn = item
                 skip = item.commit_lsn < position  # the log holds it (killed before advance)
                 self.deferred.begin()
             elif isinstance(item, Commit):
@@ -485,11 +645,9 @@ class PostgresCapture:
     def _end_transaction(self, done: SourceTransaction, batch: Batch, skipped: bool) -> None:
         batch.transactions += 1
         batch.position = done.end_lsn
-        if skipped:
-            self.progress.skipped_transactions += 1
-        else:
-            self.progress.transactions += 1
-            self.progress.last_commit_ms = done.commit_ms
+        if not skipped:
+            batch.captured += 1
+            batch.last_commit_ms = done.commit_ms
 
     def _change(
         self, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int, batch: Batch
@@ -499,6 +657,9 @@ class PostgresCapture:
         if mapped is None:
             return order
         table = mapped.table
+        if mapped.replaced is not None:  # seen in the stream first (a user's publication)
+            self._recreated(table.qualified, mapped.replaced)
+        self._deleted_first(table, batch, txn.commit_lsn)
         images = self.events.images(table, mapped.change)
         if self.chunk is not None and self.chunk.table.oid == table.oid:
             self._reconcile(self.chunk, mapped, images[0], images[1])

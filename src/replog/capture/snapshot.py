@@ -115,6 +115,11 @@ class SnapshotPlan:
     twice)."""
     finished: list[dict[str, Any]] = field(default_factory=list)
     """The latest snapshots that ended: table, reason, rows, chunks, times."""
+    resets: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    """Tables dropped and created again under a captured name -> ``old_oid`` (the dropped
+    table's id) and ``done_at`` (the position of the commit that deletes its rows, once
+    one is made): the rows of the dropped table are deleted before the first event of
+    the new one."""
 
     # -- storage -----------------------------------------------------------------------
 
@@ -141,6 +146,7 @@ class SnapshotPlan:
                 tables=dict(body["tables"]),
                 signals=list(body["signals"]),
                 finished=list(body["finished"]),
+                resets=dict(body.get("resets", {})),
             )
         except (KeyError, TypeError) as exc:
             raise CorruptionError(storage.path(path), f"malformed capture plan: {exc}") from exc
@@ -184,8 +190,21 @@ class SnapshotPlan:
     # -- chunks --------------------------------------------------------------------------
 
     def resolve(self, position: int) -> bool:
-        """Settle the pending chunk once the log is known to hold ``position``: done if
-        its commit is at or below it, else it is read again. Whether anything changed."""
+        """Settle what was written down for a commit once the log is known to hold
+        ``position``: the pending chunk and the resets are done if their commit is at or
+        below it, else they are owed again. Whether anything changed."""
+        changed = False
+        for name, reset in list(self.resets.items()):
+            done_at = reset.get("done_at")
+            if done_at is not None:
+                changed = True
+                if done_at <= position:
+                    del self.resets[name]
+                else:
+                    reset["done_at"] = None
+        return self._resolve_chunk(position) or changed
+
+    def _resolve_chunk(self, position: int) -> bool:
         pending = self.pending
         if pending is None:
             return False

@@ -226,18 +226,36 @@ class PostgresSource:
 
     def rekey(self, table: Table, key: tuple[str, ...]) -> Table:
         """Capture ``table`` keyed by ``key`` from now on."""
-        rekeyed = replace(table, key=key)
-        self.tables[table.qualified] = rekeyed
-        self._by_oid[table.oid] = rekeyed
-        return rekeyed
+        return self._replace(replace(table, key=key))
+
+    def _replace(self, table: Table) -> Table:
+        """Know ``table`` as described anew (by its name only while no newer table holds
+        the name: changes of a dropped table are still read after its successor's)."""
+        current = self.tables.get(table.qualified)
+        if current is None or current.oid == table.oid:
+            self.tables[table.qualified] = table
+        self._by_oid[table.oid] = table
+        return table
 
     def refresh_columns(self, table: Table) -> Table:
         """``table`` with its columns and defaults as the catalog has them now (a column
         was added or dropped while capturing)."""
-        fresh = replace(table, columns=self._columns(table.oid), defaults=self._defaults(table.oid))
-        self.tables[table.qualified] = fresh
-        self._by_oid[table.oid] = fresh
-        return fresh
+        if not self._one("SELECT count(*) FROM pg_class WHERE oid = %s", (table.oid,)):
+            return table  # dropped since: the stream's columns are all there is
+        return self._replace(
+            replace(table, columns=self._columns(table.oid), defaults=self._defaults(table.oid))
+        )
+
+    def remember_dropped(self, name: str, relation: Any) -> Table:
+        """A dropped table known only from the stream (its Relation message): its changes
+        still unread are captured under ``name``, keyed as the table under that name now
+        is."""
+        current = self.tables[name]
+        columns = tuple((c.name, c.type_oid, c.type_modifier) for c in relation.columns)
+        key = tuple(k for k in current.key if k in {c[0] for c in columns})
+        dropped = Table(current.schema, current.name, columns, key or current.key, relation.oid)
+        self._by_oid[relation.oid] = dropped
+        return dropped
 
     def forget(self, table: Table) -> None:
         """Stop knowing ``table`` by its id (it was dropped)."""
@@ -602,6 +620,8 @@ class PostgresSource:
 
     def add_to_publication(self, table: Table) -> None:
         """Publish ``table`` in capture's own publication (its identity was checked)."""
+        if table.oid in self._own_members():
+            return
         self.connection.execute(
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
                 sql.Identifier(self.publication), sql.Identifier(table.schema, table.name)

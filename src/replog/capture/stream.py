@@ -64,6 +64,9 @@ class Relations:
         """Partition id -> (its relation, as the root's relation, value positions)."""
         self._skips_noted: set[tuple[int, int]] = set()
         self._columns_followed: dict[int, Relation] = {}
+        self.gone: dict[int, str] = {}
+        """Ids of captured tables that were dropped (and created again) -> their names:
+        their changes still unread are theirs, not the new table's."""
 
     def table_of(self, relation: Relation, txn: SourceTransaction) -> Table | None:
         """The captured table ``relation`` is (None for one not captured, counted)."""
@@ -100,6 +103,8 @@ class Relations:
             if table.qualified != relation.name:
                 self._note_rename(table, relation.name)
             return table, None
+        if relation.oid in self.gone:  # a change of the dropped table, read after a restart
+            return source.remember_dropped(self.gone[relation.oid], relation), None
         root = source.partition_root(relation.oid)
         parent = source.table_with_oid(root) if root is not None else None
         if parent is not None:
