@@ -4,9 +4,9 @@ values, whole transactions per commit, restarts without loss or doubles, clear e
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest

@@ -158,7 +158,6 @@ def _capture_commands(command: _Command) -> None:
         f"a large transaction, still committed once (default {DEFAULT_STAGE_EVENTS})",
     )
 
-
     p = command(
         "snapshot",
         commands.cmd_snapshot,
@@ -167,7 +166,7 @@ def _capture_commands(command: _Command) -> None:
         "snapshot the tables again: it reads them in chunks between watermarks while it "
         "goes on streaming (a running capture at once, a stopped one when it starts). The "
         "same as SELECT pg_logical_emit_message(true, 'replog.signal', "
-        "'{\"snapshot\": [\"public.t\"], \"slot\": \"S\"}').",
+        '\'{"snapshot": ["public.t"], "slot": "S"}\').',
     )
     p.add_argument("source", choices=["postgres"], help="the kind of database")
     p.add_argument("dsn", help="a libpq connection string or URI")
