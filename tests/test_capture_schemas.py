@@ -84,7 +84,7 @@ def test_the_registered_schema_has_the_tables_columns_and_types(
         "free": (pa.string(), connect.VARIABLE_SCALE_DECIMAL, True),
         "tags": (pa.list_(pa.string()), None, True),
         "amounts": (pa.list_(pa.decimal128(6, 2)), None, True),
-        "local": (pa.timestamp("us"), "io.debezium.time.IsoTimestamp", True),
+        "local": (pa.timestamp("ns"), "io.debezium.time.IsoTimestamp", True),
         "flag": (pa.bool_(), None, True),
         "qty": (pa.int32(), None, True),
         "big": (pa.decimal128(30, 8), connect.DECIMAL, True),

@@ -54,7 +54,7 @@ def _event(value: str | bytes | None, key_fields: tuple[str, ...]) -> tuple[obje
     if text is None or text.strip() == "null":
         return None  # a tombstone
     try:
-        event = debezium.debezium_record(jsontext.parse_object(text), key_fields)
+        event = debezium.debezium_record(jsontext.parse_object(text), key_fields, text=text)
     except (ValueError, InvalidEventError) as exc:
         raise InvalidEventError(f"from_debezium: {exc}; value: {text[:200]!r}") from exc
     if isinstance(event, debezium.Skipped):
