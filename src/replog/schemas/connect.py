@@ -244,9 +244,12 @@ def row_columns(schema: Mapping[str, Any]) -> tuple[Column, ...]:
     """The row's columns in a value schema: the ``after`` (else ``before``) struct of a
     change-event envelope, or the struct itself (ExtractNewRecordState's flat rows)."""
     fields = {f.get("field"): f for f in schema.get("fields", [])}
-    for image in ("after", "before"):
-        if image in fields and fields[image].get("type") == "struct":
-            return column(fields[image], image).children
+    images = [fields[image] for image in ("after", "before") if image in fields]
+    for image in images:
+        if image.get("type") == "struct":
+            return column(image, str(image.get("field"))).children
+    if images and "op" in fields:
+        return ()  # an envelope whose row is no struct: MongoDB's documents are JSON text
     return column(schema, "row").children
 
 
@@ -348,15 +351,15 @@ def decode_decimal_value(c: Column, value: Any) -> Decimal | str | None:
     """A Decimal or VariableScaleDecimal value of column ``c``, by its JSON type: a number is
     its digits (``decimal.format=NUMERIC``), a string base64 bytes (replog capture's
     ``NaN``/``Infinity`` for a column it marked), a ``{scale, value}`` object a
-    VariableScaleDecimal. A VariableScaleDecimal gives its exact text."""
+    VariableScaleDecimal. A VariableScaleDecimal gives its exact text (plain notation)."""
     if value is None:
         return None
     if _is_number(value):
         number = decode_number(value)
-        return str(number) if c.logical == VARIABLE_SCALE_DECIMAL else number
+        return format(number, "f") if c.logical == VARIABLE_SCALE_DECIMAL else number
     if c.logical == VARIABLE_SCALE_DECIMAL:
         if isinstance(value, Mapping):
-            return str(decode_variable_scale(value))
+            return format(decode_variable_scale(value), "f")
         return str(value)  # replog capture's NaN, Infinity: the text kept
     if isinstance(value, str):
         return None if c.numeric else decode_decimal(value, c.scale or 0)
@@ -520,6 +523,8 @@ def decode(c: Column, value: Any) -> Any:  # noqa: PLR0911 - one return per type
         return _temporal_text(c, value)
     if pa.types.is_binary(c.type):
         return base64.b64decode(value)
+    if pa.types.is_floating(c.type) and isinstance(value, Decimal):
+        return float(value)  # parsed with parse_float=Decimal: the float it denotes
     return value
 
 

@@ -134,7 +134,7 @@ def _spark_decimal(c: connect.Column, value: Any) -> Any:
     decoded = connect.decode_decimal_value(c, value)
     if decoded is None or c.logical == VARIABLE_SCALE_DECIMAL:
         return decoded
-    return str(decoded) if c.type.precision > SPARK_MAX_PRECISION else decoded
+    return format(decoded, "f") if c.type.precision > SPARK_MAX_PRECISION else decoded
 
 
 def _exact_decimals(text: str | None, columns: tuple[connect.Column, ...]) -> Any:
@@ -234,7 +234,7 @@ def _iso_interval(value: Column) -> Column:
         (sign * micros).cast("long").alias("microseconds"),
     )
     valid = value.rlike(_DURATION) & ~value.isin("P", "-P")
-    return F.when(valid, interval)
+    return F.when(valid, interval.cast(INTERVAL))  # nullable fields: NULL is a value here
 
 
 def _structured(c: connect.Column, value: Column) -> Column:
@@ -256,7 +256,7 @@ def _structured(c: connect.Column, value: Column) -> Column:
             (get("years") * 12 + get("months")).cast("int").alias("months"),
             get("days").cast("int").alias("days"),
             (time_part + F.floor(get("nanos") / 1000).cast("long")).alias("microseconds"),
-        )
+        ).cast(INTERVAL)
     elif kind == "StructuredTime":
         result = _interval(clock)
     elif kind == "StructuredZonedTime":
@@ -367,6 +367,12 @@ def typed(
             f"them: JsonConverter with schemas.enable=true)"
         )
     columns = connect.union([(version.digest, version.columns()) for version in found])
+    if not columns:
+        raise InvalidOptionError(
+            f"typed: the schema of collection {collection!r} gives its rows no columns (a "
+            f"MongoDB document is JSON text, io.debezium.data.Json): parse 'data' with "
+            f"parse_payload and a schema of your own"
+        )
     rows = frame.where(F.col("collection") == F.lit(collection))
     after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
     known = _known_versions(frame, collection, [version.digest for version in found])
