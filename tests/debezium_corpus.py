@@ -127,7 +127,11 @@ def arrow_values(table: pa.Table, kinds: dict[str, str] | None = None) -> list[d
         kind = column.type
         as_ = (kinds or {}).get(name)
         temporal = pa.types.is_temporal(kind) and not pa.types.is_interval(kind)
-        raw = column.cast(pa.int32() if pa.types.is_date32(kind) else pa.int64()) if temporal else column
+        raw = (
+            column.cast(pa.int32() if pa.types.is_date32(kind) else pa.int64())
+            if temporal
+            else column
+        )
         for index, value in enumerate(raw.to_pylist()):
             out[index][name] = canonical(value, kind, as_)
     return out
@@ -178,9 +182,7 @@ def _expected_data(envelope: str, operation: str, connector: str | None) -> str 
 
 def check(name: str, number: int) -> Outcome:
     """Whether one corpus event comes out exact (:class:`Outcome` lists what did not)."""
-    from replog import debezium, ingest
-    from replog.format import jsontext
-    from replog.schemas import connect
+    from replog import ingest
 
     spec = EXPECTED[name]
     expected = spec["lines"][str(number)]
@@ -188,22 +190,37 @@ def check(name: str, number: int) -> Outcome:
     outcome = Outcome(name, number)
     problems = outcome.problems
     try:
-        read = ingest.read_lines([line + "\n"], format="debezium", key_fields=tuple(spec["key_fields"]))
-    except Exception as exc:  # noqa: BLE001 - an old checkout's failure is a finding
+        read = ingest.read_lines(
+            [line + "\n"], format="debezium", key_fields=tuple(spec["key_fields"])
+        )
+    except Exception as exc:  # an old checkout's failure is a finding
         problems.append(f"not appended: {type(exc).__name__}: {exc}")
         return outcome
     rows = read.table.to_pylist()
     if "skipped" in expected:
         if rows or read.skipped.get(expected["skipped"]) != 1:
-            problems.append(f"expected skipped as {expected['skipped']!r}, got {rows} {read.skipped}")
+            problems.append(
+                f"expected skipped as {expected['skipped']!r}, got {rows} {read.skipped}"
+            )
         return outcome
     if len(rows) != 1:
         problems.append(f"{len(rows)} events (skipped: {dict(read.skipped)})")
         return outcome
-    row = rows[0]
-    for field_name in ("operation", "key"):
-        if row[field_name] != expected[field_name]:
-            problems.append(f"{field_name} {row[field_name]!r}, expected {expected[field_name]!r}")
+    problems.extend(_event_problems(line, rows[0], expected))
+    return outcome
+
+
+def _event_problems(line: str, row: dict[str, Any], expected: dict[str, Any]) -> list[str]:
+    """What differs between one appended event and what its line says it is."""
+    from replog import debezium
+    from replog.format import jsontext
+    from replog.schemas import connect
+
+    problems = [
+        f"{name} {row[name]!r}, expected {expected[name]!r}"
+        for name in ("operation", "key")
+        if row[name] != expected[name]
+    ]
     envelope, schema = _payload_text(line)
     assert envelope is not None
     source = json.loads(envelope).get("source") or {}
@@ -220,13 +237,13 @@ def check(name: str, number: int) -> Outcome:
             data=data,
             before=row["before"].decode() if row["before"] is not None else None,
         )
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         back = f"{type(exc).__name__}: {exc}"
     if back != envelope:
         problems.append(f"envelope back {back!r}, expected {envelope!r}")
     if schema is not None and _row_is_struct(schema):
         problems.extend(_typed_problems(connect, jsontext, schema, envelope, expected))
-    return outcome
+    return problems
 
 
 def _row_is_struct(schema: dict[str, Any]) -> bool:
@@ -235,14 +252,16 @@ def _row_is_struct(schema: dict[str, Any]) -> bool:
     return bool(images) and all(f.get("type") == "struct" for f in images)
 
 
-def _typed_problems(connect: Any, jsontext: Any, schema: Any, envelope: str, expected: Any) -> list[str]:
+def _typed_problems(
+    connect: Any, jsontext: Any, schema: Any, envelope: str, expected: Any
+) -> list[str]:
     try:
         columns = connect.row_columns(schema)
         image = json.loads(envelope, parse_float=Decimal)
         row = image["before"] if expected["operation"] == "delete" else image["after"]
         table = connect.to_arrow(columns, [row])
         got = arrow_values(table)[0]
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         return [f"not typed: {type(exc).__name__}: {exc}"]
     values = expected.get("values") or {}
     problems = []

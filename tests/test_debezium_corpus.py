@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -47,14 +46,14 @@ def test_float_and_double_are_jsonconverters_names_and_the_old_ones_still_read()
         assert (column.type, column.connect) == (kind, f"float{kind.bit_width}")
         assert connect.decode(column, Decimal("12.34")) == pytest.approx(12.34)
     assert connect.column({"type": "float64"}, "x").type == pa.float64()  # logs hold them
-    lookup = lambda oid: capture_schemas.PgType(oid)  # noqa: E731
+    lookup = capture_schemas.PgType
     assert capture_schemas.value_schema(700, -1, lookup) == {"type": "float"}
     assert capture_schemas.value_schema(701, -1, lookup) == {"type": "double"}
     old = connect.column({"type": "float32"}, "r")
     new = connect.column({"type": "double"}, "r")
     (merged,) = connect.union([("old", [old]), ("new", [new])])  # capture's old and new
     assert merged.type == pa.float64()
-    with pytest.raises(InvalidEventError, match="'x'.*unknown Kafka Connect type 'real'"):
+    with pytest.raises(InvalidEventError, match=r"'x'.*unknown Kafka Connect type 'real'"):
         connect.column({"type": "real"}, "x")
 
 
@@ -155,7 +154,7 @@ def test_extract_new_record_states_default_output_is_a_row() -> None:
     record = _convert('{"field1" : "newvalue1", "field2" : "newvalue2"}', "field1").record
     assert (record["operation"], record["key"]) == ("update", '{"field1":"newvalue1"}')
     assert record["data"] == '{"field1" : "newvalue1", "field2" : "newvalue2"}'
-    with pytest.raises(InvalidEventError, match="'id'.*ExtractNewRecordState row"):
+    with pytest.raises(InvalidEventError, match=r"'id'.*ExtractNewRecordState row"):
         _convert('{"field1": 1}', "id")
 
 
@@ -172,7 +171,11 @@ def test_a_deleted_row_keeps_no_newline_of_its_line(tmp_path: Path) -> None:
 def test_to_debezium_follows_the_inputs_member_order() -> None:
     """Debezium 0.10's serde test resources put ``op`` first and have no ``transaction``;
     2.x's docs put ``transaction`` after ``ts_ns``, or leave it out."""
-    for name, number in (("serde_schemaless.jsonl", 1), ("postgresql.jsonl", 4), ("mongodb.jsonl", 5)):
+    for name, number in (
+        ("serde_schemaless.jsonl", 1),
+        ("postgresql.jsonl", 4),
+        ("mongodb.jsonl", 5),
+    ):
         line = lines(name)[number - 1]
         key = EXPECTED[name]["key_fields"][0]
         record = _convert(line, key).record
@@ -205,7 +208,9 @@ def appended(tmp_path: Path, name: str) -> str:
 
 CORPUS_FILES = sorted(EXPECTED)
 TYPED_FILES = [
-    name for name in CORPUS_FILES if any("values" in line for line in EXPECTED[name]["lines"].values())
+    name
+    for name in CORPUS_FILES
+    if any("values" in line for line in EXPECTED[name]["lines"].values())
 ]
 
 
@@ -252,8 +257,9 @@ def test_to_debezium_gives_the_corpus_envelopes_back(spark, tmp_path: Path, name
         .orderBy("headers").collect()
     ]  # fmt: skip
     expected = []
-    for (key, value), (number, spec) in zip(
-        _kafka_records(name), sorted(EXPECTED[name]["lines"].items(), key=lambda i: int(i[0])),
+    for (_key, value), (_number, spec) in zip(
+        _kafka_records(name),
+        sorted(EXPECTED[name]["lines"].items(), key=lambda i: int(i[0])),
         strict=True,
     ):
         if "skipped" in spec:
