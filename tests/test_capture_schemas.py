@@ -190,7 +190,7 @@ def test_typed_reads_a_captured_log_exactly(spark, pg_dsn: str, tmp_path: Path) 
     assert one["after"]["discount"] is None  # the column did not exist yet
     assert two["after"]["total"] == Decimal("-0.01")
     assert two["after"]["free"] == "NaN" and two["after"]["due"] is None  # NULL stays NULL
-    assert one["after"]["free"] == "1.5"  # the value exactly (a variant drops trailing 0s)
+    assert one["after"]["free"] == "1.50"  # the exact text, as the Python path gives it
     assert two["placed_us"] is None
     assert three["after"]["total"] == Decimal("9999999999.99")
     assert three["after"]["discount"] == Decimal("0.50")

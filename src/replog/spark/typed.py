@@ -82,7 +82,7 @@ INTERVAL = StructType(
 """An ``Interval``/``StructuredDuration`` (months, days and a time apart, as PostgreSQL's
 ``interval`` and Arrow's month_day_nano: no Spark interval type holds all three)."""
 _EPOCH_NTZ = datetime(1970, 1, 1)
-_OFFSET_TAIL = r"(Z|[+-]\d{2}(:?\d{2}(:?\d{2})?)?)$"
+_OFFSET_TAIL = r"(Z|[+-]\d{2}:\d{2}(:\d{2})?)$"  # a date's own "-29" is no offset
 
 
 def wire_type(c: connect.Column) -> DataType:
@@ -137,14 +137,42 @@ def _spark_decimal(c: connect.Column, value: Any) -> Any:
     return format(decoded, "f") if c.type.precision > SPARK_MAX_PRECISION else decoded
 
 
+def _decimal_array(c: connect.Column) -> bool:
+    """An array (of arrays ...) of decimals."""
+    return c.connect == "array" and (c.children[0].decimal or _decimal_array(c.children[0]))
+
+
+def _exact(c: connect.Column, value: Any) -> Any:
+    if value is None:
+        return None
+    if c.decimal:
+        return _spark_decimal(c, value)
+    return [_exact(c.children[0], item) for item in value]
+
+
 def _exact_decimals(text: str | None, columns: tuple[connect.Column, ...]) -> Any:
-    """A row's top-level decimal columns read from the payload's text (numbers keep every
-    digit: the parser gives ``Decimal``)."""
+    """A row's top-level decimal columns (and arrays of them) read from the payload's text
+    (numbers keep every digit: the parser gives ``Decimal``)."""
     if text is None:
         return None
     members = jsontext.parse_object(text)
     values = [members[c.name].value if c.name in members else None for c in columns]
-    return tuple(_spark_decimal(c, value) for c, value in zip(columns, values, strict=True))
+    return tuple(_exact(c, value) for c, value in zip(columns, values, strict=True))
+
+
+def _lambda_decimals(c: connect.Column, path: str, in_lambda: bool = False) -> list[str]:
+    """Columns whose decimals lie where a Python UDF cannot reach them (a map, or a struct
+    inside an array: Spark runs those through lambda functions)."""
+    if c.decimal:
+        return [path] if in_lambda else []
+    if c.connect == "struct" and not c.structured:
+        found: list[str] = []
+        for child in c.children:
+            found += _lambda_decimals(child, f"{path}.{child.name}", in_lambda)
+        return found
+    if c.connect in ("array", "map"):
+        return _lambda_decimals(c.children[-1], f"{path}[]", True)
+    return []
 
 
 def _variant_decimal(c: connect.Column, value: Any) -> Any:
@@ -157,7 +185,7 @@ def _variant_decimal(c: connect.Column, value: Any) -> Any:
 
 
 def _nested_decimal(c: connect.Column, value: Column) -> Column:
-    """A decimal inside an array, struct or map: a variant read by its JSON type."""
+    """A decimal inside a struct: a variant read by its JSON type."""
     kind = F.schema_of_variant(value)
     number = F.try_variant_get(value, "$", spark_type(c).simpleString())
     other = F.udf(functools.partial(_variant_decimal, c), spark_type(c), useArrow=False)(
@@ -311,14 +339,12 @@ def _scalar(c: connect.Column, value: Column) -> Column:
 def _struct(
     columns: Sequence[connect.Column], parsed: Column, exact: Column | None = None
 ) -> Column:
-    return F.struct(
-        *[
-            (
-                exact[c.name] if exact is not None and c.decimal else _convert(c, parsed[c.name])
-            ).alias(c.name)
-            for c in columns
-        ]
-    )
+    def value(c: connect.Column) -> Column:
+        if exact is not None and (c.decimal or _decimal_array(c)):
+            return exact[c.name]
+        return _convert(c, parsed[c.name])
+
+    return F.struct(*[value(c).alias(c.name) for c in columns])
 
 
 def typed_payload(payload: Column, columns: Sequence[connect.Column]) -> Column:
@@ -326,7 +352,7 @@ def typed_payload(payload: Column, columns: Sequence[connect.Column]) -> Column:
     wire = StructType([StructField(c.name, wire_type(c)) for c in columns])
     text = payload.cast("string")
     parsed = F.from_json(text, wire, {"mode": "FAILFAST"})
-    decimals = tuple(c for c in columns if c.decimal)
+    decimals = tuple(c for c in columns if c.decimal or _decimal_array(c))
     exact = None
     if decimals:
         fields = StructType([StructField(c.name, spark_type(c)) for c in decimals])
@@ -367,6 +393,14 @@ def typed(
             f"them: JsonConverter with schemas.enable=true)"
         )
     columns = connect.union([(version.digest, version.columns()) for version in found])
+    unreachable = [
+        name for c in columns if not _decimal_array(c) for name in _lambda_decimals(c, c.name)
+    ]
+    if unreachable:
+        raise InvalidOptionError(
+            f"typed: decimals inside a map or an array of structs are not typed ({unreachable} "
+            f"of {collection!r}): parse 'data' with parse_payload and a schema of your own"
+        )
     if not columns:
         raise InvalidOptionError(
             f"typed: the schema of collection {collection!r} gives its rows no columns (a "
