@@ -10,16 +10,21 @@ wrapper) becomes one replog event:
 * ``collection`` = ``<schema>.<table>`` where the connector names a schema (PostgreSQL,
   SQL Server, Oracle), else ``<db>.<table>`` (MySQL), or ``<db>.<collection>`` (MongoDB);
 * ``key`` = the key fields of the row as a compact JSON object, e.g. ``{"id":1001}``
-  (Debezium's own message-key form), so every event of one row shares one key;
+  (Debezium's own message-key form), so every event of one row shares one key; MongoDB's
+  ``{"_id":...}`` holds the id in one canonical form whatever the connector wrote (the
+  document's v1 strict ``_id``, the message key's relaxed ``id``);
 * ``timestamp`` = ``source.ts_ms`` when non-zero, else the envelope's ``ts_ms``;
 * ``event_id`` = a UUID derived from the source position, the operation and the key, so
   a change redelivered by Debezium keeps its id and two snapshot rows never share one;
 * ``metadata`` = ``{"op", "ts_ms", "ts_us", "ts_ns", "source", "transaction"}`` (exact
   text), ``"schema"``: the digest of the value's schema, ``"replog_filled"``: the fields
-  replog filled in (a ``timestamp`` the event did not carry);
+  replog filled in (a ``timestamp`` the event did not carry), ``"members"``/``"order"``:
+  other envelope members and the input's member order, so the envelope comes back as it
+  came (:func:`original_envelope`);
 * transaction BEGIN/END records are :class:`Marker` records; ExtractNewRecordState rows
-  (``__op``, ``__deleted``, ...) are understood; a Kafka record line ``{"key", "value"}``
-  gives a delete without ``before`` its key;
+  (with ``__op``, ``__deleted``, ... or the row alone) are understood; a Kafka record line
+  ``{"key", "value"}`` gives a delete without ``before`` its key, and a MongoDB update
+  without ``after`` (``capture.mode=change_streams``) the document it builds;
 * :func:`position_of` orders events by the connector's source position (ingestion skips
   redeliveries with it).
 
