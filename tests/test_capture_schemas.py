@@ -84,7 +84,7 @@ def test_the_registered_schema_has_the_tables_columns_and_types(
         "free": (pa.string(), connect.VARIABLE_SCALE_DECIMAL, True),
         "tags": (pa.list_(pa.string()), None, True),
         "amounts": (pa.list_(pa.decimal128(6, 2)), None, True),
-        "local": (pa.timestamp("us"), "io.debezium.time.IsoTimestamp", True),
+        "local": (pa.timestamp("ns"), "io.debezium.time.IsoTimestamp", True),
         "flag": (pa.bool_(), None, True),
         "qty": (pa.int32(), None, True),
         "big": (pa.decimal128(30, 8), connect.DECIMAL, True),
@@ -190,7 +190,7 @@ def test_typed_reads_a_captured_log_exactly(spark, pg_dsn: str, tmp_path: Path) 
     assert one["after"]["discount"] is None  # the column did not exist yet
     assert two["after"]["total"] == Decimal("-0.01")
     assert two["after"]["free"] == "NaN" and two["after"]["due"] is None  # NULL stays NULL
-    assert one["after"]["free"] == "1.5"  # the value exactly (a variant drops trailing 0s)
+    assert one["after"]["free"] == "1.50"  # the exact text, as the Python path gives it
     assert two["placed_us"] is None
     assert three["after"]["total"] == Decimal("9999999999.99")
     assert three["after"]["discount"] == Decimal("0.50")

@@ -10,16 +10,21 @@ wrapper) becomes one replog event:
 * ``collection`` = ``<schema>.<table>`` where the connector names a schema (PostgreSQL,
   SQL Server, Oracle), else ``<db>.<table>`` (MySQL), or ``<db>.<collection>`` (MongoDB);
 * ``key`` = the key fields of the row as a compact JSON object, e.g. ``{"id":1001}``
-  (Debezium's own message-key form), so every event of one row shares one key;
+  (Debezium's own message-key form), so every event of one row shares one key; MongoDB's
+  ``{"_id":...}`` holds the id in one canonical form whatever the connector wrote (the
+  document's v1 strict ``_id``, the message key's relaxed ``id``);
 * ``timestamp`` = ``source.ts_ms`` when non-zero, else the envelope's ``ts_ms``;
 * ``event_id`` = a UUID derived from the source position, the operation and the key, so
   a change redelivered by Debezium keeps its id and two snapshot rows never share one;
 * ``metadata`` = ``{"op", "ts_ms", "ts_us", "ts_ns", "source", "transaction"}`` (exact
   text), ``"schema"``: the digest of the value's schema, ``"replog_filled"``: the fields
-  replog filled in (a ``timestamp`` the event did not carry);
+  replog filled in (a ``timestamp`` the event did not carry), ``"members"``/``"order"``:
+  other envelope members and the input's member order, so the envelope comes back as it
+  came (:func:`original_envelope`);
 * transaction BEGIN/END records are :class:`Marker` records; ExtractNewRecordState rows
-  (``__op``, ``__deleted``, ...) are understood; a Kafka record line ``{"key", "value"}``
-  gives a delete without ``before`` its key;
+  (with ``__op``, ``__deleted``, ... or the row alone) are understood; a Kafka record line
+  ``{"key", "value"}`` gives a delete without ``before`` its key, and a MongoDB update
+  without ``after`` (``capture.mode=change_streams``) the document it builds;
 * :func:`position_of` orders events by the connector's source position (ingestion skips
   redeliveries with it).
 
@@ -34,7 +39,8 @@ import functools
 import json
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any
 
 from replog.errors import InvalidEventError
@@ -163,12 +169,23 @@ def _message(members: dict[str, Member]) -> tuple[Member | None, Member | None] 
     return None
 
 
+ENVELOPE_MEMBERS = ("before", "after", "source", "transaction", "op", "ts_ms", "ts_us", "ts_ns")
+"""A change-event envelope's members, in the order Debezium >= 2.7 writes them when every one
+is there (``transaction`` before ``op``: earlier versions put it last, or leave it out)."""
+
+
 def _flat(envelope: dict[str, Member]) -> bool:
-    """Whether a record is a row flattened by ExtractNewRecordState (``__op``, ...)."""
-    return "op" not in envelope and any(name.startswith("__") for name in envelope)
+    """Whether a record is a row flattened by ExtractNewRecordState: any object that is no
+    envelope (no ``op``; ``before``/``after`` with ``source`` make a broken envelope, not a
+    row), with its ``__`` fields (``__op``, ``__deleted``, ...) or without (the SMT's
+    default output: the row alone)."""
+    if "op" in envelope:
+        return False
+    return not ("source" in envelope and ("after" in envelope or "before" in envelope))
 
 
 _FLAT_TOP = {"op", "deleted", "ts_ms", "ts_us", "ts_ns"}
+_JSON_SPACE = " \t\r\n"
 
 
 def _flat_parts(envelope: dict[str, Member]) -> tuple[str, dict[str, Member], dict[str, Any]]:
@@ -243,12 +260,30 @@ class _Image:
     source: dict[str, Any]
     source_text: Any
     transaction: Member | None
+    order: list[str] | None = None
+    """The envelope's members in the input's order, when a rebuild in the default order
+    (:func:`_default_order`) would not give it back."""
+    extra: dict[str, Member] = field(default_factory=dict)
+    """Envelope members beyond :data:`ENVELOPE_MEMBERS` (MongoDB's ``updateDescription``)."""
+    partial: bool = False
+    """A MongoDB update without ``after`` (``capture.mode=change_streams``): ``data`` is
+    built from ``updateDescription``."""
 
 
 def _flat_image(opened: _Opened) -> _Image:
     op, top, source = _flat_parts(opened.envelope)
-    text = opened.text if opened.text is not None else _text_of(opened.envelope)
-    return _Image(op, json.dumps(op), opened.envelope, "row", text, None, top, source, source, None)
+    # The row is the record's JSON text without the white space around it (a line's
+    # newline is no part of the value), so a file and a Kafka value give one ``data``.
+    text = opened.text.strip(_JSON_SPACE) if opened.text is not None else None
+    data = text if text is not None else _text_of(opened.envelope)
+    return _Image(op, json.dumps(op), opened.envelope, "row", data, None, top, source, source, None)
+
+
+def _default_order(envelope: Mapping[str, Member]) -> list[str]:
+    """The members :func:`original_envelope` writes when no order is recorded."""
+    times = [n for n in ("ts_ms", "ts_us", "ts_ns") if n in envelope]
+    times = [n for n in times if envelope[n].value is not None]
+    return ["before", "after", "source", "transaction", "op", *times]
 
 
 def _envelope_image(envelope: dict[str, Member]) -> _Image | Skipped:
@@ -259,8 +294,7 @@ def _envelope_image(envelope: dict[str, Member]) -> _Image | Skipped:
     if op not in OPERATIONS or op_member is None:
         raise InvalidEventError(
             f"'op' is {op!r}: not a Debezium change event (c, r, u, d; t and m are "
-            f"skipped), a transaction BEGIN/END record or an ExtractNewRecordState row "
-            f"(__op, __deleted, ...)"
+            f"skipped), a transaction BEGIN/END record or an ExtractNewRecordState row"
         )
     top: dict[str, Member] = {
         name: envelope[name] for name in ("ts_ms", "ts_us", "ts_ns") if name in envelope
@@ -269,6 +303,7 @@ def _envelope_image(envelope: dict[str, Member]) -> _Image | Skipped:
     image, where = (before, "before") if op == "d" else (after, "after")
     source_member = envelope.get("source")
     source = source_member.value if source_member else None
+    order = list(envelope)
     return _Image(
         op,
         op_member.text,
@@ -280,6 +315,8 @@ def _envelope_image(envelope: dict[str, Member]) -> _Image | Skipped:
         source if isinstance(source, dict) else {},
         RawJSON(source_member.text) if source_member else None,
         envelope.get("transaction"),
+        order=None if order == _default_order(envelope) else order,
+        extra={n: m for n, m in envelope.items() if n not in ENVELOPE_MEMBERS},
     )
 
 
@@ -293,6 +330,103 @@ def _marker(envelope: dict[str, Member]) -> Marker | None:
         str(envelope["id"].value),
         int(count.value) if count is not None and count.value is not None else None,
     )
+
+
+# -- MongoDB -----------------------------------------------------------------------------------
+
+MONGODB_ID_FIELDS = (("_id",), ("id",))
+"""``--key-fields`` that key MongoDB events on the document id (``_id`` in a document, ``id``
+in the connector's message key)."""
+_MONGO_NUMBERS = ("$numberInt", "$numberLong", "$numberDouble")
+
+
+def _mongo_number(text: str) -> RawJSON:
+    number = Decimal(text)
+    if not number.is_finite():
+        raise ArithmeticError(text)
+    if number == number.to_integral_value():  # 5, 5.0, {"$numberLong": "5"}: one _id
+        return RawJSON(str(int(number)))
+    return RawJSON(str(number.normalize()))
+
+
+def _mongo_canonical(value: Any) -> Any:  # noqa: PLR0911 - one return per BSON form
+    """A MongoDB extended-JSON value in one form whatever mode wrote it (the connector
+    writes documents in v1 strict mode and key ids in v2 relaxed mode): numbers plain,
+    v1 binary as v2, key order kept. Every form of one ``_id`` then gives one key."""
+    if isinstance(value, list):
+        return [_mongo_canonical(item) for item in value]
+    if value is None or isinstance(value, bool | str):
+        return value
+    if isinstance(value, int | float | Decimal):
+        return _mongo_number(str(value))
+    if not isinstance(value, dict):
+        return value
+    if len(value) == 1:
+        wrapped = _mongo_wrapper(*next(iter(value.items())))
+        if wrapped is not None:
+            return wrapped
+    if set(value) == {"$binary", "$type"} and isinstance(value["$binary"], str):
+        return {"$binary": {"base64": value["$binary"], "subType": value["$type"]}}
+    return {name: _mongo_canonical(inner) for name, inner in value.items()}
+
+
+def _mongo_wrapper(name: str, inner: Any) -> Any:
+    """A one-member extended-JSON wrapper of a number or date in its canonical form (None:
+    not one of those)."""
+    if name in _MONGO_NUMBERS and isinstance(inner, str):
+        try:
+            return _mongo_number(inner)
+        except ArithmeticError:
+            return {name: inner}  # NaN, Infinity: kept as written
+    if name == "$date" and isinstance(inner, dict) and "$numberLong" in inner:
+        return {"$date": _mongo_number(str(inner["$numberLong"]))}
+    if name == "$date" and isinstance(inner, int | Decimal) and not isinstance(inner, bool):
+        return {"$date": _mongo_number(str(inner))}
+    return None
+
+
+def _mongo_key(row: dict[str, Member] | None, message_key: dict[str, Member] | None) -> str:
+    """A MongoDB event's key, ``{"_id":<the id, canonical>}``, from the document's ``_id`` or
+    from the message key's ``id`` (the id as extended-JSON text)."""
+    if row is not None and "_id" in row:
+        value = row["_id"].value
+    elif message_key is not None and "id" in message_key:
+        given = message_key["id"].value
+        try:
+            value = json.loads(given, parse_float=Decimal) if isinstance(given, str) else given
+        except ValueError as exc:
+            raise InvalidEventError(
+                f"message key id {given!r} is not extended JSON: {exc}"
+            ) from exc
+    else:
+        raise InvalidEventError(
+            "a MongoDB event without the document's _id: no after/before document and no "
+            'message key {"id": ...} (give Kafka record lines {"key": ..., "value": ...})'
+        )
+    return '{"_id":' + jsontext.encode(_mongo_canonical(value)) + "}"
+
+
+def _mongo_partial(image: _Image, key: str) -> str:
+    """The document a ``change_streams`` update without ``after`` gives, as Debezium's
+    ExtractNewDocumentState builds it: the ``before`` document (a pre-image) or nothing,
+    with ``updateDescription.updatedFields`` set, ``removedFields`` taken out, and the
+    ``_id`` from the key when it is not there (member texts kept exactly)."""
+    members: dict[str, str] = {n: m.text for n, m in (image.row or {}).items()}
+    description = image.extra["updateDescription"].value
+    if not isinstance(description, dict):
+        raise InvalidEventError("'updateDescription' is not an object")
+    updated = description.get("updatedFields")
+    if updated is not None:
+        try:
+            members.update({n: m.text for n, m in jsontext.parse_object(str(updated)).items()})
+        except ValueError as exc:
+            raise InvalidEventError(f"updateDescription.updatedFields: {exc}") from exc
+    for name in description.get("removedFields") or ():
+        members.pop(str(name), None)
+    if "_id" not in members:
+        members["_id"] = key[len('{"_id":') : -1]
+    texts = (f"{json.dumps(n, ensure_ascii=False)}:{t}" for n, t in members.items())
+    return "{" + ",".join(texts) + "}"
 
 
 def convert(
@@ -318,33 +452,12 @@ def convert(
     image = _flat_image(opened) if flat else _envelope_image(opened.envelope)
     if isinstance(image, Skipped):
         return image
-    if image.row is None and image.op == "d" and opened.message_key is not None:
-        # A delete without its before image: the message key holds the row's key.
-        image.row, image.where = opened.message_key, "message key"
-        image.data = RawJSON(key_of(image.row, key_fields, image.where))
-    if image.row is None:
-        raise InvalidEventError(
-            f"op {image.op!r} without a {image.where!r} image"
-            + (" (and no message key to take the key from)" if image.op == "d" else "")
-        )
-    key = key_of(image.row, key_fields, image.where)
+    key = _key(image, key_fields, opened.message_key, flat)
     ts_member = image.top.get("ts_ms")
     stamp = image.source.get("ts_ms") or (ts_member.value if ts_member else None)
     schema = _schema_of(opened.schema.text) if opened.schema and opened.schema.value else None
     digest = schema.digest if schema is not None else None
-    document: dict[str, Any] = {
-        "op": RawJSON(image.op_text),
-        "ts_ms": RawJSON(ts_member.text) if ts_member else None,
-        **{name: RawJSON(image.top[name].text) for name in ("ts_us", "ts_ns") if name in image.top},
-        "source": image.source_text,
-        "transaction": RawJSON(image.transaction.text) if image.transaction else None,
-    }
-    if flat:
-        document["flattened"] = True
-    if digest is not None:
-        document["schema"] = digest
-    if stamp is None:
-        document["replog_filled"] = ["timestamp"]
+    document = _metadata(image, flat=flat, digest=digest, filled=stamp is None)
     identity = json.dumps([image.source, image.op, key], sort_keys=True, default=str)
     transaction = image.transaction.value if image.transaction is not None else None
     position = position_of(image.source)
@@ -369,6 +482,72 @@ def convert(
         ),
         pinned=not flat or position is not None,
     )
+
+
+def _metadata(image: _Image, *, flat: bool, digest: str | None, filled: bool) -> dict[str, Any]:
+    """What ``metadata`` keeps of a change (CDC.md): the envelope's members as their exact
+    text, and what replog knows about it."""
+    ts_member = image.top.get("ts_ms")
+    document: dict[str, Any] = {
+        "op": RawJSON(image.op_text),
+        "ts_ms": RawJSON(ts_member.text) if ts_member else None,
+        **{name: RawJSON(image.top[name].text) for name in ("ts_us", "ts_ns") if name in image.top},
+        "source": image.source_text,
+        "transaction": RawJSON(image.transaction.text) if image.transaction else None,
+    }
+    if image.extra:
+        document["members"] = {n: RawJSON(m.text) for n, m in image.extra.items()}
+    if image.order is not None:
+        document["order"] = image.order
+    if image.partial:
+        document["partial"] = True
+    if flat:
+        document["flattened"] = True
+    if digest is not None:
+        document["schema"] = digest
+    if filled:
+        document["replog_filled"] = ["timestamp"]
+    return document
+
+
+def _mongo(image: _Image, key_fields: Sequence[str], flat: bool) -> bool:
+    return (
+        not flat
+        and image.source.get("connector") == "mongodb"
+        and tuple(key_fields) in MONGODB_ID_FIELDS
+    )
+
+
+def _key(
+    image: _Image,
+    key_fields: Sequence[str],
+    message_key: dict[str, Member] | None,
+    flat: bool,
+) -> str:
+    """The event's key; for a change without its row image, the ``data`` it gets too."""
+    if _mongo(image, key_fields, flat):
+        key = _mongo_key(image.row, message_key)
+        if image.row is None and image.op == "u" and "updateDescription" in image.extra:
+            image.row = _object(image.before, "before") if image.before else None
+            image.data, image.partial = RawJSON(_mongo_partial(image, key)), True
+        elif image.row is None:
+            if image.op != "d":
+                raise InvalidEventError(f"op {image.op!r} without a {image.where!r} document")
+            image.data = RawJSON(key)
+        return key
+    if image.row is None and image.op == "d" and message_key is not None:
+        # A delete without its before image: the message key holds the row's key.
+        image.row, image.where = message_key, "message key"
+        image.data = RawJSON(key_of(image.row, key_fields, image.where))
+    if image.row is None:
+        raise InvalidEventError(
+            f"op {image.op!r} without a {image.where!r} image"
+            + (" (and no message key to take the key from)" if image.op == "d" else "")
+        )
+    where = image.where
+    if flat:
+        where = "row (a record without 'op' is read as an ExtractNewRecordState row)"
+    return key_of(image.row, key_fields, where)
 
 
 def _text_of(members: dict[str, Member]) -> RawJSON:
@@ -436,19 +615,9 @@ def position_of(source: Mapping[str, Any]) -> Position | None:
 _ENVELOPE_OPS = frozenset(OPERATIONS)
 
 
-def original_envelope(
-    metadata: str | None, *, operation: str, data: str | None, before: str | None
-) -> str | None:
-    """The Debezium value an event was appended from, rebuilt from what ingestion kept
-    (``metadata``: ``op``, ``ts_ms``/``ts_us``/``ts_ns``, ``source``, ``transaction``, all as
-    their exact text; ``data`` and ``before`` as given), or None for an event that did not
-    come from Debezium (or ``replog capture``, which writes the same metadata).
-
-    Members come in Debezium's order (``before, after, source, transaction, op, ts_ms,
-    ts_us, ts_ns``); a ``ts_*`` the envelope did not carry is left out. A flattened row
-    (ExtractNewRecordState) is ``data`` itself, the row as it was given. MongoDB sends
-    documents as JSON strings: they are given back as strings.
-    """
+def _debezium_metadata(metadata: str | None) -> dict[str, Member] | None:
+    """The members of an event's metadata when they are a Debezium change's (an ``op`` and
+    a ``source`` object), else None."""
     if not metadata:
         return None
     try:
@@ -458,8 +627,30 @@ def original_envelope(
     op, source = members.get("op"), members.get("source")
     if op is None or op.value not in _ENVELOPE_OPS or source is None:
         return None
-    if not isinstance(source.value, dict):
+    return members if isinstance(source.value, dict) else None
+
+
+def original_envelope(
+    metadata: str | None, *, operation: str, data: str | None, before: str | None
+) -> str | None:
+    """The Debezium value an event was appended from, rebuilt from what ingestion kept
+    (``metadata``: ``op``, ``ts_ms``/``ts_us``/``ts_ns``, ``source``, ``transaction``, all as
+    their exact text; ``data`` and ``before`` as given), or None for an event that did not
+    come from Debezium (or ``replog capture``, which writes the same metadata).
+
+    Members come in the input's order when ingestion recorded one (``metadata.order``:
+    Debezium before 2.7 wrote ``transaction`` last, or not at all; MongoDB adds
+    ``updateDescription``, kept in ``metadata.members``), else in Debezium >= 2.7's order
+    (``before, after, source, transaction, op, ts_ms, ts_us, ts_ns``; a ``ts_*`` the
+    envelope did not carry is left out). A flattened row (ExtractNewRecordState) is
+    ``data`` itself, the row as it was given. MongoDB sends documents as JSON strings: they
+    are given back as strings; a MongoDB update that had no ``after`` (``metadata.partial``)
+    gets none back.
+    """
+    members = _debezium_metadata(metadata)
+    if members is None:
         return None
+    op, source = members["op"], members["source"]
     flattened = members.get("flattened")
     if flattened is not None and flattened.value is True:
         return data
@@ -470,17 +661,28 @@ def original_envelope(
             return None
         return RawJSON(text) if not as_string and jsontext.is_object_text(text) else text
 
-    document: dict[str, Any] = {
+    partial = members.get("partial")
+    values: dict[str, Any] = {
         "before": image(before),
-        "after": None if operation == "delete" else image(data),
+        "after": None
+        if operation == "delete" or (partial is not None and partial.value is True)
+        else image(data),
         "source": RawJSON(source.text),
         "transaction": RawJSON(members["transaction"].text) if "transaction" in members else None,
         "op": RawJSON(op.text),
     }
-    for name in ("ts_ms", "ts_us", "ts_ns"):
-        member = members.get(name)
-        if member is not None and member.value is not None:
-            document[name] = RawJSON(member.text)
+    times: dict[str, RawJSON] = {
+        n: RawJSON(members[n].text) for n in ("ts_ms", "ts_us", "ts_ns") if n in members
+    }
+    extra = members.get("members")
+    if extra is not None and isinstance(extra.value, dict):
+        values.update({n: RawJSON(m.text) for n, m in jsontext.parse_object(extra.text).items()})
+    order = members.get("order")
+    if order is not None and isinstance(order.value, list):
+        values.update(times)
+        return jsontext.encode({str(name): values.get(str(name)) for name in order.value})
+    document = dict(values)
+    document.update({n: t for n, t in times.items() if members[n].value is not None})
     return jsontext.encode(document)
 
 

@@ -76,8 +76,8 @@ _SCALARS: dict[int, dict[str, Any]] = {
     23: {"type": "int32"},
     20: {"type": "int64"},
     26: {"type": "int64"},  # oid
-    700: {"type": "float32"},
-    701: {"type": "float64"},
+    700: {"type": "float"},  # FLOAT32, as Kafka's JsonConverter names it (JsonSchema)
+    701: {"type": "double"},  # FLOAT64
     17: {"type": "bytes"},
     114: _logical("io.debezium.data.Json"),
     3802: _logical("io.debezium.data.Json"),

@@ -48,13 +48,26 @@ def _text(value: str | bytes | bytearray | None) -> str | None:
     return bytes(value).decode("utf-8") if isinstance(value, bytes | bytearray) else value
 
 
-def _event(value: str | bytes | None, key_fields: tuple[str, ...]) -> tuple[object, ...] | None:
+def _record(text: str, key: str | None) -> tuple[dict[str, jsontext.Member], str | None]:
+    """The record to map: the value alone, or with its Kafka key as a record line
+    ``{"key", "value"}`` (a delete without ``before``, a MongoDB change, take their key from
+    it). A key that is no JSON object (a StringConverter's) is not used."""
+    if key is not None and jsontext.is_object_text(key):
+        line = '{"key":' + key + ',"value":' + text + "}"
+        return jsontext.parse_object(line), None
+    return jsontext.parse_object(text), text
+
+
+def _event(
+    value: str | bytes | None, key_fields: tuple[str, ...], key: str | bytes | None = None
+) -> tuple[object, ...] | None:
     """One Debezium value mapped by the core (runs in the executors' Python workers)."""
     text = _text(value)
     if text is None or text.strip() == "null":
         return None  # a tombstone
     try:
-        event = debezium.debezium_record(jsontext.parse_object(text), key_fields)
+        members, exact = _record(text, _text(key))
+        event = debezium.debezium_record(members, key_fields, text=exact)
     except (ValueError, InvalidEventError) as exc:
         raise InvalidEventError(f"from_debezium: {exc}; value: {text[:200]!r}") from exc
     if isinstance(event, debezium.Skipped):
@@ -78,6 +91,7 @@ def from_debezium(
     key_fields: Sequence[str],
     *,
     value: str | Column = "value",
+    key: str | Column | None = "key",
     redeliveries_within: str | None = None,
 ) -> DataFrame:
     """Debezium change-event values (JSON, with or without the schema wrapper; string or
@@ -85,7 +99,10 @@ def from_debezium(
 
     Tombstones and truncate/message events give no row. The mapping is the one of
     ``replog append --format debezium`` (docs/CDC.md); ``key_fields`` name the row's key
-    columns. A value that is not a Debezium change event fails the query, naming it.
+    columns. ``key`` (default: the frame's ``key`` column, as Kafka's source gives it, when
+    there is one) is the Kafka key: a delete without ``before`` and a MongoDB change without
+    its document take their key from it. A value that is not a Debezium change event fails
+    the query, naming it.
     (A plain Python UDF: ``mapInArrow`` would need pandas on every executor.)
 
     ``redeliveries_within`` (a Spark interval, ``"1 hour"``): a change given again within
@@ -98,8 +115,11 @@ def from_debezium(
     if not fields:
         raise InvalidOptionError("from_debezium: key_fields must name the row's key column(s)")
     column = F.col(value) if isinstance(value, str) else value
-    mapped = F.udf(lambda text: _event(text, fields), EVENT_DDL, useArrow=False)(
-        column.cast("string")
+    if isinstance(key, str):
+        key = F.col(key) if key in frame.columns else None
+    key_column = (key if key is not None else F.lit(None)).cast("string")
+    mapped = F.udf(lambda text, k: _event(text, fields, k), EVENT_DDL, useArrow=False)(
+        column.cast("string"), key_column
     )
     events = (
         frame.select(mapped.alias("event"))

@@ -1,14 +1,21 @@
 """Payloads typed by the schemas registered in the log (:func:`typed`).
 
 The JSON is parsed in the JVM (``from_json``) with the types Debezium's JsonConverter
-writes (the *wire* types: base64 strings, epoch integers, ISO strings), and each column is
-then turned into its exact Spark type with built-in functions (``date_from_unix_date``,
-``timestamp_micros``, ``unbase64``, casts). Only Decimals, whose base64 two's-complement
-bytes no built-in decodes exactly at 38 digits, go through a small Python UDF
-(:func:`replog.schemas.connect.decode_decimal`). Decimals written as JSON numbers
-(``decimal.format: NUMERIC``, as ``replog capture postgres`` stores them) are parsed as
-variants, which keep a number's digits (a string would go through a double), and read
-with ``try_variant_get``: exact, and NULL for PostgreSQL's ``NaN``/``Infinity``. ISO 8601
+writes (the *wire* types: base64 strings, epoch integers, ISO strings, structs), and each
+column is then turned into its exact Spark type with built-in functions
+(``date_from_unix_date``, ``timestamp_micros``, ``unbase64``, casts). Zone-less timestamps
+(``Timestamp``, ``MicroTimestamp``, ``NanoTimestamp``, ``IsoTimestamp``, structured
+timestamps) are ``timestamp_ntz``: the wall clock the column held, whatever the session's
+time zone.
+
+Decimals are the exception. Their encoding is told by each value's JSON type (a string is
+base64 bytes, a number the digits of ``decimal.format=NUMERIC``), which ``from_json`` into
+one type cannot see, and a number's digits do not survive a string or double on the way. A
+row's top-level Decimal and VariableScaleDecimal columns are read by one small Python UDF
+from the payload's text (:func:`replog.schemas.connect.decode_decimal_value`): exact in
+every form, at any precision. A decimal nested in an array, struct or map is parsed as a
+variant (which keeps a number's digits up to 38 of them in plain notation; a number in
+scientific notation or longer goes through a double) and read by its type. ISO 8601
 dates, times and timestamps are ``try_cast``: NULL for ``infinity``, never a failed query.
 """
 
@@ -16,6 +23,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from datetime import datetime
 from typing import Any
 
 import pyarrow as pa
@@ -45,6 +53,7 @@ from pyspark.sql.types import (
 )
 
 from replog.errors import InvalidOptionError
+from replog.format import jsontext
 from replog.log import ReplicationLog
 from replog.schemas import connect, registry
 from replog.schemas.connect import DECIMAL, VARIABLE_SCALE_DECIMAL
@@ -62,14 +71,24 @@ _WIRE: dict[str, DataType] = {
 }
 SPARK_MAX_PRECISION = 38
 _PER_MICRO = {"s": None, "ms": 1_000, "us": 1, "ns": None}
+_MICROS_PER_DAY = 86_400_000_000
+INTERVAL = StructType(
+    [
+        StructField("months", IntegerType()),
+        StructField("days", IntegerType()),
+        StructField("microseconds", LongType()),
+    ]
+)
+"""An ``Interval``/``StructuredDuration`` (months, days and a time apart, as PostgreSQL's
+``interval`` and Arrow's month_day_nano: no Spark interval type holds all three)."""
+_EPOCH_NTZ = datetime(1970, 1, 1)
+_OFFSET_TAIL = r"(Z|[+-]\d{2}:\d{2}(:\d{2})?)$"  # a date's own "-29" is no offset
 
 
 def wire_type(c: connect.Column) -> DataType:
     """The Spark type of a column's value as JsonConverter writes it."""
-    if c.numeric:
-        return VariantType()  # a JSON number, its digits kept
-    if c.logical == VARIABLE_SCALE_DECIMAL:
-        return StructType([StructField("scale", IntegerType()), StructField("value", StringType())])
+    if c.decimal:
+        return VariantType()  # a string, a number or an object: told apart per value
     if c.connect == "struct":
         return StructType([StructField(child.name, wire_type(child)) for child in c.children])
     if c.connect == "array":
@@ -80,7 +99,7 @@ def wire_type(c: connect.Column) -> DataType:
 
 
 def spark_type(c: connect.Column) -> DataType:  # noqa: C901, PLR0911 - one return per type
-    """The exact Spark type of a column (times of day as intervals since midnight: Spark's
+    """The exact Spark type of a column (times of day and durations as intervals: Spark's
     TIME type is not enabled; nanoseconds are cut to Spark's microseconds)."""
     kind = c.type
     if c.logical == DECIMAL:
@@ -89,11 +108,13 @@ def spark_type(c: connect.Column) -> DataType:  # noqa: C901, PLR0911 - one retu
         return DecimalType(kind.precision, kind.scale)
     if c.logical == VARIABLE_SCALE_DECIMAL:
         return StringType()
+    if pa.types.is_interval(kind):
+        return INTERVAL
     if pa.types.is_date32(kind):
         return DateType()
     if pa.types.is_timestamp(kind):
         return TimestampType() if kind.tz is not None else TimestampNTZType()
-    if pa.types.is_time(kind):
+    if pa.types.is_time(kind) or pa.types.is_duration(kind):
         return DayTimeIntervalType(DayTimeIntervalType.DAY, DayTimeIntervalType.SECOND)
     if pa.types.is_binary(kind):
         return BinaryType()
@@ -106,16 +127,75 @@ def spark_type(c: connect.Column) -> DataType:  # noqa: C901, PLR0911 - one retu
     return wire_type(c)
 
 
-def _decimal(text: str | None, scale: int) -> Any:
-    return None if text is None else connect.decode_decimal(text, scale)
+# -- decimals ----------------------------------------------------------------------------------
 
 
-def _decimal_text(text: str | None, scale: int) -> str | None:
-    return None if text is None else str(connect.decode_decimal(text, scale))
+def _spark_decimal(c: connect.Column, value: Any) -> Any:
+    decoded = connect.decode_decimal_value(c, value)
+    if decoded is None or c.logical == VARIABLE_SCALE_DECIMAL:
+        return decoded
+    return format(decoded, "f") if c.type.precision > SPARK_MAX_PRECISION else decoded
 
 
-def _variable(value: Any) -> str | None:
-    return None if value is None else str(connect.decode_variable_scale(value.asDict()))
+def _decimal_array(c: connect.Column) -> bool:
+    """An array (of arrays ...) of decimals."""
+    return c.connect == "array" and (c.children[0].decimal or _decimal_array(c.children[0]))
+
+
+def _exact(c: connect.Column, value: Any) -> Any:
+    if value is None:
+        return None
+    if c.decimal:
+        return _spark_decimal(c, value)
+    return [_exact(c.children[0], item) for item in value]
+
+
+def _exact_decimals(text: str | None, columns: tuple[connect.Column, ...]) -> Any:
+    """A row's top-level decimal columns (and arrays of them) read from the payload's text
+    (numbers keep every digit: the parser gives ``Decimal``)."""
+    if text is None:
+        return None
+    members = jsontext.parse_object(text)
+    values = [members[c.name].value if c.name in members else None for c in columns]
+    return tuple(_exact(c, value) for c, value in zip(columns, values, strict=True))
+
+
+def _lambda_decimals(c: connect.Column, path: str, in_lambda: bool = False) -> list[str]:
+    """Columns whose decimals lie where a Python UDF cannot reach them (a map, or a struct
+    inside an array: Spark runs those through lambda functions)."""
+    if c.decimal:
+        return [path] if in_lambda else []
+    if c.connect == "struct" and not c.structured:
+        found: list[str] = []
+        for child in c.children:
+            found += _lambda_decimals(child, f"{path}.{child.name}", in_lambda)
+        return found
+    if c.connect in ("array", "map"):
+        return _lambda_decimals(c.children[-1], f"{path}[]", True)
+    return []
+
+
+def _variant_decimal(c: connect.Column, value: Any) -> Any:
+    """A nested decimal given as a variant's JSON text (a string or an object)."""
+    return (
+        None
+        if value is None
+        else _spark_decimal(c, jsontext.parse_object('{"v":' + value + "}")["v"].value)
+    )
+
+
+def _nested_decimal(c: connect.Column, value: Column) -> Column:
+    """A decimal inside a struct: a variant read by its JSON type."""
+    kind = F.schema_of_variant(value)
+    number = F.try_variant_get(value, "$", spark_type(c).simpleString())
+    other = F.udf(functools.partial(_variant_decimal, c), spark_type(c), useArrow=False)(
+        F.to_json(value)
+    )
+    is_number = ~(kind.startswith("STRING") | kind.startswith("OBJECT"))
+    return F.when(value.isNull(), F.lit(None)).when(is_number, number).otherwise(other)
+
+
+# -- times -------------------------------------------------------------------------------------
 
 
 def _micros(value: Column, unit: str) -> Column:
@@ -125,12 +205,112 @@ def _micros(value: Column, unit: str) -> Column:
     return value.cast("long") * F.lit(_PER_MICRO[unit] or 1)
 
 
+def _interval(micros: Column) -> Column:
+    """Microseconds as an ``interval day to second``."""
+    return F.timestamp_micros(micros) - F.timestamp_micros(F.lit(0))
+
+
+def _ntz(micros: Column) -> Column:
+    """Microseconds since the epoch as the zone-less ``timestamp_ntz`` (no session zone is
+    involved: the epoch plus an interval)."""
+    return F.try_add(F.lit(_EPOCH_NTZ).cast("timestamp_ntz"), _interval(micros))
+
+
+def _iso(c: connect.Column, value: Column) -> Column:
+    """An ISO 8601 string as its exact Spark type; NULL for what Spark cannot hold
+    (``infinity``). ``IsoDate``/``IsoTime``/``IsoTimestamp`` drop their ``Z`` (a zone-less
+    column's wall clock); ``ZonedTimestamp``/``ZonedTime`` apply their offset."""
+    kind = c.type
+    zoneless = c.logical in ("io.debezium.time.IsoDate", "io.debezium.time.IsoTime")
+    bare = F.regexp_replace(value, _OFFSET_TAIL, "") if zoneless else value
+    if pa.types.is_interval(kind):
+        return _iso_interval(value)
+    if pa.types.is_date32(kind):
+        return bare.try_cast("date")
+    if pa.types.is_timestamp(kind):
+        return value.try_cast("timestamp" if kind.tz is not None else "timestamp_ntz")
+    stamp = F.concat(F.lit("1970-01-01T"), bare)
+    if zoneless:
+        return stamp.try_cast("timestamp_ntz") - F.lit(_EPOCH_NTZ).cast("timestamp_ntz")
+    since_midnight = F.pmod(F.unix_micros(stamp.try_cast("timestamp")), F.lit(_MICROS_PER_DAY))
+    return _interval(since_midnight)
+
+
+_DURATION = (
+    r"^-?P([+-]?\d+Y)?([+-]?\d+M)?([+-]?\d+W)?([+-]?\d+D)?"
+    r"(T([+-]?\d+H)?([+-]?\d+M)?([+-]?\d+([.,]\d+)?S)?)?$"
+)
+
+
+def _iso_interval(value: Column) -> Column:
+    """An ISO 8601 duration (``P1Y2M3DT4H5M6.78S``) as (months, days, microseconds)."""
+    date_part = F.regexp_extract(value, r"^-?P([^T]*)", 1)
+    time_part = F.regexp_extract(value, r"T(.*)$", 1)
+
+    def number(part: Column, unit: str) -> Column:
+        found = F.regexp_extract(part, rf"([+-]?\d+){unit}", 1)
+        return F.coalesce(found.try_cast("long"), F.lit(0))
+
+    seconds = F.regexp_replace(F.regexp_extract(time_part, r"([+-]?\d+([.,]\d+)?)S", 1), ",", ".")
+    sign = F.when(value.startswith("-"), F.lit(-1)).otherwise(F.lit(1))
+    micros = (number(time_part, "H") * 60 + number(time_part, "M")) * 60_000_000 + F.floor(
+        F.coalesce(seconds.try_cast("decimal(38,9)"), F.lit(0)) * 1_000_000
+    ).cast("long")
+    interval = F.struct(
+        (sign * (number(date_part, "Y") * 12 + number(date_part, "M"))).cast("int").alias("months"),
+        (sign * (number(date_part, "W") * 7 + number(date_part, "D"))).cast("int").alias("days"),
+        (sign * micros).cast("long").alias("microseconds"),
+    )
+    valid = value.rlike(_DURATION) & ~value.isin("P", "-P")
+    return F.when(valid, interval.cast(INTERVAL))  # nullable fields: NULL is a value here
+
+
+def _structured(c: connect.Column, value: Column) -> Column:
+    """A ``time.precision.mode=structured`` struct as its one value (NULL for a
+    ``specialValue``: PostgreSQL's infinities)."""
+    names = {child.name for child in c.children}
+
+    def get(name: str) -> Column:
+        return F.coalesce(value[name].cast("long"), F.lit(0)) if name in names else F.lit(0)
+
+    kind = (c.logical or "").rsplit(".", 1)[-1]
+    clock = (get("hour") * 60 + get("minute")) * 60_000_000 + get("second") * 1_000_000
+    clock = clock + F.floor(get("nanos") / 1000).cast("long")
+    offset = get("offsetSeconds") * 1_000_000
+    special = value["specialValue"] if "specialValue" in names else F.lit(None)
+    if kind == "StructuredDuration":
+        time_part = (get("hours") * 60 + get("minutes")) * 60_000_000 + get("seconds") * 1_000_000
+        result = F.struct(
+            (get("years") * 12 + get("months")).cast("int").alias("months"),
+            get("days").cast("int").alias("days"),
+            (time_part + F.floor(get("nanos") / 1000).cast("long")).alias("microseconds"),
+        ).cast(INTERVAL)
+    elif kind == "StructuredTime":
+        result = _interval(clock)
+    elif kind == "StructuredZonedTime":
+        result = _interval(F.pmod(clock - offset, F.lit(_MICROS_PER_DAY)))
+    else:
+        date = F.make_date(
+            get("year").cast("int"), get("month").cast("int"), get("day").cast("int")
+        )
+        if kind == "StructuredDate":
+            result = date
+        else:
+            micros = F.unix_date(date).cast("long") * _MICROS_PER_DAY + clock
+            zoned = kind == "StructuredZonedTimestamp"
+            result = F.timestamp_micros(micros - offset) if zoned else _ntz(micros)
+    return F.when(value.isNull() | special.isNotNull(), F.lit(None)).otherwise(result)
+
+
+# -- columns -----------------------------------------------------------------------------------
+
+
 def _convert(c: connect.Column, value: Column) -> Column:
     """A wire-typed column as its exact Spark type."""
-    if c.numeric:  # a variant holding the number (or a string: NaN, Infinity -> NULL)
-        return F.try_variant_get(value, "$", spark_type(c).simpleString())
-    if c.logical == VARIABLE_SCALE_DECIMAL:  # a struct on the wire, the exact text typed
-        return F.udf(_variable, StringType(), useArrow=False)(value)
+    if c.decimal:
+        return _nested_decimal(c, value)
+    if c.structured:
+        return _structured(c, value)
     if c.connect == "struct":
         return F.when(value.isNull(), F.lit(None)).otherwise(_struct(c.children, value))
     if c.connect == "array":
@@ -140,52 +320,45 @@ def _convert(c: connect.Column, value: Column) -> Column:
     return _scalar(c, value)
 
 
-def _scalar(c: connect.Column, value: Column) -> Column:  # noqa: PLR0911 - one per type
+def _scalar(c: connect.Column, value: Column) -> Column:
     kind = c.type
-    if c.connect == "string" and pa.types.is_temporal(kind):
-        return _iso(kind, value)
-    if c.logical == DECIMAL:
-        scale = c.scale or 0
-        target = spark_type(c)
-        if isinstance(target, StringType):
-            return F.udf(functools.partial(_decimal_text, scale=scale), target, useArrow=False)(
-                value
-            )
-        return F.udf(functools.partial(_decimal, scale=scale), target, useArrow=False)(value)
+    if c.connect == "string" and (pa.types.is_temporal(kind) or pa.types.is_interval(kind)):
+        return _iso(c, value)
     if pa.types.is_date32(kind):
         return F.date_from_unix_date(value)
     if pa.types.is_timestamp(kind):
-        return F.timestamp_micros(_micros(value, kind.unit))
-    if pa.types.is_time(kind):
-        since_midnight = _micros(value, kind.unit)
-        return F.timestamp_micros(since_midnight) - F.timestamp_micros(F.lit(0))
+        micros = _micros(value, kind.unit)
+        return F.timestamp_micros(micros) if kind.tz is not None else _ntz(micros)
+    if pa.types.is_time(kind) or pa.types.is_duration(kind):
+        return _interval(_micros(value, kind.unit))
     if pa.types.is_binary(kind):
         return F.unbase64(value)
     return value
 
 
-def _iso(kind: pa.DataType, value: Column) -> Column:
-    """An ISO 8601 string (ZonedTimestamp with its offset, IsoTimestamp, IsoDate, IsoTime)
-    as its exact Spark type; NULL for what Spark cannot hold (``infinity``)."""
-    if pa.types.is_date32(kind):
-        return value.try_cast("date")
-    if pa.types.is_timestamp(kind):
-        return value.try_cast("timestamp" if kind.tz is not None else "timestamp_ntz")
-    since_midnight = F.unix_micros(
-        F.concat(F.lit("1970-01-01T"), value, F.lit("Z")).try_cast("timestamp")
-    )
-    return F.timestamp_micros(since_midnight) - F.timestamp_micros(F.lit(0))
+def _struct(
+    columns: Sequence[connect.Column], parsed: Column, exact: Column | None = None
+) -> Column:
+    def value(c: connect.Column) -> Column:
+        if exact is not None and (c.decimal or _decimal_array(c)):
+            return exact[c.name]
+        return _convert(c, parsed[c.name])
 
-
-def _struct(columns: Sequence[connect.Column], parsed: Column) -> Column:
-    return F.struct(*[_convert(c, parsed[c.name]).alias(c.name) for c in columns])
+    return F.struct(*[value(c).alias(c.name) for c in columns])
 
 
 def typed_payload(payload: Column, columns: Sequence[connect.Column]) -> Column:
     """A JSON payload column (string or binary) as a struct of ``columns``' exact types."""
     wire = StructType([StructField(c.name, wire_type(c)) for c in columns])
-    parsed = F.from_json(payload.cast("string"), wire, {"mode": "FAILFAST"})
-    return F.when(payload.isNull(), F.lit(None)).otherwise(_struct(columns, parsed))
+    text = payload.cast("string")
+    parsed = F.from_json(text, wire, {"mode": "FAILFAST"})
+    decimals = tuple(c for c in columns if c.decimal or _decimal_array(c))
+    exact = None
+    if decimals:
+        fields = StructType([StructField(c.name, spark_type(c)) for c in decimals])
+        read = functools.partial(_exact_decimals, columns=decimals)
+        exact = F.udf(read, fields, useArrow=False)(text)
+    return F.when(payload.isNull(), F.lit(None)).otherwise(_struct(columns, parsed, exact))
 
 
 def typed(
@@ -220,6 +393,20 @@ def typed(
             f"them: JsonConverter with schemas.enable=true)"
         )
     columns = connect.union([(version.digest, version.columns()) for version in found])
+    unreachable = [
+        name for c in columns if not _decimal_array(c) for name in _lambda_decimals(c, c.name)
+    ]
+    if unreachable:
+        raise InvalidOptionError(
+            f"typed: decimals inside a map or an array of structs are not typed ({unreachable} "
+            f"of {collection!r}): parse 'data' with parse_payload and a schema of your own"
+        )
+    if not columns:
+        raise InvalidOptionError(
+            f"typed: the schema of collection {collection!r} gives its rows no columns (a "
+            f"MongoDB document is JSON text, io.debezium.data.Json): parse 'data' with "
+            f"parse_payload and a schema of your own"
+        )
     rows = frame.where(F.col("collection") == F.lit(collection))
     after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
     known = _known_versions(frame, collection, [version.digest for version in found])
