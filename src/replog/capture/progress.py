@@ -20,8 +20,8 @@ class CaptureProgress:
     """Counts since this capture started, and how far behind the server it is."""
 
     rows: int = 0
-    """Changes captured into the log (snapshot rows included): Debezium's
-    TotalNumberOfEventsSeen."""
+    """Changes captured from the slot into the log (the snapshot's rows are
+    :attr:`snapshot_rows`): Debezium's TotalNumberOfEventsSeen."""
     snapshot_rows: int = 0
     """Rows the snapshot has committed to the log so far."""
     transactions: int = 0

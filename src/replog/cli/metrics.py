@@ -50,8 +50,8 @@ class CaptureMetrics(Collector):
             counters = {
                 "changes": (
                     p.rows,
-                    "Changes captured into the log, snapshot rows included "
-                    "(Debezium: TotalNumberOfEventsSeen).",
+                    "Changes captured from the slot (snapshot rows: replog_capture_snapshot_rows"
+                    "; Debezium: TotalNumberOfEventsSeen).",
                 ),
                 "transactions": (p.transactions, "Source transactions captured."),
                 "commits": (p.commits, "Log commits made."),

@@ -14,12 +14,11 @@ import time
 from types import TracebackType
 from typing import IO
 
-from rich.console import Console
+from rich.console import Console, RenderableType
 from rich.filesize import decimal
 from rich.progress import (
     BarColumn,
     DownloadColumn,
-    MofNCompleteColumn,
     Progress,
     ProgressColumn,
     SpinnerColumn,
@@ -178,14 +177,34 @@ class _RichWork(Work):
             self.display.note(summary)
 
 
-class _Rate(ProgressColumn):
-    """Items per second (rich's own speed column is for bytes)."""
+class _Bar(BarColumn):
+    """A bar for work of known size; none for a status line."""
+
+    def render(self, task: Task) -> RenderableType:
+        return super().render(task) if task.total is not None else Text("")
+
+
+class _Speed(ProgressColumn):
+    """Bytes or items per second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._bytes = TransferSpeedColumn()
 
     def render(self, task: Task) -> Text:
-        if task.fields.get("unit") == BYTES:
-            return Text("")
         speed = task.finished_speed or task.speed
-        return Text("" if speed is None else f"{speed:,.0f}/s", style="progress.data.speed")
+        if speed is None:
+            return Text("")
+        if task.fields.get("unit") == BYTES:
+            return self._bytes.render(task)
+        return Text(f"{speed:,.0f}/s", style="progress.data.speed")
+
+
+class _Remaining(TimeRemainingColumn):
+    """Time left, for work of known size."""
+
+    def render(self, task: Task) -> Text:
+        return super().render(task) if task.total is not None else Text("")
 
 
 class _Amount(ProgressColumn):
@@ -193,13 +212,13 @@ class _Amount(ProgressColumn):
 
     def __init__(self) -> None:
         super().__init__()
-        self._bytes, self._count = DownloadColumn(), MofNCompleteColumn()
+        self._bytes = DownloadColumn()
 
     def render(self, task: Task) -> Text:
         if task.fields.get("unit") == BYTES:
             return self._bytes.render(task)
         if task.total is None:
-            return Text(f"{int(task.completed):,}", style="progress.download")
+            return Text("")
         return Text(
             f"{int(task.completed):,}/{int(task.total):,} {task.fields.get('unit', '')}",
             style="progress.download",
@@ -253,13 +272,12 @@ class RichDisplay(Display):
         self.progress = Progress(
             SpinnerColumn(),
             TextColumn("[progress.description]{task.description}"),
-            BarColumn(),
+            _Bar(),
             TaskProgressColumn(),
             _Amount(),
-            TransferSpeedColumn(),
-            _Rate(),
+            _Speed(),
             TimeElapsedColumn(),
-            TimeRemainingColumn(),
+            _Remaining(),
             TextColumn("{task.fields[detail]}"),
             console=self.console,
             refresh_per_second=4,
