@@ -177,11 +177,15 @@ class _RichWork(Work):
             self.display.note(summary)
 
 
-class _Bar(BarColumn):
+class _Bar(ProgressColumn):
     """A bar for work of known size; none for a status line."""
 
+    def __init__(self) -> None:
+        super().__init__()
+        self._bar = BarColumn()
+
     def render(self, task: Task) -> RenderableType:
-        return super().render(task) if task.total is not None else Text("")
+        return self._bar.render(task) if task.total is not None else Text("")
 
 
 class _Speed(ProgressColumn):
