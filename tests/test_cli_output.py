@@ -152,7 +152,7 @@ def _cases(tmp_path: Path) -> list[Case]:
         Case(
             "history",
             r.History.of(described),
-            ("compact", "sink s1 epoch 0", "slot orders at LSN 0/16B3748", " +10 "),
+            ("compact", "sink s1 epoch 0", "slot orders at LSN 0/16B3748", " +10 -0 "),
         ),
         Case(
             "manifests",

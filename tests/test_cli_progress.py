@@ -185,7 +185,7 @@ def test_capture_display_shows_the_snapshot_against_its_estimate_then_the_stream
         "300,000 rows so far)" in drawn
     )
     assert "snapshot: 300,000 rows committed" in drawn
-    assert "12 changes" in drawn and "lag 4.1 kB of WAL, 1.5s" in drawn
+    assert "12 changes" in drawn and "lag 4.1 kB of WAL and 1.5s" in drawn
 
 
 def test_plain_capture_lines_come_when_it_moves_and_once_a_minute_idle() -> None:

@@ -383,7 +383,7 @@ class CaptureDisplay:
 
 def status_line(progress: CaptureProgress) -> str:
     """The state of a capture in one line."""
-    lag_time = "" if progress.lag_ms is None else f", {progress.lag_ms / 1000:.1f}s"
+    lag_time = "" if progress.lag_ms is None else f" and {progress.lag_ms / 1000:.1f}s"
     return (
         f"{progress.rows:,} changes ({progress.snapshot_rows:,} in the snapshot), "
         f"{progress.transactions:,} transactions, {progress.commits:,} commits, "

@@ -304,19 +304,15 @@ class History(Result):
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
         yield (
-            f"{'version':>8}  {'time (UTC)':<20}  {'operation':<11}  {'events':>9}  "
+            f"{'version':>8}  {'time (UTC)':<20}  {'operation':<11}  {'events':>13}  "
             f"{'files':>9}  writer"
         )
         for commit in d["commits"]:
-            events = (
-                f"+{commit['events_added']}"
-                if not commit["events_removed"]
-                else f"{commit['events_added']}/{commit['events_removed']}"
-            )
+            events = f"+{commit['events_added']} -{commit['events_removed']}"
             files = f"+{commit['files_added']} -{commit['files_removed']}"
             yield (
                 f"{commit['version']:>8}  {utc(commit['timestamp_ms']):<20}  "
-                f"{commit['kind']:<11}  {events:>9}  {files:>9}  {_writer(commit)}"
+                f"{commit['kind']:<11}  {events:>13}  {files:>9}  {_writer(commit)}"
             )
         oldest = d["commits"][-1]["version"] if d["commits"] else d["version"] + 1
         if oldest > max(d["retained_from"], 1):
