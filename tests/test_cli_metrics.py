@@ -96,6 +96,7 @@ def test_a_running_capture_serves_its_metrics(pg_dsn: str, tmp_path: Path) -> No
     document = json.loads(result.stdout)
     validate(document, "capture")
     assert document["rows"] == 1 and "position" not in document
+    assert document["slot_dropped"] is True
     assert document["lsn"].count("/") == 1
 
 

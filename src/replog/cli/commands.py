@@ -137,6 +137,7 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     try:
         with _display(out) as display:
             shown = CaptureDisplay(display)
+            saying: list[threading.Thread] = []
 
             def progress(state: CaptureProgress) -> None:
                 metrics.update(state)
@@ -145,7 +146,9 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
             def stopping(signum: int, frame: object) -> None:
                 if not stop.is_set():
                     stop.set()
-                    shown.stopping()
+                    # said from a thread: the handler may interrupt the display mid-draw
+                    saying.append(threading.Thread(target=shown.stopping, daemon=True))
+                    saying[-1].start()
                     signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
 
             log = _capture_log(args)
@@ -153,12 +156,16 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
             try:
                 with postgres.PostgresCapture(options, log, stop=stop, progress=progress) as run:
                     captured = run.run()
+                # run() returns after --drop-slot only once the slot is dropped
+                captured.slot_dropped = captured.slot_dropped or options.drop_slot
             except Exception:
                 metrics.failed()
                 raise
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
+                for thread in saying:
+                    thread.join()
                 shown.close()
     finally:
         if server is not None:
