@@ -128,6 +128,11 @@ def test_plain_work_lines_say_done_of_total_rate_and_time_left() -> None:
     idle = display.work("nothing", None, "files")
     idle.done()  # never moved: no word
     assert "nothing" not in stream.getvalue()
+    quiet = io.StringIO()
+    quick = shown.PlainDisplay(quiet, every_s=60).work("verifying", 3, "files")
+    quick.update(completed=3)
+    quick.done("checked 3 files")  # work quicker than a line's interval: no line at all
+    assert quiet.getvalue() == ""
 
 
 def _terminal_display(monkeypatch: pytest.MonkeyPatch) -> tuple[shown.RichDisplay, int, IO[str]]:

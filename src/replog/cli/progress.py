@@ -131,15 +131,20 @@ class _PlainWork(Work):
         super().__init__(description, total, unit)
         self.display = display
         self.shown = time.monotonic()
+        self.lines = 0
 
     def _moved(self) -> None:
         now = time.monotonic()
         if now - self.shown >= self.display.every_s:
             self.shown = now
+            self.lines += 1
             self.display.note(self.line())
 
     def done(self, summary: str | None = None) -> None:
-        if summary or self.moves:
+        """A last line, unless the work was quick (under a line's interval, no line yet):
+        a log gets no progress of work that needed none."""
+        quick = not self.lines and time.monotonic() - self.started < self.display.every_s
+        if (summary or self.moves) and not quick:
             self.display.note(summary or self.line())
 
 
