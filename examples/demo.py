@@ -227,7 +227,7 @@ def capture_while(dsn: str, log_url: str, workload: Workload, transactions: int)
     # server given with --dsn keeps no WAL for the demo).
     last = capture(CaptureOptions(dsn=dsn, slot=SLOT, tables=(TABLE,), drop_slot=True), log)
     print(
-        f"  capture: caught up at LSN {last.to_json()['position']} "
+        f"  capture: caught up at LSN {last.to_json()['lsn']} "
         f"({last.rows:,} rows in the final catch-up)"
     )
 

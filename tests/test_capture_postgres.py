@@ -374,7 +374,7 @@ def test_status_shows_the_capture_and_its_lag_behind_the_server(
     assert plain["transactions"] == {}  # the capture's position is shown as a capture
     [capture] = plain["captures"]
     assert capture["slot"] == "shop" and capture["app_id"] == capture_app_id("shop")
-    assert capture["lsn"] == progress.to_json()["position"]
+    assert capture["lsn"] == progress.to_json()["lsn"]
     assert capture["lag_bytes"] is None  # the server was not asked
 
     sql(pg_dsn, "INSERT INTO t SELECT generate_series(2, 500)")  # not captured yet

@@ -1,17 +1,18 @@
-"""The CLI's renderers (:mod:`replog.cli.output`): every result type renders as text for
-people and as one JSON document for scripts. Results are computed on a small real log
-with the core functions the commands call."""
+"""The CLI's results (:mod:`replog.cli.results`) and renderers (:mod:`replog.cli.output`):
+every result renders as text for people and as one JSON document for scripts, the
+document valid against the command's shipped JSON Schema. Results are computed on a small
+real log with the core functions the commands call."""
 
 from __future__ import annotations
 
 import io
 import json
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 from support.logs import commit_offsets, filled_log, log_rows
 
@@ -20,31 +21,43 @@ from replog.capture.options import capture_app_id as app_id
 from replog.capture.progress import CaptureProgress
 from replog.checkpoints.consumers import committed_position
 from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
-from replog.cli.output import JsonOutput, Output, TextOutput, age, event_json
+from replog.cli import results
+from replog.cli.output import (
+    COMMAND_SCHEMAS,
+    SCHEMAS_DIR,
+    JsonOutput,
+    TextOutput,
+    age,
+    event_json,
+    json_schema,
+)
 from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
-from replog.ops import compaction, keys, recovery, retention, status, verify
+from replog.ops import compaction, history, keys, recovery, retention, status, verify
 from replog.schemas import registry
-from replog.timeutil import now_ms, use_clock
+from replog.timeutil import use_clock
+
+SCHEMA_FILES = sorted(
+    path.stem for path in (Path(results.__file__).parent / SCHEMAS_DIR).glob("*.json")
+)
+
+
+def validate(document: Any, schema: str) -> None:
+    """Raise unless ``document`` is valid against the shipped schema ``schema``."""
+    checker = jsonschema.Draft202012Validator(
+        json_schema(schema), format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER
+    )
+    checker.validate(document)
 
 
 @dataclass(frozen=True)
 class Case:
-    """One call of an :class:`Output` method: its arguments, phrases its text must hold,
-    and what its JSON document must be."""
+    """One result, and phrases its text must hold."""
 
-    method: str
-    args: tuple[Any, ...]
+    name: str
+    result: results.Result
     text: tuple[str, ...]
-    check_json: Callable[[Any], None]
-
-
-def _equal(expected: Any) -> Callable[[Any], None]:
-    def check(document: Any) -> None:
-        assert document == json.loads(json.dumps(expected))
-
-    return check
 
 
 def _cases(tmp_path: Path) -> list[Case]:
@@ -56,12 +69,12 @@ def _cases(tmp_path: Path) -> list[Case]:
     sink.commit(Batch("q-1", 0, tuple(log.stage(log_rows(4, 900))), since_version=since))
     log.stage(log_rows(2, 950))  # an orphan staged file: garbage for recover
 
-    info = log.info()
     appended = ingest.append_lines(log, ['{"key": "a", "data": {"n": 1}}'])
     # a capture's position, as replog capture records it (slot "orders", LSN 0/16B3748)
     log.append(
         [{"key": "b", "data": {"n": 2}}], transaction=Transaction(app_id("orders"), 0x16B3748)
     )
+    info = log.info()
     verified = verify.verify(ReplicationLog.open(url))
     store = sink_store(log, "s1")
     listing: list[tuple[int, Any]] = [(i, store.load(i)) for i in store.list_ids()]
@@ -76,7 +89,13 @@ def _cases(tmp_path: Path) -> list[Case]:
     )
     plan = retention.plan_truncation(log, {0: 2, 1: 2})
     captured = CaptureProgress(
-        rows=12, snapshot_rows=5, transactions=4, commits=2, position=0x16B3748
+        rows=12,
+        snapshot_rows=5,
+        transactions=4,
+        commits=2,
+        position=0x16B3748,
+        slot_dropped=True,
+        publication_dropped="orders",
     )
     recovered = recovery.recover(ReplicationLog.open(url), grace_ms=0, dry_run=True)
     assert recovered.garbage
@@ -86,25 +105,7 @@ def _cases(tmp_path: Path) -> list[Case]:
     keyed = filled_log(str(tmp_path / "keyed"), commits=3, per_commit=10, auto_compact=False)
     key_compacted = keys.compact_by_key(keyed)
     assert key_compacted.record is not None
-
-    def manifests_json(document: Any) -> None:
-        assert [entry["checkpoint_id"] for entry in document] == [i for i, _ in listing]
-        assert [entry["latest"] for entry in document] == [
-            i == latest.checkpoint_id for i, _ in listing
-        ]
-        assert document[-1] == {
-            "checkpoint_id": 99,
-            "latest": False,
-            "manifest": None,
-            "error": "99.json: unreadable",
-        }
-        assert document[0]["manifest"] == json.loads(json.dumps(listing[0][1].to_json()))
-
-    def consumer_json(document: Any) -> None:
-        expected = json.loads(json.dumps(consumer.to_json(now_ms())))
-        document.pop("oldest_unconsumed_age_s")
-        expected.pop("oldest_unconsumed_age_s")
-        assert document == expected
+    described = history.log_history(ReplicationLog.open(url))
 
     registry.register(
         log.storage,
@@ -124,65 +125,65 @@ def _cases(tmp_path: Path) -> list[Case]:
         },
     )
     versions = registry.versions(log.storage)
-
+    r = results
     return [
-        Case("created", (info,), (f"created {url} with 2 shards",), _equal(info.to_json())),
+        Case("created", r.Created.of(info), (f"created {url} with 2 shards",)),
         Case(
             "schemas",
-            (url, versions),
+            r.Schemas.of(url, versions),
             ("inventory.customers  version", "decimal128(38, 2)", "Decimal"),
-            _equal({"url": url, "versions": [v.to_json() for v in versions]}),
         ),
         Case(
             "appended",
-            (appended,),
+            r.Appended.of(appended),
             (f"appended 1 events to {url} as version {appended.record.version}",),  # type: ignore[union-attr]
-            _equal(appended.to_json()),
         ),
         Case(
             "info",
-            (info,),
-            (f"log        {url}", "shards     2", "sink s1: epoch 0 of query q-1"),
-            _equal(info.to_json()),
+            r.Info.of(info),
+            (
+                f"log        {url}",
+                "shards     2",
+                "sink s1: epoch 0 of query q-1",
+                "capture orders: LSN 0/16B3748",
+            ),
         ),
-        Case("verified", (verified,), ("ok: ",), _equal(verified.to_json())),
+        Case("verified", r.Verified.of(verified), ("ok: ",)),
+        Case(
+            "history",
+            r.History.of(described),
+            ("compact", "sink s1 epoch 0", "slot orders at LSN 0/16B3748", " +10 -0 "),
+        ),
         Case(
             "manifests",
-            (store.url, listing, latest.checkpoint_id),
+            r.Manifests.of(store.url, listing, latest.checkpoint_id),
             (f"* {latest.checkpoint_id:>8}  epoch 0", "UNREADABLE: 99.json: unreadable"),
-            manifests_json,
         ),
-        Case("manifest", (latest,), ('"epoch": 0',), _equal(latest.to_json())),
+        Case("manifest", r.Manifest.of(latest), ('"epoch": 0',)),
         Case(
             "validated",
-            (latest, ["no sink named"]),
+            r.Validated.of(latest, ["no sink named"]),
             (f"INVALID checkpoint {latest.checkpoint_id}: no sink named",),
-            _equal({"checkpoint_id": latest.checkpoint_id, "problems": ["no sink named"]}),
         ),
-        Case("names", (["etl", "other"],), ("etl\nother",), _equal(["etl", "other"])),
-        Case("consumer", (url, consumer), (f"consumer etl of {url}: checkpoint",), consumer_json),
+        Case("consumers", r.Consumers.of(url, ["etl", "other"]), ("etl\nother",)),
+        Case(
+            "consumer",
+            r.Consumer.of(url, consumer),
+            (f"consumer etl of {url}: checkpoint", "committed          4  head"),
+        ),
         Case(
             "consumer_set",
-            ("etl", {0: 4}, {0: 1, 1: 2}, False),
-            ("consumer etl:", "-> ", "dry run: nothing changed"),
-            _equal(
-                {
-                    "consumer": "etl",
-                    "executed": False,
-                    "before": {"0": 4},
-                    "after": {"0": 1, "1": 2},
-                }
-            ),
+            r.ConsumerSet.of(url, "etl", {0: 4}, {0: 1, 1: 2}, False),
+            ("consumer etl:", "4 ->          1", "dry run: nothing changed"),
         ),
         Case(
             "consumer_deleted",
-            ("etl", position, True),
-            (f"deleted consumer etl (committed {position.offsets})",),
-            _equal({"consumer": "etl", "executed": True, "position": position.to_json()}),
+            r.ConsumerDeleted.of(url, "etl", position, True),
+            ("deleted consumer etl (committed 0:4, 1:3)",),
         ),
         Case(
             "status",
-            (log_status,),
+            r.Status.of(log_status),
             (
                 f"log {url}: version",
                 "consumers (1):",
@@ -194,120 +195,182 @@ def _cases(tmp_path: Path) -> list[Case]:
                 "at LSN 0/16B3748 (log version ",
                 "server at 0/16B4000, lag 2,232 bytes, slot confirmed 0/16B3748",
             ),
-            _equal(log_status.to_json()),
         ),
         Case(
             "truncation_plan",
-            (plan, False),
-            (f"would drop {plan.total_dropped:,} events",),
-            _equal(plan.to_json()),
+            r.Truncated.of(url, plan, dry_run=True, force=False),
+            (f"would drop {plan.total_dropped:,} events; new lows 0:2, 1:2",),
         ),
         Case(
             "truncated",
-            (url, plan, 12, 3),
+            r.Truncated.of(url, plan, dry_run=False, force=False, version=12, removed=3),
             (f"truncated {url} at version 12:", "removed 3 segments"),
-            _equal({**plan.to_json(), "version": 12, "segments_removed": 3}),
         ),
         Case(
             "recovered",
-            (recovered, "0", True),
-            (f"would delete {len(recovered.garbage)} garbage", f"  {recovered.garbage[0]}"),
-            _equal(recovered.to_json()),
+            r.Recovered.of(url, recovered),
+            (f"would delete {len(recovered.garbage)} garbage", "older than 0ms"),
         ),
         Case(
             "captured",
-            (url, captured),
-            (f"captured 12 rows (5 in the snapshot) of 4 transactions into {url}", "0/16B3748"),
-            _equal({"url": url, **captured.to_json()}),
+            r.Captured.of(url, captured),
+            (
+                f"captured 12 rows (5 in the snapshot) of 4 transactions into {url}",
+                "position 0/16B3748",
+                "dropped the replication slot and its publication orders",
+            ),
         ),
         Case(
             "compacted",
-            (url, compacted, False),
+            r.Compacted.merged(url, compacted, False),
             (f"compacted {url} at version {compacted.record.version}: merged",),
-            _equal(compacted.to_json(False)),
         ),
         Case(
             "key_compacted",
-            (url, key_compacted, False),
+            r.Compacted.by_key(url, key_compacted, False, 3),
             (f"key-compacted {url} at version {key_compacted.record.version}", "cleaner points"),
-            _equal(key_compacted.to_json(False)),
+        ),
+        Case(
+            "failed",
+            r.Failed.of("no such log", 2, "LogNotFoundError"),
+            ("replog: error: no such log",),
         ),
     ]
 
 
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
-    return {case.method: case for case in _cases(tmp_path_factory.mktemp("output"))}
+    return {case.name: case for case in _cases(tmp_path_factory.mktemp("output"))}
 
 
-RESULTS = sorted(Output.__abstractmethods__)
+NAMES = [
+    "created", "schemas", "appended", "info", "verified", "history", "manifests", "manifest",
+    "validated", "consumers", "consumer", "consumer_set", "consumer_deleted", "status",
+    "truncation_plan", "truncated", "recovered", "captured", "compacted", "key_compacted",
+    "failed",
+]  # fmt: skip
 
 
-def render(renderer: type[Output], case: Case) -> str:
+def render(renderer: type[TextOutput | JsonOutput], result: results.Result) -> str:
     stream = io.StringIO()
-    getattr(renderer(stream), case.method)(*case.args)
+    renderer(stream, verbose=True).show(result)
     return stream.getvalue()
 
 
-def test_every_result_has_a_case(cases: dict[str, Case]) -> None:
-    assert set(cases) == set(RESULTS)
+def test_every_kind_of_result_has_a_case_and_a_schema(cases: dict[str, Case]) -> None:
+    assert set(cases) == set(NAMES)
+    assert {type(case.result) for case in cases.values()} == set(results.Result.kinds.values())
+    shipped = set(SCHEMA_FILES)
+    assert set(results.Result.kinds) | {"event"} == shipped
+    assert set(COMMAND_SCHEMAS.values()) | {"error"} == shipped
 
 
-@pytest.mark.parametrize("method", RESULTS)
-def test_text_renders_every_result(cases: dict[str, Case], method: str) -> None:
-    text = render(TextOutput, cases[method])
-    for phrase in cases[method].text:
+@pytest.mark.parametrize("name", NAMES)
+def test_text_renders_every_result(cases: dict[str, Case], name: str) -> None:
+    text = render(TextOutput, cases[name].result)
+    for phrase in cases[name].text:
         assert phrase in text, (phrase, text)
-    assert text != render(JsonOutput, cases[method])  # words, not the JSON document
+    assert text != render(JsonOutput, cases[name].result)  # words, not the JSON document
 
 
-@pytest.mark.parametrize("method", RESULTS)
-def test_json_renders_every_result_as_one_document(cases: dict[str, Case], method: str) -> None:
-    text = render(JsonOutput, cases[method])
+@pytest.mark.parametrize("name", NAMES)
+def test_json_is_one_document_valid_against_its_schema(cases: dict[str, Case], name: str) -> None:
+    result = cases[name].result
+    text = render(JsonOutput, result)
     assert text.endswith("\n") and text.count("\n") == 1, text
-    cases[method].check_json(json.loads(text))
+    document = json.loads(text)
+    assert document == json.loads(json.dumps(result.document))
+    validate(document, result.schema)
 
 
-@pytest.mark.parametrize("missing", RESULTS)
-def test_a_renderer_missing_a_result_cannot_be_built(missing: str) -> None:
-    methods = {name: lambda self, *args: None for name in RESULTS if name != missing}
-    partial = type("Partial", (Output,), methods)
-    with pytest.raises(TypeError, match=missing):
-        partial(io.StringIO())
+def test_lsns_are_pg_text_everywhere(cases: dict[str, Case]) -> None:
+    """One representation: PostgreSQL's text, named lsn (no LSN as a number anywhere)."""
+    assert cases["captured"].result.document["lsn"] == "0/16B3748"
+    assert "position" not in cases["captured"].result.document
+    [capture] = cases["status"].result.document["captures"]
+    assert (capture["lsn"], capture["server_lsn"], capture["slot_lsn"]) == (
+        "0/16B3748",
+        "0/16B4000",
+        "0/16B3748",
+    )
+    assert "position" not in capture
+    assert cases["info"].result.document["sinks"]["pg-capture.orders"]["lsn"] == "0/16B3748"
+    [captured] = [c["capture"] for c in cases["history"].result.document["commits"] if c["capture"]]
+    assert captured == {"slot": "orders", "lsn": "0/16B3748"}
+
+
+def test_a_schema_refuses_what_it_does_not_describe(cases: dict[str, Case]) -> None:
+    """The schemas are strict: an LSN as a number, a missing or an unknown field fails."""
+    document = json.loads(json.dumps(cases["status"].result.document))
+    document["captures"][0]["lsn"] = 0x16B3748
+    with pytest.raises(jsonschema.ValidationError, match="is not of type 'string'"):
+        validate(document, "status")
+    for change in ({"surprise": 1}, {"url": None}):
+        bad = {**cases["consumers"].result.document, **change}
+        with pytest.raises(jsonschema.ValidationError):
+            validate(bad, "consumer-list")
+
+
+def test_every_schema_is_a_valid_draft_2020_12_schema() -> None:
+    for name in SCHEMA_FILES:
+        schema = json_schema(name)
+        jsonschema.Draft202012Validator.check_schema(schema)
+        assert schema["$id"] == f"urn:replog:cli:{name}"
+        lsn = schema.get("$defs", {}).get("lsn")
+        if lsn is not None:  # the one LSN form, alike in every schema that has one
+            assert lsn == json_schema("status")["$defs"]["lsn"]
 
 
 def test_text_variants_of_results(cases: dict[str, Case]) -> None:
     """The other outcomes a result can report, in words."""
-    plan = cases["truncation_plan"].args[0]
+    plan = cases["truncation_plan"].result.document
     stream = io.StringIO()
     out = TextOutput(stream)
-    out.truncated("u", plan, None, 0)
-    out.consumer_set("etl", {}, {0: 1}, True)
-    out.consumer_deleted("gone", None, False)
-    dry = compaction.CompactionResult(cases["compacted"].args[1].merges, None)
-    out.compacted("u", dry, True)
-    out.compacted("u", compaction.CompactionResult((), None), False)
-    out.names([])
-    out.manifests("u", [], 0)
-    out.validated(cases["manifest"].args[0], [])
+    out.show(results.Truncated({**plan, "dry_run": False, "version": None}))
+    out.show(results.ConsumerSet.of("u", "etl", {}, {0: 1}, True))
+    out.show(results.ConsumerDeleted.of("u", "gone", None, False))
+    compacted = cases["compacted"].result.document
+    out.show(results.Compacted({**compacted, "dry_run": True, "segments_after": 1}))
+    out.show(results.Compacted({**compacted, "version": None}))
+    out.show(results.Consumers.of("u", []))
+    out.show(results.Manifests.of("u", [], 0))
+    out.show(results.Validated({"checkpoint_id": 3, "valid": True, "problems": []}))
+    keyed = cases["key_compacted"].result.document
+    out.show(results.Compacted({**keyed, "shards": [], "segments_below_cleaner_points": 0}))
+    out.show(results.Compacted({**keyed, "shards": [], "segments_below_cleaner_points": 2}))
     text = stream.getvalue()
     for phrase in (
         "nothing to truncate",
         "offsets set",
         "dry run: would delete consumer gone; add --execute",
-        f"would merge {dry.segments_before} segments into {len(dry.merges)}",
-        "nothing to compact",
+        f"would merge {compacted['segments_before']} segments into 1",
+        "nothing to compact\n",
         "no manifests in u",
         "is valid",
+        "nothing to compact: no whole segment lies at or below the cleaner points",
+        "nothing to compact: no event below the cleaner points is superseded",
     ):
         assert phrase in text, (phrase, text)
 
 
-def test_events_are_json_lines_under_both_renderers() -> None:
+def test_recover_lists_the_garbage_only_when_verbose(cases: dict[str, Case]) -> None:
+    result = cases["recovered"].result
+    first = result.document["garbage"][0]
+    assert f"  {first}" in render(TextOutput, result)
+    quiet = io.StringIO()
+    TextOutput(quiet).show(result)
+    assert first not in quiet.getvalue()
+
+
+def test_events_are_json_lines_valid_against_the_event_schema() -> None:
     row = {
         "key": "k",
         "shard": 0,
         "sequence": 1,
+        "event_id": "e1",
+        "operation": "insert",
+        "collection": None,
+        "metadata": None,
         "timestamp": datetime(2025, 1, 1, tzinfo=timezone.utc),
         "data": b'{"n": 1}',
         "before": b"\xff\xfe",
@@ -317,14 +380,10 @@ def test_events_are_json_lines_under_both_renderers() -> None:
         renderer(stream).events([row, row])
         lines = stream.getvalue().splitlines()
         assert len(lines) == 2
-        assert json.loads(lines[0]) == {
-            "key": "k",
-            "shard": 0,
-            "sequence": 1,
-            "timestamp": "2025-01-01T00:00:00Z",
-            "data": '{"n": 1}',
-            "before_base64": "//4=",
-        }
+        document = json.loads(lines[0])
+        assert document["data"] == '{"n": 1}' and document["before_base64"] == "//4="
+        assert document["timestamp"] == "2025-01-01T00:00:00Z"
+        validate(document, "event")
     assert event_json({**row, "before": None})["before"] is None
 
 
@@ -353,13 +412,12 @@ def test_status_shows_captures_without_a_server(tmp_path: Path) -> None:
     assert (capture.slot, capture.position, capture.lag_bytes) == ("orders", 0x16B3748, None)
     assert capture.log_version == log.refresh().version - 1
     assert capture.committed_ms is not None
-    text = render(TextOutput, Case("status", (report,), (), lambda _: None))
+    text = render(TextOutput, results.Status.of(report))
     assert "  nightly                  version 3" in text
     assert "at LSN 0/16B3748" in text and "lag: give --source-dsn" in text
-    document = json.loads(render(JsonOutput, Case("status", (report,), (), lambda _: None)))
+    document = json.loads(render(JsonOutput, results.Status.of(report)))
+    validate(document, "status")
     assert document["captures"][0]["lsn"] == "0/16B3748"
     assert document["captures"][0]["lag_bytes"] is None
     elsewhere = status.with_server(report, 0x16B4000, {})
-    assert "the server has no slot 'orders'" in render(
-        TextOutput, Case("status", (elsewhere,), (), lambda _: None)
-    )
+    assert "the server has no slot 'orders'" in render(TextOutput, results.Status.of(elsewhere))

@@ -556,14 +556,20 @@ class ReplicationLog:
         return self._background
 
     def merge(
-        self, merges: Sequence[Merge], *, lease: Lease | None = None, refreshed: bool = False
+        self,
+        merges: Sequence[Merge],
+        *,
+        lease: Lease | None = None,
+        refreshed: bool = False,
+        progress: Callable[[int], None] | None = None,
     ) -> CommitRecord | None:
         """Rewrite each merge's segments as larger files in one ``compact`` commit:
         sequences, heads and events do not change. The files replaced stay on storage
         until retention (or ``replog recover``) deletes them: a reader may have planned a
         task on them. ``lease``: the caller's staging lease (long merges), as for
         :meth:`commit_staged`;
-        ``refreshed``: as for :meth:`commit`.
+        ``refreshed``: as for :meth:`commit`; ``progress``: called with the events of
+        each merged file once its rows are read (from the writing threads).
 
         Raises :class:`CommitConflictError` (deleting what it wrote) if a source left the
         log meanwhile (another compaction or a truncation): plan again.
@@ -577,7 +583,7 @@ class ReplicationLog:
         firsts: list[int] = []
         for merge in merges:
             for plan, placed in _merge_plans(self.storage, merge, self._written):
-                plans.append(plan)
+                plans.append(plan if progress is None else _counted(plan, progress))
                 firsts.extend(placed)
         staged = files.write_files(self.storage, plans, self._written)
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
@@ -931,6 +937,20 @@ def _runs(entries: Sequence[SegmentInfo]) -> list[list[SegmentInfo]]:
         else:
             runs.append([entry])
     return runs
+
+
+def _counted(
+    plan: tuple[Sequence[Part], Callable[[], pa.Table]], progress: Callable[[int], None]
+) -> tuple[Sequence[Part], Callable[[], pa.Table]]:
+    """``plan`` telling ``progress`` its events once its rows are read."""
+    parts, rows_of = plan
+
+    def rows() -> pa.Table:
+        table = rows_of()
+        progress(table.num_rows)
+        return table
+
+    return parts, rows
 
 
 def _merged_rows(

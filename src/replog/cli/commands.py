@@ -1,5 +1,6 @@
 """The ``replog`` commands: each turns parsed arguments into a core call and hands the
-typed result to the output (:mod:`replog.cli.output`)."""
+result, described by :mod:`replog.cli.results`, to the output (:mod:`replog.cli.output`);
+long work shows its progress on stderr (:mod:`replog.cli.progress`)."""
 
 from __future__ import annotations
 
@@ -20,26 +21,44 @@ from replog import offsets as positions
 from replog.capture.options import CaptureOptions
 from replog.capture.progress import CaptureProgress
 from replog.checkpoints import consumers
+from replog.checkpoints.consumers import CONSUMERS_DIR
 from replog.checkpoints.manifest import CheckpointManifest
-from replog.checkpoints.store import ManifestStore
-from replog.cli.output import Output, age
+from replog.checkpoints.sinks import SINKS_DIR
+from replog.checkpoints.store import ManifestStore, named_stores
+from replog.cli import results
+from replog.cli.metrics import CaptureMetrics, serve, status_metrics
+from replog.cli.output import Output
+from replog.cli.progress import BYTES, CaptureDisplay, Display, Work, display_for
 from replog.errors import (
     InvalidOptionError,
     ManifestNotFoundError,
     ReplogError,
 )
-from replog.format.commits import Transaction
+from replog.format.commits import DESCRIPTOR_PATH, Transaction
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
-from replog.ops import compaction, keys, recovery, retention, status, verify
+from replog.ops import compaction, history, keys, recovery, retention, status, verify
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
+"""``append`` shows its progress for files at least this large."""
 
 Command = Callable[[argparse.Namespace, Output], int]
+
+INTERRUPTED = {
+    "append": "nothing was appended (an append is one commit)",
+    "compact": "nothing was committed; the merged files already written stay on storage "
+    "until 'replog recover URL' deletes them (once older than its --grace)",
+    "truncate": "a truncation is one commit: it either landed whole or not at all "
+    "('replog info' shows the lows)",
+    "recover": "the files deleted so far were garbage; run it again to finish",
+    "capture": "the log holds every commit made before the stop; the next run resumes after "
+    "the last one (a snapshot cut short starts again)",
+}
+"""What an interrupted command (Ctrl-C) leaves behind, said after 'interrupted'."""
 
 
 def storage_options(pairs: Sequence[str]) -> dict[str, Any]:
@@ -56,9 +75,21 @@ def open_log(args: argparse.Namespace) -> ReplicationLog:
     return ReplicationLog.open(args.url, storage_options=storage_options(args.fs_option))
 
 
-# -- capture ---------------------------------------------------------------------------------
+def _display(out: Output) -> Display:
+    """Where this command shows its progress (nothing under ``--json``)."""
+    return display_for(out.json)
 
-PROGRESS_EVERY_S = 1.0
+
+def _counting(work: Work) -> Callable[[int, int], None]:
+    """A core ``progress(done, total)`` callback that moves ``work``."""
+
+    def moved(done: int, total: int) -> None:
+        work.update(completed=done, total=total)
+
+    return moved
+
+
+# -- capture ---------------------------------------------------------------------------------
 
 
 def _keys(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
@@ -70,15 +101,6 @@ def _keys(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
             raise InvalidOptionError(f"--keys expects schema.table=col[,col...], got {pair!r}")
         keys[table if "." in table else f"public.{table}"] = names
     return keys
-
-
-def _progress_line(progress: CaptureProgress) -> str:
-    behind = "-" if progress.last_commit_ms is None else f"{age(progress.last_commit_ms)}"
-    return (
-        f"capture: {progress.rows} rows ({progress.snapshot_rows} in the snapshot), "
-        f"{progress.transactions} transactions, {progress.commits} commits, "
-        f"lag {progress.lag_bytes} B of WAL, last source commit {behind}"
-    )
 
 
 def _postgres() -> ModuleType:
@@ -94,7 +116,8 @@ def _postgres() -> ModuleType:
 
 def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     """``replog capture postgres``: stops cleanly on Ctrl-C or SIGTERM (after the commit in
-    progress), with a progress line on stderr."""
+    progress, saying so at once; a second Ctrl-C stops at once), with its progress on
+    stderr and, with ``--metrics-port``, Prometheus metrics."""
     options = CaptureOptions(
         dsn=args.dsn,
         slot=args.slot,
@@ -111,21 +134,46 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     options.check()
     postgres = _postgres()
     stop = threading.Event()
-    last_shown = [0.0]
+    metrics = CaptureMetrics(args.slot, args.url)
+    server = serve(metrics, args.metrics_port) if args.metrics_port is not None else None
+    try:
+        with _display(out) as display:
+            shown = CaptureDisplay(display)
+            saying: list[threading.Thread] = []
 
-    def show(progress: CaptureProgress) -> None:
-        if time.monotonic() - last_shown[0] >= PROGRESS_EVERY_S:
-            last_shown[0] = time.monotonic()
-            print(_progress_line(progress), file=sys.stderr, flush=True)
+            def progress(state: CaptureProgress) -> None:
+                metrics.update(state)
+                shown(state)
 
-    with postgres.PostgresCapture(options, _capture_log(args), stop=stop, progress=show) as run:
-        previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
-        try:
-            progress = run.run()
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-    out.captured(args.url, progress)
+            def stopping(signum: int, frame: object) -> None:
+                if not stop.is_set():
+                    stop.set()
+                    # said from a thread: the handler may interrupt the display mid-draw
+                    saying.append(threading.Thread(target=shown.stopping, daemon=True))
+                    saying[-1].start()
+                    signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
+
+            log = _capture_log(args)
+            previous = {sig: signal.signal(sig, stopping) for sig in STOP_SIGNALS}
+            try:
+                with postgres.PostgresCapture(options, log, stop=stop, progress=progress) as run:
+                    captured = run.run()
+                # run() returns after --drop-slot only once the slot is dropped
+                captured.slot_dropped = captured.slot_dropped or options.drop_slot
+            except Exception:
+                metrics.failed()
+                raise
+            finally:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                for thread in saying:
+                    thread.join()
+                shown.close()
+    finally:
+        if server is not None:
+            server[0].shutdown()
+            server[0].server_close()
+    out.show(results.Captured.of(args.url, captured))
     return 0
 
 
@@ -139,7 +187,7 @@ def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
     from replog.capture.snapshot import request_snapshot  # noqa: PLC0415 - needs psycopg
 
     position = request_snapshot(args.dsn, tables, args.slot)
-    out.snapshot_requested(args.slot, tables, position)
+    out.show(results.SnapshotRequested.of(args.slot, tables, position))
     return 0
 
 
@@ -160,7 +208,7 @@ def cmd_create(args: argparse.Namespace, out: Output) -> int:
         retention_ms=duration_ms(args.retention, "--retention"),
         auto_compact=args.auto_compact,
     )
-    out.created(log.info())
+    out.show(results.Created.of(log.info()))
     return 0
 
 
@@ -176,18 +224,6 @@ def _input(path: str | None) -> Iterator[tuple[IO[str], int | None]]:
         raise InvalidOptionError(f"cannot read {path!r}: {exc}") from exc
     with handle:
         yield handle, os.path.getsize(path)
-
-
-def _progress(total: int | None) -> tuple[Callable[[int], None] | None, Callable[[], None]]:
-    """A progress bar on stderr for large inputs, if tqdm (the 'progress' extra) is there."""
-    if total is None or total < PROGRESS_MIN_BYTES or not sys.stderr.isatty():
-        return None, lambda: None
-    try:
-        from tqdm import tqdm  # noqa: PLC0415 - optional extra
-    except ImportError:
-        return None, lambda: None
-    bar = tqdm(total=total, unit="B", unit_scale=True, desc="parsing", file=sys.stderr)
-    return bar.update, bar.close
 
 
 def _transaction(args: argparse.Namespace) -> Transaction | None:
@@ -208,31 +244,31 @@ def cmd_append(args: argparse.Namespace, out: Output) -> int:
     key_fields = (
         tuple(f.strip() for f in args.key_fields.split(",") if f.strip()) if args.key_fields else ()
     )
-    with _input(args.file) as (stream, total):
-        update, close = _progress(total)
-        try:
-            report = ingest.append_lines(
-                log,
-                stream,
-                format=args.format,
-                key_fields=key_fields,
-                progress=update,
-                transaction=transaction,
-            )
-        finally:
-            close()
-    out.appended(report)
+    with _input(args.file) as (stream, total), _display(out) as display:
+        shown = total is not None and total >= PROGRESS_MIN_BYTES
+        work = display.work(f"reading {args.file}", total, BYTES) if shown else None
+        report = ingest.append_lines(
+            log,
+            stream,
+            format=args.format,
+            key_fields=key_fields,
+            progress=work.advance if work is not None else None,
+            transaction=transaction,
+        )
+        if work is not None:
+            work.done(f"read {report.lines:,} lines of {args.file}")
+    out.show(results.Appended.of(report))
     return 0
 
 
 def cmd_schemas(args: argparse.Namespace, out: Output) -> int:
     log = open_log(args)
-    out.schemas(log.url, registry.versions(log.storage, args.collection))
+    out.show(results.Schemas.of(log.url, registry.versions(log.storage, args.collection)))
     return 0
 
 
 def cmd_info(args: argparse.Namespace, out: Output) -> int:
-    out.info(open_log(args).info())
+    out.show(results.Info.of(open_log(args).info()))
     return 0
 
 
@@ -285,21 +321,33 @@ def cmd_tail(args: argparse.Namespace, out: Output) -> int:
         out.events(_rows(log, shard, first, state.heads[shard]))
         next_sequence[shard] = state.heads[shard] + 1
     interval = duration_ms(args.interval, "--interval") / 1000
-    while args.follow:
-        time.sleep(interval)
-        state = log.refresh()
-        for shard in shards:
-            if state.heads[shard] >= next_sequence[shard]:
-                first = max(next_sequence[shard], state.lows[shard])
-                out.events(_rows(log, shard, first, state.heads[shard]))
-                next_sequence[shard] = state.heads[shard] + 1
+    try:
+        while args.follow:
+            time.sleep(interval)
+            state = log.refresh()
+            for shard in shards:
+                if state.heads[shard] >= next_sequence[shard]:
+                    first = max(next_sequence[shard], state.lows[shard])
+                    out.events(_rows(log, shard, first, state.heads[shard]))
+                    next_sequence[shard] = state.heads[shard] + 1
+    except KeyboardInterrupt:  # Ctrl-C is how one stops following: not a failure
+        return 0
     return 0
 
 
 def cmd_verify(args: argparse.Namespace, out: Output) -> int:
-    report = verify.verify(open_log(args))
-    out.verified(report)
+    log = open_log(args)
+    with _display(out) as display:
+        work = display.work("verifying segment files", None, "files")
+        report = verify.verify(log, progress=_counting(work))
+        work.done(f"checked {report.segments:,} segment files")
+    out.show(results.Verified.of(report))
     return 0 if report.ok else 1
+
+
+def cmd_history(args: argparse.Namespace, out: Output) -> int:
+    out.show(results.History.of(history.log_history(open_log(args), args.limit)))
+    return 0
 
 
 # -- manifests and consumers ----------------------------------------------------------------
@@ -314,17 +362,35 @@ def cmd_manifest(args: argparse.Namespace, out: Output) -> int:
                 listing.append((checkpoint_id, store.load(checkpoint_id)))
             except (ReplogError, FileNotFoundError) as exc:
                 listing.append((checkpoint_id, str(exc)))
-        out.manifests(store.url, listing, store.latest_id())
+        hint = None if listing else _stores_hint(store)
+        out.show(results.Manifests.of(store.url, listing, store.latest_id(), hint))
         return 0
     manifest = store.load(args.id) if args.id is not None else store.load_latest()
     if manifest is None:
-        raise ManifestNotFoundError(f"no manifests in {store.url}")
+        hint = _stores_hint(store)
+        raise ManifestNotFoundError(f"no manifests in {store.url}" + (f"; {hint}" if hint else ""))
     if args.action == "show":
-        out.manifest(manifest)
+        out.show(results.Manifest.of(manifest))
         return 0
     problems = manifest.validate()
-    out.validated(manifest, problems)
+    out.show(results.Validated.of(manifest, problems))
     return 1 if problems else 0
+
+
+def _stores_hint(store: ManifestStore) -> str | None:
+    """Where the manifests are, when a log was given instead of a manifest store."""
+    if not store.storage.exists(DESCRIPTOR_PATH):
+        return None
+    found = [
+        f"{store.url}/{directory}/{name}"
+        for directory in (CONSUMERS_DIR, SINKS_DIR)
+        for name in named_stores(store.storage, directory)[0]
+    ]
+    listed = ", ".join(found) if found else "none yet"
+    return (
+        f"{store.url} is a log: its manifest stores are {store.url}/{CONSUMERS_DIR}/<consumer> "
+        f"and {store.url}/{SINKS_DIR}/<sinkId> ({listed})"
+    )
 
 
 def _shifted(
@@ -381,13 +447,13 @@ def _target(
 def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
     log = open_log(args)
     if args.action == "list":
-        out.names(consumers.list_consumers(log))
+        out.show(results.Consumers.of(log.url, consumers.list_consumers(log)))
         return 0
     if args.consumer is None:
         raise InvalidOptionError(f"consumer {args.action}: --consumer NAME is required")
     check_name(args.consumer, "--consumer")
     if args.action == "show":
-        out.consumer(log.url, status.consumer_position(log, args.consumer))
+        out.show(results.Consumer.of(log.url, status.consumer_position(log, args.consumer)))
         return 0
     current = consumers.committed_position(log, args.consumer)
     if args.action == "delete":
@@ -395,7 +461,7 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
             consumers.delete_consumer(log, args.consumer)
         elif args.consumer not in consumers.list_consumers(log):
             raise ManifestNotFoundError(f"{log.url} has no consumer {args.consumer!r}")
-        out.consumer_deleted(args.consumer, current, args.execute)
+        out.show(results.ConsumerDeleted.of(log.url, args.consumer, current, args.execute))
         return 0
     target = _target(log, args, current.offsets if current else None)
     if current is None and not args.create:
@@ -408,7 +474,8 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
         owner = f"replog-cli@{socket.gethostname()}:{os.getpid()}"
         committer = consumers.OffsetCommitter(log, args.consumer, owner)
         committer.commit(target, log_version=log.state().version, note=consumers.OPERATOR_NOTE)
-    out.consumer_set(args.consumer, current.offsets if current else {}, target, args.execute)
+    before = current.offsets if current else {}
+    out.show(results.ConsumerSet.of(log.url, args.consumer, before, target, args.execute))
     return 0
 
 
@@ -420,7 +487,11 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
     if args.source_dsn:
         postgres = _postgres()
         report = status.with_server(report, *postgres.server_positions(args.source_dsn))
-    out.status(report)
+    shown = results.Status.of(report)
+    if args.format == "prometheus":
+        out.stream.write(status_metrics(shown.document))
+        return 0
+    out.show(shown)
     return 0
 
 
@@ -435,20 +506,32 @@ def cmd_truncate(args: argparse.Namespace, out: Output) -> int:
         requested = retention.consumed_lows(log)
     if args.dry_run:
         plan = retention.plan_truncation(log, requested)
-        out.truncation_plan(plan, args.force)
+        out.show(results.Truncated.of(log.url, plan, dry_run=True, force=args.force))
         return 1 if plan.blockers and not args.force else 0
     plan, record = retention.truncate(log, requested, force=args.force)
-    out.truncated(
-        log.url, plan, record.version if record else None, len(record.remove) if record else 0
+    out.show(
+        results.Truncated.of(
+            log.url,
+            plan,
+            dry_run=False,
+            force=args.force,
+            version=record.version if record else None,
+            removed=len(record.remove) if record else 0,
+        )
     )
     return 0
 
 
 def cmd_recover(args: argparse.Namespace, out: Output) -> int:
-    report = recovery.recover(
-        open_log(args), grace_ms=duration_ms(args.grace, "--grace"), dry_run=args.dry_run
-    )
-    out.recovered(report, args.grace, args.verbose)
+    grace_ms = duration_ms(args.grace, "--grace")
+    log = open_log(args)
+    with _display(out) as display:
+        work = display.work("deleting garbage files", None, "files")
+        report = recovery.recover(
+            log, grace_ms=grace_ms, dry_run=args.dry_run, progress=_counting(work)
+        )
+        work.done()
+    out.show(results.Recovered.of(log.url, report))
     return 0
 
 
@@ -465,11 +548,28 @@ def cmd_compact(args: argparse.Namespace, out: Output) -> int:
         result = keys.compact_by_key(
             log, keep_deletes_for_ms=keep_deletes_for, dry_run=args.dry_run
         )
-        out.key_compacted(log.url, result, args.dry_run)
+        below = _segments_below(log, result.cleaner_points)
+        out.show(results.Compacted.by_key(log.url, result, args.dry_run, below))
         return 0
     if args.dry_run:
         merges = plan_full(log.refresh(), target_bytes=args.target_bytes)
-        out.compacted(log.url, compaction.CompactionResult(tuple(merges), None), True)
+        planned = compaction.CompactionResult(tuple(merges), None)
+        out.show(results.Compacted.merged(log.url, planned, True))
         return 0
-    out.compacted(log.url, compaction.compact(log, target_bytes=args.target_bytes), False)
+    with _display(out) as display:
+        work = display.work("compacting", None, "events")
+        merged = compaction.compact(log, target_bytes=args.target_bytes, progress=_counting(work))
+        work.done()
+    out.show(results.Compacted.merged(log.url, merged, False))
     return 0
+
+
+def _segments_below(log: ReplicationLog, points: dict[int, int]) -> int:
+    """Whole segments at or below the cleaner points: what key compaction may rewrite."""
+    state = log.refresh()
+    return sum(
+        1
+        for shard, lane in enumerate(state.segments)
+        for segment in lane
+        if segment.last_sequence <= points.get(shard, 0)
+    )

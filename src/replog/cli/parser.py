@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import NoReturn
 
 from replog import __version__
 from replog.capture.options import (
@@ -29,6 +30,17 @@ def _count(text: str) -> int:
         value = -1
     if value < 0:
         raise argparse.ArgumentTypeError(f"{text!r} is not a count (a whole number >= 0)")
+    return value
+
+
+def _port(text: str) -> int:
+    """A TCP port, 1..65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 0 < value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1..65535)")
     return value
 
 
@@ -144,6 +156,13 @@ def _capture_commands(command: _Command) -> None:
         help=f"changes per log commit, in whole transactions (default {DEFAULT_MAX_CHANGES})",
     )
     p.add_argument(
+        "--metrics-port",
+        type=_port,
+        metavar="PORT",
+        help="serve Prometheus metrics on this port while capturing (/metrics on every "
+        "interface): changes, snapshot, lag, errors",
+    )
+    p.add_argument(
         "--snapshot-chunk-rows",
         type=int,
         default=DEFAULT_CHUNK_ROWS,
@@ -190,7 +209,12 @@ def _read_commands(command: _Command) -> None:
     p.add_argument("url")
     p.add_argument("--collection", help="only this collection (e.g. inventory.customers)")
 
-    p = command("read", commands.cmd_read, help="print events as JSON lines")
+    p = command(
+        "read",
+        commands.cmd_read,
+        help="print events as JSON lines",
+        description="Print events, one JSON object per line (with or without --json).",
+    )
     p.add_argument("url")
     p.add_argument("--shard", type=int, help="only this shard")
     p.add_argument(
@@ -198,7 +222,13 @@ def _read_commands(command: _Command) -> None:
     )
     p.add_argument("--limit", type=_count, help="at most this many events")
 
-    p = command("tail", commands.cmd_tail, help="print the newest events; --follow for new ones")
+    p = command(
+        "tail",
+        commands.cmd_tail,
+        help="print the newest events as JSON lines; --follow for new ones",
+        description="Print the newest events of each shard, one JSON object per line (with "
+        "or without --json); --follow keeps printing new ones until Ctrl-C (exit 0).",
+    )
     p.add_argument("url")
     p.add_argument("--shard", type=int, help="only this shard")
     p.add_argument("-n", "--lines", type=_count, default=10, help="events per shard to start with")
@@ -207,6 +237,17 @@ def _read_commands(command: _Command) -> None:
 
     p = command("verify", commands.cmd_verify, help="check every checksummed file")
     p.add_argument("url")
+
+    p = command(
+        "history",
+        commands.cmd_history,
+        help="the log's commits, newest first (Delta's DESCRIBE HISTORY)",
+        description="Each retained commit: version, time, operation, who wrote it (an app's "
+        "transaction, a capture's slot and LSN, a sink's epoch), events and files added and "
+        "removed. Commits older than the log's retention are gone.",
+    )
+    p.add_argument("url")
+    p.add_argument("--limit", type=_count, help="only the newest N commits")
 
 
 def _checkpoint_commands(command: _Command) -> None:
@@ -264,6 +305,13 @@ def _checkpoint_commands(command: _Command) -> None:
         metavar="DSN",
         help="the PostgreSQL server the log's captures read: adds each capture's lag behind "
         "it (its current WAL position minus the log's) and its slot's confirmed position",
+    )
+    p.add_argument(
+        "--format",
+        choices=("text", "json", "prometheus"),
+        default="text",
+        help="json: as --json; prometheus: metrics in Prometheus' text format, for "
+        "node_exporter's textfile collector",
     )
 
 
@@ -327,8 +375,25 @@ def _operate_commands(command: _Command) -> None:
     p.add_argument("--dry-run", action="store_true", help="only say what would be merged")
 
 
+class UsageError(Exception):
+    """Arguments argparse refused: shown as argparse shows them, or (``--json``) as an
+    error document."""
+
+    def __init__(self, message: str, usage: str) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+
+class UsageParser(argparse.ArgumentParser):
+    """An argument parser that raises :class:`UsageError` instead of exiting, so that
+    ``main`` can report a usage error in the output the user asked for."""
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(f"{self.prog}: {message}", self.format_usage())
+
+
 def build_parser() -> argparse.ArgumentParser:
-    common = argparse.ArgumentParser(add_help=False)
+    common = UsageParser(add_help=False)
     common.add_argument(
         "--fs-option",
         action="append",
@@ -337,9 +402,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="fsspec storage option, e.g. endpoint_url=http://localhost:9000 (repeatable)",
     )
     common.add_argument("-v", "--verbose", action="store_true", help="log progress to stderr")
-    json_output = argparse.ArgumentParser(add_help=False)
-    json_output.add_argument("--json", action="store_true", help="print one JSON document")
-    parser = argparse.ArgumentParser(
+    json_output = UsageParser(add_help=False)
+    json_output.add_argument(
+        "--json",
+        action="store_true",
+        help="print one JSON document (read, tail: JSON lines, one per event); an error is "
+        "one too. Schemas: docs/OPERATIONS.md, 'JSON output'",
+    )
+    parser = UsageParser(
         prog="replog", description="Create, inspect and operate replog replication logs."
     )
     parser.add_argument("--version", action="version", version=f"replog {__version__}")

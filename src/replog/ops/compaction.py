@@ -15,6 +15,8 @@ collects its merged files however long it takes.
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,6 +62,7 @@ def compact(
     *,
     target_bytes: int = DEFAULT_TARGET_BYTES,
     max_events: int = MAX_SEGMENT_EVENTS,
+    progress: Callable[[int, int], None] | None = None,
 ) -> CompactionResult:
     """Merge every shard's segments into files of about ``target_bytes`` in one atomic
     commit.
@@ -68,6 +71,7 @@ def compact(
     concurrent truncation or merge removed a source (writers merge small files as they
     commit), the merged files are deleted and the compaction planned again, up to
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
+    ``progress`` is told the events merged so far and in all, as each file is read.
     """
     with leases.holding(log.storage, f"compaction of {log.url}") as lease:
         for attempt in range(1, ATTEMPTS + 1):
@@ -75,7 +79,7 @@ def compact(
             if not merges:
                 return CompactionResult((), None)
             try:
-                record = log.merge(merges, lease=lease)
+                record = log.merge(merges, lease=lease, progress=_events_done(merges, progress))
                 break
             except CommitConflictError:
                 if attempt == ATTEMPTS:
@@ -89,3 +93,21 @@ def compact(
         len(record.add) if record else 0,
     )
     return CompactionResult(tuple(merges), record)
+
+
+def _events_done(
+    merges: list[Merge], progress: Callable[[int, int], None] | None
+) -> Callable[[int], None] | None:
+    """A merge's per-file callback that tells ``progress`` (done, total) events."""
+    if progress is None:
+        return None
+    total = sum(source.events for merge in merges for source in merge.sources)
+    done = [0]
+    lock = threading.Lock()
+
+    def merged(events: int) -> None:
+        with lock:
+            done[0] += events
+            progress(done[0], total)
+
+    return merged

@@ -11,6 +11,7 @@ that recent may belong to a running batch.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -60,11 +61,16 @@ class RecoveryReport:
 
 
 def recover(
-    log: ReplicationLog, *, grace_ms: int = DEFAULT_GRACE_MS, dry_run: bool = False
+    log: ReplicationLog,
+    *,
+    grace_ms: int = DEFAULT_GRACE_MS,
+    dry_run: bool = False,
+    progress: Callable[[int, int], None] | None = None,
 ) -> RecoveryReport:
     """Resolve every sink's Pending epoch older than ``grace_ms``; delete garbage files.
 
     With ``dry_run`` nothing is written or deleted; the report says what would be.
+    ``progress`` is told the garbage files deleted so far and in all.
     """
     report = RecoveryReport(dry_run=dry_run, grace_ms=grace_ms)
     now = now_ms()
@@ -103,8 +109,10 @@ def recover(
         remember=not dry_run,
     )
     if not dry_run:
-        for relative in report.scan.garbage:
+        for done, relative in enumerate(report.scan.garbage, 1):
             log.storage.delete(relative)
+            if progress is not None:
+                progress(done, len(report.scan.garbage))
         for relative in report.scan.expired_leases:
             log.storage.delete(relative)
         logger.info("recover %s: deleted %d garbage files", log.url, len(report.scan.garbage))

@@ -48,6 +48,7 @@ class ConsumerStatus:
             "committed_ms": self.committed_ms,
             "owner": self.owner,
             "offsets": {str(s): v for s, v in self.offsets.items()},
+            "heads": {str(s): v for s, v in self.heads.items()},
             "lag_events": {str(s): v for s, v in self.lag_events.items()},
             "total_lag": self.total_lag,
             "oldest_unconsumed_ms": self.oldest_unconsumed_ms,
@@ -83,7 +84,8 @@ class CaptureStatus:
 
     slot: str
     position: int
-    """The end LSN of the last source transaction the log holds."""
+    """The end LSN of the last source transaction the log holds (a number here; every
+    JSON document writes it as PostgreSQL's text, ``lsn``)."""
     log_version: int
     """The log commit that recorded it."""
     committed_ms: int | None
@@ -106,7 +108,6 @@ class CaptureStatus:
             "slot": self.slot,
             "app_id": capture_app_id(self.slot),
             "lsn": lsn_to_text(self.position),
-            "position": self.position,
             "log_version": self.log_version,
             "committed_ms": self.committed_ms,
             "server_lsn": None if self.server_lsn is None else lsn_to_text(self.server_lsn),

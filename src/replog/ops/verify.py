@@ -9,6 +9,7 @@ stores); it is a repair tool, not a reader.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -193,7 +194,12 @@ def _checkpointed_segments(log: ReplicationLog, state: LogState, problems: list[
     )
 
 
-def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> int:
+def _segments(
+    log: ReplicationLog,
+    state: LogState,
+    problems: list[Problem],
+    progress: Callable[[int, int], None] | None = None,
+) -> int:
     """Check every live file once (a shared file holds several entries): its checksum,
     that it holds the rows each of its entries names and, for a holed entry, that its
     rows' sequences increase within its range."""
@@ -225,8 +231,19 @@ def _segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> 
         return None
 
     with ThreadPoolExecutor(max_workers=READ_THREADS) as pool:
-        problems.extend(p for p in pool.map(check, by_file.values()) if p is not None)
+        problems.extend(_counted(pool.map(check, by_file.values()), len(by_file), progress))
     return len(by_file)
+
+
+def _counted(
+    found: Iterable[Problem | None], total: int, progress: Callable[[int, int], None] | None
+) -> Iterator[Problem]:
+    """The problems among ``found``, telling ``progress`` how many files were checked."""
+    for done, problem in enumerate(found, 1):
+        if problem is not None:
+            yield problem
+        if progress is not None:
+            progress(done, total)
 
 
 def _manifests(store: ManifestStore, problems: list[Problem]) -> int:
@@ -264,13 +281,16 @@ def _unreadable_leases(log: ReplicationLog, problems: list[Problem]) -> None:
         )
 
 
-def verify(log: ReplicationLog) -> VerifyReport:
-    """Check every checksummed file of ``log``; the report lists every problem found."""
+def verify(
+    log: ReplicationLog, *, progress: Callable[[int, int], None] | None = None
+) -> VerifyReport:
+    """Check every checksummed file of ``log``; the report lists every problem found.
+    ``progress`` is told the segment files checked so far and in all (most of the work)."""
     problems: list[Problem] = []
     commits, state = _commits(log, problems)
     snapshots = _snapshots(log, problems)
     _checkpointed_segments(log, state, problems)
-    segments = _segments(log, state, problems)
+    segments = _segments(log, state, problems, progress)
     manifests = _stores(log, problems)
     _unreadable_leases(log, problems)
     return VerifyReport(

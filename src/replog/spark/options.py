@@ -13,15 +13,16 @@ locations are normalised before an id is derived from them.
 from __future__ import annotations
 
 import difflib
+import functools
 import hashlib
 import os
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
-from replog.errors import InvalidOptionError
+from replog.errors import InvalidOptionError, ReplogError
 from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS, Transaction
 from replog.names import check_name
 from replog.storage import coerce_option_value
@@ -88,6 +89,55 @@ HINTS = {
     "queryname": "set the query name with writeStream.queryName(...)",
 }
 
+SPELLINGS = {
+    name.lower(): name
+    for name in (
+        *SOURCE_OPTIONS,
+        *SINK_OPTIONS,
+        "maxOffsetsPerTrigger",
+        "minOffsetsPerTrigger",
+        "maxFilesPerTrigger",
+        "startingOffsetsByTimestamp",
+        "startingVersion",
+        "endingTimestamp",
+        "subscribe",
+        "subscribePattern",
+        "kafka.bootstrap.servers",
+        "kafka.group.id",
+        "groupIdPrefix",
+        "readChangeFeed",
+        "ignoreChanges",
+        "skipChangeCommits",
+        "topic",
+        "mergeSchema",
+        "overwriteSchema",
+        "replaceWhere",
+        "queryName",
+    )
+}
+"""Option names as users write them: Spark hands a Python data source its options
+lower-cased, and an error should name the option as it was written."""
+
+_Method = TypeVar("_Method", bound=Callable[..., Any])
+
+
+def plain_errors(method: _Method) -> _Method:
+    """``method`` re-raising a replog error with its traceback cut to this frame.
+
+    Spark shows a Python data source's error as the Python traceback followed by the
+    message; replog's messages say what is wrong in one line, which came after 10 to 24
+    lines of replog's frames. Cut, it is the line after two (the frame's file and this
+    ``raise``)."""
+
+    @functools.wraps(method)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return method(*args, **kwargs)
+        except ReplogError as error:
+            raise error.with_traceback(None) from None
+
+    return cast(_Method, wrapper)
+
 
 def _get(options: Mapping[str, str], name: str) -> str | None:
     """Case-insensitive lookup (Spark lower-cases option names)."""
@@ -109,8 +159,9 @@ def check_known(options: Mapping[str, str], known: Iterable[str], what: str) -> 
             close = difflib.get_close_matches(lowered, list(allowed), n=1, cutoff=0.75)
             hint = f"did you mean {allowed[close[0]]}?" if close else ""
         listed = ", ".join(sorted(allowed.values()))
+        shown = SPELLINGS.get(lowered, key)
         raise InvalidOptionError(
-            f"{what}: unknown option {key!r}{'; ' + hint if hint else ''} "
+            f"{what}: unknown option {shown!r}{'; ' + hint if hint else ''} "
             f"(options: {listed}, and fs.<name> for storage)"
         )
 

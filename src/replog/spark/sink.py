@@ -50,7 +50,7 @@ from replog.format.gc import StagingStart
 from replog.format.segments import StagedSegment
 from replog.log import ReplicationLog
 from replog.spark.offsets import SparkOffset
-from replog.spark.options import SinkOptions
+from replog.spark.options import SinkOptions, plain_errors
 from replog.storage import Storage
 from replog.timeutil import now_ms, now_utc
 
@@ -332,6 +332,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
         assert self.options.sink_id is not None
         return PROCESS.committer(self._target(), self.options.sink_id)
 
+    @plain_errors
     def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         batch = self._batch(messages, batchId)
         if not batch.query_id:
@@ -388,6 +389,7 @@ class ReplogBatchWriter(_Stager, DataSourceArrowWriter):
         leases.renew(Storage(self.options.path, self.options.storage_options), self.planned.lease)
         return self._stage_all(iterator)
 
+    @plain_errors
     def commit(self, messages: list[WriterCommitMessage | None]) -> None:
         BatchCommitter(PROCESS.target_log(self.options)).commit(self.planned, _staged(messages))
 
@@ -409,10 +411,12 @@ class ReplogSinkDataSource(DataSource):
         log.storage.require_writable()
         return options, log
 
+    @plain_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> ReplogStreamWriter:
         options, log = self._open(schema, streaming=True)
         return ReplogStreamWriter(options, log)
 
+    @plain_errors
     def writer(self, schema: StructType, overwrite: bool) -> ReplogBatchWriter:
         if overwrite:
             raise InvalidOptionError("replog-sink is append-only: use mode('append')")

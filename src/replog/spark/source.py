@@ -45,12 +45,13 @@ from replog import offsets as positions
 from replog import planning
 from replog.checkpoints import consumers
 from replog.core.files import read_segments
+from replog.errors import ReplogError
 from replog.format.state import LogState
 from replog.log import ReplicationLog
 from replog.offsets import Offsets
 from replog.planning import ReadTask
 from replog.spark.offsets import SparkOffset
-from replog.spark.options import SourceOptions
+from replog.spark.options import SourceOptions, plain_errors
 from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.storage import Storage
 from replog.timeutil import now_ms
@@ -191,6 +192,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
 
     # -- planning (driver) --------------------------------------------------------------
 
+    @plain_errors
     def initialOffset(self) -> dict[str, Any]:
         if self._initial is None:
             consumer = self.options.consumer or f"query-{uuid.uuid4().hex[:16]}"
@@ -204,6 +206,7 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._record(consumer, self._initial)
         return self._initial.to_json()
 
+    @plain_errors
     def getDefaultReadLimit(self) -> ReadLimit:
         if self.options.max_events_per_trigger is not None:
             return ReadMaxRows(self.options.max_events_per_trigger)
@@ -213,10 +216,12 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return ReadMinRows(self.options.min_events_per_trigger)
         return ReadAllAvailable()
 
+    @plain_errors
     def prepareForTriggerAvailableNow(self) -> None:
         self._available_now_target = positions.latest(self.log.refresh())
         logger.info("Trigger.AvailableNow: reading up to %s", self._available_now_target)
 
+    @plain_errors
     def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
         state = self.log.refresh()
         begin = SparkOffset.from_json(start)
@@ -277,15 +282,18 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         waited = now_ms() - self._last_trigger_ms
         return 0 < backlog < minimum and waited < self.options.max_trigger_delay_ms
 
+    @plain_errors
     def reportLatestOffset(self) -> dict[str, Any]:
         state = self.log.state()
         return self._offset(positions.latest(state), state.version, None).to_json()
 
+    @plain_errors
     def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[ReplogPartition]:
         begin, finish = SparkOffset.from_json(start), SparkOffset.from_json(end)
         finish.check_log(self.log, self.log.refresh())
         return _plan(self.log, self.options, begin.offsets, finish.offsets)
 
+    @plain_errors
     def commit(self, end: dict[str, Any]) -> None:
         offset = SparkOffset.from_json(end)
         self._record(self._consumer(offset), offset)
@@ -302,6 +310,7 @@ class ReplogBatchReader(DataSourceReader):
     def __init__(self, options: SourceOptions) -> None:
         self.options = options
 
+    @plain_errors
     def partitions(self) -> Sequence[ReplogPartition]:
         log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
         start = _start_offsets(log, self.options, self.options.consumer)
@@ -325,8 +334,50 @@ class ReplogDataSource(DataSource):
     def schema(self) -> str:
         return SPARK_SCHEMA_DDL
 
-    def streamReader(self, schema: StructType) -> ReplogStreamReader:
-        return ReplogStreamReader(SourceOptions.parse(self.options, streaming=True))
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        try:
+            options = SourceOptions.parse(self.options, streaming=True)
+        except ReplogError as exc:
+            # pyspark's stream runner mishandles an error raised here (it then calls stop()
+            # on a reader it never got: an UnboundLocalError buries the message), so the
+            # error is raised by the reader's first call instead
+            return RefusedStreamReader(exc)
+        return ReplogStreamReader(options)
 
+    @plain_errors
     def reader(self, schema: StructType) -> ReplogBatchReader:
         return ReplogBatchReader(SourceOptions.parse(self.options, streaming=False))
+
+
+class RefusedStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """A stream reader whose options were refused: every call raises the error."""
+
+    def __init__(self, error: ReplogError) -> None:
+        self.error = error
+
+    def _refused(self) -> ReplogError:
+        return self.error.with_traceback(None)
+
+    def initialOffset(self) -> dict[str, Any]:
+        raise self._refused() from None
+
+    def latestOffset(self, start: dict[str, Any], limit: ReadLimit) -> dict[str, Any]:
+        raise self._refused() from None
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        raise self._refused() from None
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        raise self._refused() from None
+
+    def partitions(self, start: dict[str, Any], end: dict[str, Any]) -> Sequence[InputPartition]:
+        raise self._refused() from None
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        raise self._refused() from None
+
+    def commit(self, end: dict[str, Any]) -> None:
+        raise self._refused() from None
+
+    def stop(self) -> None:
+        """Nothing to release."""

@@ -1,0 +1,213 @@
+"""The README's and docs/CDC.md's code blocks, run as a newcomer would copy them.
+
+Each fenced block runs, in document order: a ``python`` block in one namespace per
+document (the tour is one script), a shell block as a bash script with ``replog`` on the
+PATH (a block of ``$ ...`` lines and their output: the ``$`` lines), which must exit 0
+(``bash -e``: every command). Paths under
+``/tmp/``, ``/logs/``, ``/data/`` and ``s3://bucket/`` are taken to a fresh directory.
+A block that cannot run here says why in a marker on the line before it::
+
+    <!-- docs-test: skip: needs a Kafka broker -->
+
+and one that uses what its reader has (their session, their log, their database, their
+input file) names it::
+
+    <!-- docs-test: given spark, url, dsn, debezium.jsonl -->
+
+which this test provides: the test session, a log of Debezium customer changes, a
+PostgreSQL database with a table ``public.orders``, a file of Debezium change events.
+Every other block must run as written.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.cli import REPLOG
+
+ROOT = Path(__file__).parent.parent
+DEBEZIUM_FILE = ROOT / "tests" / "data" / "debezium" / "postgres_customers.jsonl"
+MARKER = re.compile(r"<!-- docs-test: (skip|given)(?::)? (.*?) -->")
+FENCE = re.compile(r"^( *)```(\w*)\s*$")
+MOVED = ("/tmp/", "/logs/", "/data/", "s3://bucket/")
+SHELL = ("", "sh", "shell", "bash", "console")
+
+
+@dataclass(frozen=True)
+class Block:
+    document: str
+    line: int
+    language: str
+    text: str
+    skip: str | None
+    given: tuple[str, ...]
+
+    @property
+    def where(self) -> str:
+        return f"{self.document}:{self.line}"
+
+
+def blocks(document: str) -> Iterator[Block]:
+    """The fenced code blocks of ``document`` (relative to the repository), with the
+    marker on the line before each, if any."""
+    lines = (ROOT / document).read_text().splitlines()
+    index = 0
+    while index < len(lines):
+        opened = FENCE.match(lines[index])
+        if opened is None:
+            index += 1
+            continue
+        indent, language = opened.groups()
+        end = index + 1
+        while lines[end].strip() != "```":
+            end += 1
+        body = "\n".join(line[len(indent) :] for line in lines[index + 1 : end])
+        before = next((line for line in reversed(lines[:index]) if line.strip()), "")
+        marker = MARKER.search(before)
+        kind, words = marker.groups() if marker else (None, "")
+        yield Block(
+            document,
+            index + 1,
+            language,
+            body,
+            skip=words if kind == "skip" else None,
+            given=tuple(w.strip() for w in words.split(",")) if kind == "given" else (),
+        )
+        index = end + 1
+
+
+def moved(text: str, root: Path) -> str:
+    for prefix in MOVED:
+        text = text.replace(prefix, f"{root}/{prefix.strip('/').replace('://', '-')}/")
+    return text
+
+
+def script(block: Block) -> str:
+    """A shell block as a script: the ``$`` lines of a transcript, else the block."""
+    lines = block.text.splitlines()
+    if any(line.startswith("$ ") for line in lines):
+        return "\n".join(line[2:] for line in lines if line.startswith("$ "))
+    return block.text
+
+
+class Reader:
+    """What a block's reader has (``given``), made on first use."""
+
+    def __init__(self, root: Path, spark: Any, pg_dsn: str) -> None:
+        self.root, self.spark, self.pg_dsn = root, spark, pg_dsn
+        self._url: str | None = None
+        self._dsn: str | None = None
+
+    def url(self) -> str:
+        if self._url is None:
+            self._url = str(self.root / "given-log")
+            run([REPLOG, "create", self._url, "--shards", "2"], self.root)
+            run(
+                [REPLOG, "append", self._url, str(DEBEZIUM_FILE), "--format", "debezium",
+                 "--key-fields", "id"],
+                self.root,
+            )  # fmt: skip
+        return self._url
+
+    def dsn(self) -> str:
+        if self._dsn is None:
+            import psycopg
+
+            with psycopg.connect(self.pg_dsn, autocommit=True) as connection:
+                connection.execute("CREATE TABLE public.orders (id int PRIMARY KEY, total numeric)")
+                connection.execute("INSERT INTO public.orders VALUES (1, 9.50), (2, 12.00)")
+            self._dsn = self.pg_dsn
+        return self._dsn
+
+    def provide(self, block: Block, namespace: dict[str, Any]) -> None:
+        for name in block.given:
+            if name == "spark":
+                namespace["spark"] = self.spark
+            elif name == "url":
+                namespace["url"] = self.url()
+            elif name == "dsn":
+                namespace["dsn"] = self.dsn()
+            elif name == "chk":
+                namespace["chk"] = str(self.root / "given-checkpoint")
+            elif name.endswith(".jsonl"):
+                shutil.copy(DEBEZIUM_FILE, self.root / name)
+            else:
+                raise AssertionError(f"{block.where}: the test cannot give {name!r}")
+
+
+def run(argv: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
+    path = f"{Path(REPLOG).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    environment = {**os.environ, "PATH": path}
+    environment.pop("PYTHONPATH", None)  # a newcomer's shell: replog as installed
+    done = subprocess.run(
+        argv, cwd=cwd, capture_output=True, text=True, check=False, env=environment
+    )
+    assert done.returncode == 0, (argv, done.stdout, done.stderr)
+    return done
+
+
+def run_document(document: str, root: Path, reader: Reader) -> list[str]:
+    """Run every block of ``document``; the blocks skipped, with their reasons."""
+    namespace: dict[str, Any] = {"__name__": "__docs__"}
+    skipped = []
+    for block in blocks(document):
+        if block.skip is not None:
+            assert block.skip.strip(), f"{block.where}: a skipped block says why"
+            skipped.append(f"{block.where}: {block.skip}")
+            continue
+        reader.provide(block, namespace)
+        if block.language == "python":
+            code = compile(moved(block.text, root), block.where, "exec")
+            exec(code, namespace)
+        elif block.language in SHELL:
+            run(["bash", "-e", "-o", "pipefail", "-c", moved(script(block), root)], root)
+        else:
+            raise AssertionError(f"{block.where}: a {block.language} block needs a marker")
+    return skipped
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.parametrize("document", ["README.md", "docs/CDC.md"])
+def test_the_documents_code_blocks_run(
+    document: str, tmp_path: Path, spark: Any, pg_dsn: str
+) -> None:
+    for prefix in MOVED:
+        (tmp_path / prefix.strip("/").replace("://", "-")).mkdir()
+    skipped = run_document(document, tmp_path, Reader(tmp_path, spark, pg_dsn))
+    for query in spark.streams.active:  # a block's query left running is a failure
+        query.stop()
+        raise AssertionError(f"{document}: a block left query {query.name or query.id} running")
+    print("\n".join(skipped))
+    if document == "docs/CDC.md":  # "Many collections in one query" filled both tables
+        from deltalake import DeltaTable
+
+        tables = tmp_path / "tmp" / "tables"
+        customers = DeltaTable(str(tables / "customers")).to_pyarrow_table()
+        orders = DeltaTable(str(tables / "orders")).to_pyarrow_table()
+        assert customers.num_rows > 0
+        assert sorted(orders.column("id").to_pylist()) == [1, 2]
+
+
+def test_markers_are_few_and_every_block_is_run_or_says_why() -> None:
+    for document in ("README.md", "docs/CDC.md"):
+        found = list(blocks(document))
+        assert found, document
+        run_here = [b for b in found if b.skip is None]
+        assert len(run_here) > len(found) / 2, (document, len(run_here), len(found))
+        for block in found:
+            assert block.language in (*SHELL, "python") or block.skip, block.where
+
+
+def test_the_tour_defines_spark_and_waits_for_its_query() -> None:
+    readme = (ROOT / "README.md").read_text()
+    assert "spark = SparkSession.builder" in readme
+    assert ".trigger(availableNow=True)" in readme and ".awaitTermination()" in readme
