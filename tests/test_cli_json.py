@@ -135,6 +135,20 @@ def test_errors_are_json_documents_with_their_exit_code(tmp_path: Path) -> None:
     assert plain.stdout == "" and plain.stderr.startswith("replog: error: ")
 
 
+def test_snapshot_request(pg_dsn: str) -> None:
+    document = run_json(
+        "snapshot",
+        "postgres",
+        pg_dsn,
+        "--slot",
+        "s",
+        "--tables",
+        "t,public.u",
+        schema=covered("snapshot"),
+    )
+    assert document["tables"] == ["t", "public.u"] and document["slot"] == "s"
+
+
 def test_every_command_with_a_schema_was_run() -> None:
     """Runs last in this module: each command of COMMAND_SCHEMAS was validated above."""
     assert set(COMMAND_SCHEMAS) - {"capture"} == COVERED

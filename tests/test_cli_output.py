@@ -221,6 +221,11 @@ def _cases(tmp_path: Path) -> list[Case]:
             ),
         ),
         Case(
+            "snapshot_requested",
+            r.SnapshotRequested.of("shop", ["public.orders"], 0x16B3748),
+            ("asked the capture of slot shop to snapshot public.orders", "LSN 0/16B3748"),
+        ),
+        Case(
             "compacted",
             r.Compacted.merged(url, compacted, False),
             (f"compacted {url} at version {compacted.record.version}: merged",),
@@ -246,8 +251,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
 NAMES = [
     "created", "schemas", "appended", "info", "verified", "history", "manifests", "manifest",
     "validated", "consumers", "consumer", "consumer_set", "consumer_deleted", "status",
-    "truncation_plan", "truncated", "recovered", "captured", "compacted", "key_compacted",
-    "failed",
+    "truncation_plan", "truncated", "recovered", "captured", "snapshot_requested", "compacted",
+    "key_compacted", "failed",
 ]  # fmt: skip
 
 
