@@ -57,7 +57,10 @@ def on_terminal(*args: str) -> tuple[int, str, str]:
 
 
 def piped(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([REPLOG, *args], capture_output=True, text=True, check=False)
+    """``replog ARGS`` with stderr not a terminal; a plain line for every step (whatever
+    the machine's speed, so the lines do not depend on timing)."""
+    env = {**os.environ, "REPLOG_PROGRESS_EVERY_S": "0"}
+    return subprocess.run([REPLOG, *args], capture_output=True, text=True, check=False, env=env)
 
 
 @pytest.fixture(scope="module")

@@ -34,7 +34,7 @@ def test_a_refused_batch_option_leads_with_the_users_spelling(spark: Any, log_ur
     message = str(caught.value)
     assert "unknown option 'maxOffsetsPerTrigger'; maxOffsetsPerTrigger is Kafka's name" in message
     assert lines_before(message, "InvalidOptionError") <= 3, message
-    assert "options.py\", line" in message and "check_known" not in message
+    assert 'options.py", line' in message and "check_known" not in message
 
 
 def test_a_refused_sink_option_leads(spark: Any, tmp_path: Path) -> None:

@@ -223,6 +223,8 @@ class PostgresCapture:
         self._ready: dict[str, list[dict[str, Any]]] = {}
         """Deletes of dropped tables' rows, for the head of the next batch, by table."""
         self._tables_checked = 0.0
+        self._snapshotted = False
+        """A snapshot was owed during this run (for SnapshotCompleted)."""
         self._txn: SourceTransaction | None = None
         """The transaction being read."""
         self._drops_noted: set[str] = set()
@@ -245,11 +247,12 @@ class PostgresCapture:
         following, until stopped)."""
         position = self._start()
         self.progress.position = position
+        self._snapshotted = self._snapshot_owed()
         while not self.stop.is_set():
             self._check_tables()
             self._next_chunk()
             captured = self._capture_batch()
-            self._report()
+            self._report(idle=not captured)
             if not captured and self.chunk is None and not self._snapshot_owed():
                 if not self.options.follow:
                     break
@@ -261,15 +264,27 @@ class PostgresCapture:
             while self._capture_batch():
                 self._report()
             self.source.drop_slot()
+            self.progress.slot_dropped = True
+            self.progress.publication_dropped = self.source.drop_own_publication()
         return self.progress
 
-    def _report(self) -> None:
-        self.progress.lag_bytes = max(self.source.current_position() - self.progress.position, 0)
-        current = self.plan.current if self.plan is not None else None
-        self.progress.snapshot_table = current.table if current is not None else None
-        self.progress.snapshot_tables_left = len(self.plan.queue) if self.plan else 0
+    def _report(self, *, idle: bool = False) -> None:
+        """Bring the progress up to date and hand it to the callback (after each batch:
+        each snapshot chunk, each commit, each empty poll)."""
+        progress = self.progress
+        progress.lag_bytes = max(self.source.current_position() - progress.position, 0)
+        if idle:
+            progress.lag_ms = 0  # caught up: nothing committed at the source is unread
+        queue = self.plan.queue if self.plan is not None else []
+        progress.snapshot_table = queue[0].table if queue else None
+        progress.snapshot_tables_left = len(queue)
+        progress.snapshot_running = bool(queue)
+        progress.snapshot_completed = self._snapshotted and not queue
+        progress.snapshot_rows_total = progress.snapshot_rows + sum(
+            max(owed.estimate - owed.rows, 0) for owed in queue
+        )
         if self.on_progress is not None:
-            self.on_progress(self.progress)
+            self.on_progress(progress)
 
     def _snapshot_owed(self) -> bool:
         return self.plan is not None and self.plan.current is not None
@@ -373,6 +388,7 @@ class PostgresCapture:
             return
         if self.plan.enqueue(table, reason, self.source.estimated_rows(table)):
             self._plan_changed = True
+            self._snapshotted = True
 
     def _joined(self, table: Table) -> None:
         self._owe_snapshot(table, ADDED)
@@ -563,6 +579,7 @@ class PostgresCapture:
         self.progress.skipped_transactions += batch.transactions - batch.captured
         if batch.last_commit_ms is not None:
             self.progress.last_commit_ms = batch.last_commit_ms
+            self.progress.lag_ms = max(now_ms() - batch.last_commit_ms, 0)
         self._prepare_resets(max(position, last))
         return True
 

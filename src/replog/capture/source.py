@@ -629,6 +629,17 @@ class PostgresSource:
         )
         logger.info("added %s to publication %s", table.qualified, self.publication)
 
+    def drop_own_publication(self) -> str | None:
+        """Drop capture's own publication (with the slot, at ``--drop-slot``); its name,
+        or None (a ``--publication`` given is the user's, never dropped)."""
+        if not self.own_publication:
+            return None
+        self.connection.execute(
+            sql.SQL("DROP PUBLICATION IF EXISTS {}").format(sql.Identifier(self.publication))
+        )
+        logger.info("dropped publication %s", self.publication)
+        return self.publication
+
     def create_slot(self) -> int:
         """Create the slot; its consistent point."""
         row = self.connection.execute(

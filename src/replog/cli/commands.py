@@ -311,17 +311,18 @@ def cmd_read(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_tail(args: argparse.Namespace, out: Output) -> int:
-    """The last ``-n`` events of each shard, then (``--follow``) every new event."""
+    """The last ``-n`` events of each shard, then (``--follow``) every new event. Ctrl-C
+    is how one stops following, whenever it comes: not a failure."""
     log = open_log(args)
     shards = _shards(log, args.shard)
-    state = log.refresh()
-    next_sequence = {}
-    for shard in shards:
-        first = max(state.heads[shard] - args.lines + 1, state.lows[shard])
-        out.events(_rows(log, shard, first, state.heads[shard]))
-        next_sequence[shard] = state.heads[shard] + 1
     interval = duration_ms(args.interval, "--interval") / 1000
     try:
+        state = log.refresh()
+        next_sequence = {}
+        for shard in shards:
+            first = max(state.heads[shard] - args.lines + 1, state.lows[shard])
+            out.events(_rows(log, shard, first, state.heads[shard]))
+            next_sequence[shard] = state.heads[shard] + 1
         while args.follow:
             time.sleep(interval)
             state = log.refresh()
@@ -330,8 +331,9 @@ def cmd_tail(args: argparse.Namespace, out: Output) -> int:
                     first = max(next_sequence[shard], state.lows[shard])
                     out.events(_rows(log, shard, first, state.heads[shard]))
                     next_sequence[shard] = state.heads[shard] + 1
-    except KeyboardInterrupt:  # Ctrl-C is how one stops following: not a failure
-        return 0
+    except KeyboardInterrupt:
+        if not args.follow:
+            raise
     return 0
 
 

@@ -8,6 +8,7 @@ line at most every :data:`PLAIN_EVERY_S` seconds and one when the work ends. Und
 
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
@@ -35,8 +36,9 @@ from rich.text import Text
 from replog.capture.progress import CaptureProgress
 from replog.cli.results import age
 
-PLAIN_EVERY_S = 1.0
-"""Plain progress lines come at most this often while the work moves."""
+PLAIN_EVERY_S = float(os.environ.get("REPLOG_PROGRESS_EVERY_S", "1"))
+"""Plain progress lines come at most this often while the work moves (seconds;
+``REPLOG_PROGRESS_EVERY_S`` sets it: a log collector may want fewer, a test every one)."""
 IDLE_EVERY_S = 60.0
 """...and at least this often while a following capture waits for changes."""
 FLUSH_EVERY_S = 0.1
