@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from replog.capture.events import UNAVAILABLE, EventMaker
+from replog.capture.events import UNAVAILABLE, Event, EventColumns, EventMaker
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.pgoutput import (
     Commit,
@@ -71,13 +71,14 @@ from replog.capture.source import (
     Table,
     server_positions,
 )
-from replog.capture.stream import DeferredKeys, Mapped, Relations
+from replog.capture.stream import DeferredKeys, Relations
 from replog.core import leases, staging
 from replog.crashpoints import crash_point
 from replog.errors import CaptureError, SourcePositionError, TransactionOrderError
 from replog.format.commits import CommitRecord, Transaction
-from replog.format.events import events_from_records
+from replog.format.gc import StagingStart
 from replog.format.leases import Lease
+from replog.format.segments import StagedSegment
 from replog.log import ReplicationLog
 from replog.schemas import registry
 from replog.timeutil import now_ms
@@ -101,7 +102,7 @@ class _EndBefore(Exception):  # noqa: N818 - control flow inside this module, ne
 
 
 class Batch:
-    """The events of whole source transactions, to be committed at once: held in memory,
+    """The events of whole source transactions, to be committed at once: held as columns,
     and staged as segment files (under a staging lease) each time many gathered, so a
     transaction of millions of changes costs the memory of ``stage_events`` events."""
 
@@ -109,9 +110,10 @@ class Batch:
         self.log = log
         self.owner = owner
         self.stage_events = stage_events
-        self.records: list[dict[str, Any]] = []
-        self.staged: list[Any] = []
+        self.held = EventColumns()
+        self.staged: list[StagedSegment] = []
         self.lease: Lease | None = None
+        self.since: StagingStart | None = None
         self.events = 0
         self.transactions = 0
         self.position = 0
@@ -124,45 +126,50 @@ class Batch:
         self.resets: list[str] = []
         """Tables whose dropped predecessor's rows it deletes (at its head)."""
 
-    def add(self, events: list[dict[str, Any]]) -> None:
-        self.records.extend(events)
+    def add(self, events: list[Event]) -> None:
+        self.held.add(events)
         self.events += len(events)
-        if len(self.records) >= self.stage_events:
+        self._stage_if_many()
+
+    def add_chunk(self, chunk: Chunk) -> None:
+        """The read events of a snapshot chunk (its rows the window left)."""
+        rows = list(chunk.events.values())
+        self.held.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata, rows)
+        self.events += len(rows)
+        self.chunk = chunk
+        self._stage_if_many()
+
+    def _stage_if_many(self) -> None:
+        if len(self.held) >= self.stage_events:
+            if self.lease is None:
+                self.lease = leases.acquire(self.log.storage, self.owner)
             self._stage()
 
     def _stage(self) -> None:
-        table = events_from_records(self.records)
-        if self.lease is None:
-            self.lease = leases.acquire(self.log.storage, self.owner)
-        self.staged.extend(self.log.stage(table))
-        self.records = []
+        if self.since is None:
+            self.since = StagingStart(self.log.refresh().version, now_ms())
+        self.staged.extend(self.log.stage(self.held.table()))
+        self.held.clear()
         crash_point("capture_staged")
 
     def commit(self, transaction: Transaction) -> CommitRecord | None:
         """Commit every event as one commit recording ``transaction``; None if the log
         holds it already. Also with no events: the position moves on."""
-        if not self.staged:
-            if self.records:
-                return self.log.append(self.records, transaction=transaction)
-            return self.log.commit_staged(
-                [], writer=transaction.writer(), follows=transaction.follows
-            )
-        if self.records:
+        if len(self.held):
             self._stage()
-        assert self.lease is not None
         with staging.committing(self.log.storage, self.staged) as attempt:
             record = self.log.commit_staged(
                 self.staged,
                 writer=transaction.writer(),
                 attempt=attempt,
+                since=self.since,
                 lease=self.lease,
                 follows=transaction.follows,
             )
         if record is None:
             self.log.discard_staged(self.staged)
-        else:
+        elif self.staged:
             self.log.maintain()
-        self.release()
         return record
 
     def release(self) -> None:
@@ -220,7 +227,7 @@ class PostgresCapture:
         self._registered: set[str] = set()
         self._end_before: int | None = None
         """End the next batch before the transaction at this position (a reset first)."""
-        self._ready: dict[str, list[dict[str, Any]]] = {}
+        self._ready: dict[str, list[Event]] = {}
         """Deletes of dropped tables' rows, for the head of the next batch, by table."""
         self._tables_checked = 0.0
         self._snapshotted = False
@@ -422,12 +429,11 @@ class PostgresCapture:
         if self._reader is None:
             self._reader = self._resources.enter_context(self.source.reader())
         rows, chunk = self.chunks.read(owed, table, self._reader)
-        ts_ms = now_ms()
-        for values in rows:
-            event = self.events.snapshot_row(
-                table, values, ts_ms=ts_ms, position=chunk.high_lsn, kind=owed.kind
-            )
-            chunk.events[event["key"]] = event
+        chunk.ts_ms = now_ms()
+        chunk.metadata = self.events.snapshot_metadata(
+            table, ts_ms=chunk.ts_ms, position=chunk.high_lsn, kind=owed.kind
+        )
+        chunk.events = self.events.reads(table, rows, chunk.high_lsn)
         self.chunk = chunk
 
     def _watermark(self, message: Message, batch: Batch) -> None:
@@ -442,8 +448,7 @@ class PostgresCapture:
             return
         assert self._txn is not None
         self._deleted_first(chunk.table, batch, self._txn.commit_lsn)
-        batch.add(list(chunk.events.values()))
-        batch.chunk = chunk
+        batch.add_chunk(chunk)
         self.chunk = None
 
     def _signal(self, message: Message) -> None:
@@ -677,25 +682,13 @@ class PostgresCapture:
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
             self._recreated(table.qualified, mapped.replaced)
         self._deleted_first(table, batch, txn.commit_lsn)
-        images = self.events.images(table, mapped.change)
-        if self.chunk is not None and self.chunk.table.oid == table.oid:
-            self._reconcile(self.chunk, mapped, images[0], images[1])
-        made = self.events.changes(table, mapped.change, txn, order, ts_ms, images=images)
+        made = self.events.changes(table, mapped.change, txn, order, ts_ms)
+        chunk = self.chunk
+        if chunk is not None and chunk.table.oid == table.oid:
+            for event in made:  # a change in a chunk's window stands for its key's row
+                chunk.drop(event.key)
         batch.add(self.deferred.keep(table, made))
         return order + len(made)
-
-    def _reconcile(
-        self,
-        chunk: Chunk,
-        mapped: Mapped,
-        after: dict[str, Any] | None,
-        before: dict[str, Any] | None,
-    ) -> None:
-        """A change inside a chunk's window stands for the chunk's row of its key (old
-        and new key, for a key update)."""
-        for image in (after, before):
-            if image is not None and all(k in image for k in mapped.table.key):
-                chunk.drop(self.events.key(mapped.table, image))
 
     def _skip_truncation(self, truncation: Truncation, txn: SourceTransaction) -> None:
         """Warn about each captured table a ``TRUNCATE`` emptied: the log has no event

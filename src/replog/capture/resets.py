@@ -11,16 +11,13 @@ commit. The cost is one read of the log's events of that collection, once per su
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from replog.capture.events import EVENT_ID_NAMESPACE, EventMaker
+from replog.capture.events import Event, EventMaker, event_id
 from replog.capture.source import Table
-from replog.format.jsontext import RawJSON
 from replog.log import ReplicationLog
 from replog.tables.changes import latest_events
 
@@ -46,26 +43,26 @@ def deletes(
     old_oid: int,
     ts_ms: int,
     position: int,
-) -> list[dict[str, Any]]:
-    """A delete event of each of ``keys`` of the dropped table ``old_oid``, placed at
-    ``position`` (the first transaction of the new table)."""
+) -> list[Event]:
+    """A delete event of each of ``keys`` of the dropped table ``old_oid`` (its row as the
+    key holds it), placed at ``position`` (the first transaction of the new table)."""
     source = {
         **maker.source_block(table, ts_ms, "false", None, position),
         "table_dropped": old_oid,
     }
-    shape = maker.shape(table)
+    metadata = maker.metadata_text(
+        op="d", ts_ms=ts_ms, source=source, schema=maker.shape(table).digest
+    )
     return [
-        {
-            "event_id": str(uuid.uuid5(EVENT_ID_NAMESPACE, f"{maker.slot}:drop:{old_oid}:{key}")),
-            "timestamp": ts_ms,
-            "operation": "delete",
-            "collection": table.qualified,
-            "key": key,
-            "data": RawJSON(key),
-            "before": RawJSON(key),
-            "metadata": RawJSON(
-                maker.metadata_text(op="d", ts_ms=ts_ms, source=source, schema=shape.digest)
-            ),
-        }
+        Event(
+            event_id(f"{maker.slot}:drop:{old_oid}:{key}"),
+            ts_ms,
+            "delete",
+            table.qualified,
+            key,
+            key,
+            key,
+            metadata,
+        )
         for key in keys
     ]

@@ -28,6 +28,7 @@ from typing import Any
 
 from psycopg import sql
 
+from replog.capture.events import Read
 from replog.capture.options import DEFAULT_CHUNK_ROWS
 from replog.capture.pgoutput import lsn_to_int
 from replog.capture.source import (
@@ -256,13 +257,16 @@ class Chunk:
     """Names this chunk's watermarks (they carry it)."""
     low_lsn: int
     high_lsn: int
-    events: dict[str, dict[str, Any]]
+    events: dict[str, Read]
     """Key -> the read event of the row, in key order."""
     after: list[str | None] | None
     leaf: int
     block: int
     finished: bool
     low_seen: bool = False
+    metadata: str = ""
+    """The metadata every read event of the chunk carries."""
+    ts_ms: int = 0
 
     def drop(self, key: str) -> None:
         """A change inside the window names ``key``: the stream's event stands for it."""

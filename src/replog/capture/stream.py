@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from replog.capture.events import Event
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import Column, Relation, RowChange, SourceTransaction, lsn_to_text
 from replog.capture.progress import CaptureProgress
@@ -244,19 +245,19 @@ class DeferredKeys:
     def begin(self) -> None:
         self._created.clear()
 
-    def keep(self, table: Table, events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    def keep(self, table: Table, events: list[Event]) -> list[Event]:
         """``events`` without the deletes that would remove a row this transaction put
         under a key after another row had it."""
         if not table.key_deferrable:
             return events
         kept = []
         for event in events:
-            slot = (event["collection"], event["key"])
-            operation = event["operation"]
+            slot = (event.collection, event.key)
+            operation = event.operation
             if operation == "insert" or (operation == "update" and slot in self._created):
-                self._created[slot] = str(event["data"])
+                self._created[slot] = event.data
             elif operation == "delete" and slot in self._created:
-                if str(event["before"]) != self._created[slot]:
+                if event.before != self._created[slot]:
                     logger.debug("%s %s: the row that held the key before left it", *slot)
                     continue
                 del self._created[slot]
