@@ -4,6 +4,7 @@ doubled, every transaction whole and in commit order)."""
 
 from __future__ import annotations
 
+import json
 import random
 import subprocess
 import threading
@@ -14,9 +15,11 @@ import psycopg
 import pytest
 from support.capture import captured
 from support.cli import REPLOG
+from support.logcheck import check_log
 
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import capture
+from replog.capture.snapshot import SnapshotPlan
 from replog.errors import LogNotFoundError
 from replog.log import ReplicationLog
 
@@ -143,3 +146,104 @@ def test_sigterm_finishes_the_commit_and_exits_cleanly(pg_dsn: str, tmp_path: Pa
     assert process.returncode == 0, stderr
     assert "captured 0 rows (1 in the snapshot)" in stdout
     assert [e["op"] for e in captured(ReplicationLog.open(url))] == ["r"]
+
+
+SNAPSHOT_ROWS = 6_000
+FIRST_ROW = 1_000_000
+
+
+class RowUpdates(threading.Thread):
+    """Updates random rows of those the snapshot reads, in small transactions."""
+
+    def __init__(self, dsn: str, seed: int) -> None:
+        super().__init__(daemon=True)
+        self.dsn, self.random, self.stop = dsn, random.Random(seed + 1), threading.Event()
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as connection:
+                while not self.stop.is_set():
+                    key = FIRST_ROW + self.random.randrange(SNAPSHOT_ROWS)
+                    connection.execute("UPDATE t SET v = v + 1 WHERE id = %s", (key,))
+                    time.sleep(0.002)
+        except BaseException as exc:  # the test reports it
+            self.error = exc
+
+
+def test_a_snapshot_killed_at_random_points_holds_every_row_once(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """SIGKILL at random points of a chunked snapshot while the table is written to: each
+    restart goes on from the last committed chunk (the plan), no row is read twice by the
+    snapshot, and the log applied key by key equals the table."""
+    url = str(tmp_path / "log")
+    with psycopg.connect(pg_dsn, autocommit=True) as connection:
+        connection.execute("CREATE TABLE t (id int PRIMARY KEY, v int, amount numeric)")
+        connection.execute(  # above the ids the workload inserts
+            f"INSERT INTO t SELECT g, 0, g / 100.0 FROM generate_series({FIRST_ROW},"
+            f" {FIRST_ROW + SNAPSHOT_ROWS - 1}) g"
+        )
+    seed = random.randrange(1 << 30)
+    chooser = random.Random(seed)
+    workload = Workload(pg_dsn, seed)
+    workload.start()
+    updates = RowUpdates(pg_dsn, seed)
+    updates.start()
+    command = [
+        REPLOG, "capture", "postgres", pg_dsn, url, "--slot", "snap", "--tables", "t",
+        "--snapshot-chunk-rows", "250",
+    ]  # fmt: skip
+    stderr = tmp_path / "capture.err"
+    committed = []
+    try:
+        for kill in range(6):
+            versions = ReplicationLog.open(url).refresh().version if _snapshot_landed(url) else 0
+            with stderr.open("a") as errors:
+                process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=errors)
+            if kill % 2:  # anywhere
+                time.sleep(chooser.uniform(0.0, 2.0))
+            else:  # once it commits a chunk (however slow the machine), somewhere after
+                stuck_after = time.monotonic() + 120  # a hang, not slowness
+                while not _snapshot_landed(url) or (
+                    ReplicationLog.open(url).refresh().version == versions
+                ):
+                    if process.poll() is not None:
+                        break  # it finished the snapshot
+                    assert time.monotonic() < stuck_after, f"seed {seed}: no commit in 120 s"
+                    time.sleep(0.02)
+                time.sleep(chooser.uniform(0.0, 0.3))
+            process.kill()
+            assert process.wait() in (-9, 0), f"seed {seed}: {stderr.read_text()[-2000:]}"
+            if _snapshot_landed(url):
+                log = ReplicationLog.open(url)
+                plan = SnapshotPlan.load(log.storage, "snap", log.log_id)
+                committed.append(plan.queue[0].rows if plan and plan.queue else SNAPSHOT_ROWS)
+    finally:
+        for writer in (workload, updates):
+            writer.stop.set()
+            writer.join()
+    assert updates.error is None, updates.error
+    assert committed == sorted(committed), f"seed {seed}: {committed}"
+    capture(CaptureOptions(pg_dsn, "snap", tables=("t",)), ReplicationLog.open_or_create(url, 8))
+    read_twice, built = _applied_key_by_key(url)
+    assert read_twice == [], f"seed {seed}"
+    with psycopg.connect(pg_dsn) as connection:
+        source = {
+            f'{{"id":{i}}}': f'{{"id":{i},"v":{v},"amount":{a}}}'
+            for i, v, a in connection.execute("SELECT id, v, amount::text FROM t").fetchall()
+        }
+    assert built == source, f"seed {seed}"
+
+
+def _applied_key_by_key(url: str) -> tuple[list[str], dict[str, str]]:
+    """(keys the snapshot read more than once, the table the log builds applied key by
+    key in each shard's order)."""
+    per_key: dict[str, list[tuple[str, str]]] = {}
+    rows = sorted(check_log(ReplicationLog.open(url)), key=lambda r: (r["shard"], r["sequence"]))
+    for row in rows:
+        metadata = json.loads(row["metadata"])
+        per_key.setdefault(row["key"], []).append((metadata["op"], row["data"].decode()))
+    read_twice = [k for k, events in per_key.items() if sum(e[0] == "r" for e in events) > 1]
+    built = {k: events[-1][1] for k, events in per_key.items() if events[-1][0] != "d"}
+    return read_twice, built
