@@ -70,7 +70,7 @@ from replog.format.leases import Lease
 from replog.format.segments import Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
-from replog.storage import Storage
+from replog.storage import Storage, threads
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
@@ -410,14 +410,18 @@ class ReplicationLog:
                 raise
             return staged
         with ThreadPoolExecutor(max_workers=1) as pool:
-            refreshing = pool.submit(self.refresh, verify_within=0)
+            refreshing = threads.start(pool, functools.partial(self.refresh, verify_within=0))
             try:
                 staged = self.stage(table, max_events=max_events)
             except BaseException:
-                refreshing.exception()  # let it finish before the error goes up
+                if refreshing is not None:
+                    refreshing.exception()  # let it finish before the error goes up
                 raise
             try:
-                refreshing.result()
+                if refreshing is None:  # no thread to be had (interpreter shutting down)
+                    self.refresh(verify_within=0)
+                else:
+                    refreshing.result()
             except BaseException:
                 self.discard_staged(staged)
                 raise
@@ -530,12 +534,13 @@ class ReplicationLog:
             return
         try:
             merge = merge_plans.plan_auto(state)  # may load the state's segments
+            if merge is not None:
+                self._merging = threads.start(
+                    self._executor(), functools.partial(self._merge_quietly, merge)
+                )
         except Exception as exc:
             logger.warning("%s: no automatic merge at version %d: %s", self.url,
                            state.version, exc)  # fmt: skip
-            return
-        if merge is not None:
-            self._merging = self._executor().submit(self._merge_quietly, merge)
 
     def _merge_quietly(self, merge: Merge) -> CommitRecord | None:
         if self._merger is None:
@@ -748,13 +753,16 @@ class ReplicationLog:
         background, unless the last expiry is still running (the next table catches up)."""
         if self._helper or (self._expiry is not None and not self._expiry.done()):
             return
-        self._expiry = self._executor().submit(
-            history.expire,
-            history.LogSnapshots(self.storage, self.descriptor),
-            version=state.version,
-            retained_from=state.retained_from,
-            live=state.live_paths(),
-            now_ms=now_ms(),
+        self._expiry = threads.start(
+            self._executor(),
+            functools.partial(
+                history.expire,
+                history.LogSnapshots(self.storage, self.descriptor),
+                version=state.version,
+                retained_from=state.retained_from,
+                live=state.live_paths(),
+                now_ms=now_ms(),
+            ),
         )
 
     def _absorb_expiry(self, state: LogState) -> None:

@@ -14,13 +14,13 @@ FORMAT.md live in one place (:mod:`replog.storage.backends` has the per-backend 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -29,6 +29,7 @@ import fsspec
 from replog.errors import CommitOutcomeUnknownError, InvalidOptionError, StorageError
 from replog.storage import backends
 from replog.storage.backends import Durability
+from replog.storage.threads import run_all
 
 logger = logging.getLogger(__name__)
 
@@ -169,8 +170,8 @@ class Storage:
         storage, one by one elsewhere (a thread costs more than a read from local disk)."""
         if not self.is_remote or len(items) < 2:
             return [function(item) for item in items]
-        with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
-            return list(pool.map(function, items))
+        calls = [functools.partial(function, item) for item in items]
+        return [future.result() for future in run_all(calls, threads=threads)]
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
