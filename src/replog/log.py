@@ -86,6 +86,9 @@ READ_VERIFY_S = 1.0
 """A reader checks that the log at its URL is still its log at most this often while
 nothing new arrives (a writer checks before every commit)."""
 CHECK_THREADS = 8
+RESTAGES = 3
+"""How often an append whose staged files a garbage collection may have taken (one that
+began while it staged) stages them again before it gives up."""
 
 
 @dataclass(frozen=True)
@@ -382,15 +385,27 @@ class ReplicationLog:
             self.discard_staged(staged)
             since = StagingStart(self.state().version, now_ms())
             staged = self.stage(table, max_events=segment_max_events)
-        with staging.committing(self.storage, staged) as attempt:
-            record = self.commit_staged(
-                staged,
-                writer=writer,
-                attempt=attempt,
-                since=since,
-                refreshed=True,
-                follows=transaction.follows if transaction is not None else None,
-            )
+        for restage in range(RESTAGES + 1):
+            try:
+                with staging.committing(self.storage, staged) as attempt:
+                    record = self.commit_staged(
+                        staged,
+                        writer=writer,
+                        attempt=attempt,
+                        since=since,
+                        refreshed=restage == 0,
+                        follows=transaction.follows if transaction is not None else None,
+                    )
+                break
+            except (StagingCollectedError, MissingFileError) as exc:
+                # A collection began while this write staged (a short --grace): its files
+                # may be gone. Nothing was committed and the rows are at hand: stage
+                # them again (``committing`` deleted the old files).
+                if restage == RESTAGES or not attempt.safe_to_discard:
+                    raise
+                logger.info("%s: staging the append again: %s", self.url, exc)
+                since = StagingStart(self.refresh(verify_within=0).version, now_ms())
+                staged = self.stage(table, max_events=segment_max_events)
         if record is None:  # the transaction landed meanwhile (another run of it)
             self.discard_staged(staged)
         else:
@@ -509,8 +524,10 @@ class ReplicationLog:
                 f"{self.url}: a garbage collection (gc mark at version {state.gc_version}) "
                 f"began while this write was staging (it began at version "
                 f"{since.version}), with a cut-off its staged files may fall under: "
-                f"nothing was committed; run the write again, and give 'replog recover' "
-                f"a --grace longer than your writes"
+                f"nothing was committed; run the write again. Writers allow for "
+                f"{CLOCK_SKEW_MS // 60_000} minutes of clock skew, so a 'replog recover' "
+                f"with a --grace shorter than that plus your longest write refuses writes "
+                f"in flight"
             )
         if verdict is StagedFiles.CHECK:
             self.check_staged(staged)
