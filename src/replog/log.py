@@ -71,7 +71,7 @@ from replog.format.segments import Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
 from replog.storage import Storage, threads
-from replog.timeutil import now_ms
+from replog.timeutil import monotonic_s, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -682,6 +682,7 @@ class ReplicationLog:
             if record.log_id != self.log_id:
                 record = dataclasses.replace(record, log_id=self.log_id)
             attempt.in_doubt = True
+            putting = monotonic_s()  # no one writes the version after it before it lands
             try:
                 self.storage.put_if_absent(commit_path(record.version), record.to_bytes())
             except FileExistsError:
@@ -695,6 +696,7 @@ class ReplicationLog:
             attempt.landed, attempt.in_doubt = record, False
             state.apply(record)
             state.verified = (record.version, time.monotonic())  # its own commit: its log
+            state.head_seen = putting
             self._after_commit(state)
             return record
         raise CommitConflictError(
@@ -703,18 +705,23 @@ class ReplicationLog:
 
     def _landed_on_history(self, state: LogState, record: CommitRecord) -> bool:
         """Whether ``record``, just put at ``state.version + 1``, follows the log's history
-        rather than filling a range retention emptied (a state verified before the range
-        was deleted, or read alongside the deletion: see :func:`history.catch_up`).
+        rather than filling a slot retention emptied (the writer stalled between finding
+        the slot free and its put, while others committed past it and expiry deleted it).
 
-        Only a state whose newest commit is older than the retention (less the clock skew
-        writers may have) can be that far behind: then commit ``state.version`` is read
-        again (retention deletes commits oldest first, so if it is the one the state
-        applied, the slot was never written). A misplaced commit is deleted and False
-        returned (the caller commits again on a fresh state); if the log was re-created,
-        it is deleted and the error raised.
+        Expiry deletes a commit only once a header at or after it is older than the
+        retention: by storage time, or by its writers' clocks, which may disagree by the
+        clock skew (10 minutes). So the slot cannot have been emptied if less than the
+        retention less the skew passed, on this process's monotonic clock, since the
+        slot was known to be unwritten (:attr:`LogState.head_seen`): no clock of another
+        machine enters this. Otherwise (or if that time is unknown) commit
+        ``state.version`` is read again: retention deletes commits oldest first, so if
+        it is the one the state applied, the slot was never written. A misplaced commit
+        is deleted and False returned (the caller commits again on a fresh state); if
+        the log was re-created, it is deleted and the error raised.
         """
-        threshold = self.descriptor.retention_ms - CLOCK_SKEW_MS
-        if state.version > 0 and state.timestamp_ms > now_ms() - threshold:
+        seen = state.head_seen
+        window_s = (self.descriptor.retention_ms - CLOCK_SKEW_MS) / 1000
+        if seen is not None and monotonic_s() - seen < window_s:
             return True
         try:
             base = None

@@ -26,14 +26,16 @@ class _ClockVar:
     """The current clock, per context; pickles as a fresh one (``replog.register(spark)``
     pickles replog's modules by value, and a ``ContextVar`` cannot be pickled)."""
 
-    def __init__(self) -> None:
-        self.var: ContextVar[Clock] = ContextVar("replog_clock", default=time.time)
+    def __init__(self, name: str = "replog_clock", default: Clock = time.time) -> None:
+        self.name, self.default = name, default
+        self.var: ContextVar[Clock] = ContextVar(name, default=default)
 
-    def __reduce__(self) -> tuple[type[_ClockVar], tuple[()]]:
-        return (_ClockVar, ())
+    def __reduce__(self) -> tuple[type[_ClockVar], tuple[str, Clock]]:
+        return (_ClockVar, (self.name, self.default))
 
 
 _CLOCK = _ClockVar()
+_MONOTONIC = _ClockVar("replog_monotonic", time.monotonic)
 
 
 def now_s() -> float:
@@ -51,13 +53,23 @@ def now_utc() -> datetime:
     return datetime.fromtimestamp(now_s(), timezone.utc)
 
 
+def monotonic_s() -> float:
+    """Seconds on this process's monotonic clock (:func:`time.monotonic`): for how long
+    something took, which no other machine's clock, and no clock step, can change."""
+    return _MONOTONIC.var.get()()
+
+
 @contextmanager
-def use_clock(clock: Clock) -> Iterator[None]:
-    """Run the block (in this context) with ``clock`` as replog's clock."""
+def use_clock(clock: Clock, monotonic: Clock | None = None) -> Iterator[None]:
+    """Run the block (in this context) with ``clock`` as replog's clock, and
+    ``monotonic`` (if given) as its monotonic clock (a test that lets time pass)."""
     token = _CLOCK.var.set(clock)
+    ticking = _MONOTONIC.var.set(monotonic) if monotonic is not None else None
     try:
         yield
     finally:
+        if ticking is not None:
+            _MONOTONIC.var.reset(ticking)
         _CLOCK.var.reset(token)
 
 

@@ -1,0 +1,150 @@
+"""Clocks misbehaving (issue 32, hole 1): no acknowledged append is lost to retention,
+whatever the writers' clocks say.
+
+The setting the review found: retention 20 minutes; writers A and E 3 minutes fast, B
+and W 3 minutes slow (no pair more than 6 minutes apart, within the 10 the format
+allows). W reads the log at version 9 and stalls before its put of version 10; meanwhile
+B commits 10..19 and, 14.5 minutes later, E commits 20 and expires below table 20:
+judging header 10 (B's clock) by its own clock, it finds it 20.5 minutes old. W then
+judged commit 9's stamp (A's clock) by its own, found it recent, skipped its check after
+the put, filled slot 10 and was told "committed at version 10": no reader ever saw it.
+
+Time passes here without sleeping: every clock replog reads (each writer's, the
+monotonic one, the storage's file times) is the real one plus :attr:`Virtual.offset_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from support.logcheck import check_log
+from support.storages import as_class
+
+from replog.format.commits import commit_path
+from replog.log import ReplicationLog
+from replog.storage import Storage
+from replog.timeutil import use_clock
+
+MINUTE_S = 60.0
+
+
+class Virtual:
+    """Time that the test moves forward: every clock below adds :attr:`offset_s`."""
+
+    offset_s = 0.0
+
+    @classmethod
+    def clock(cls, skew_minutes: float) -> Callable[[], float]:
+        return lambda: time.time() + cls.offset_s + skew_minutes * MINUTE_S
+
+    @classmethod
+    def monotonic(cls) -> float:
+        return time.monotonic() + cls.offset_s
+
+
+class Aged(Storage):
+    """Storage whose file times move with the test's time (a file written when the test's
+    time is t is stamped t)."""
+
+    def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+        super()._create_once(path, data, durability)
+        STAMPS[path] = Virtual.offset_s
+
+    def _modified_once(self, path: str) -> int | None:
+        stamp = super()._modified_once(path)
+        return None if stamp is None else stamp + int(STAMPS.get(path, 0.0) * 1000)
+
+
+class AgedWithoutTimes(Aged):
+    """A backend that reports no file times: expiry judges by the writers' clocks."""
+
+    def _modified_once(self, path: str) -> int | None:
+        return None
+
+
+STAMPS: dict[str, float] = {}
+
+
+def writer(url: str, cls: type[Storage]) -> ReplicationLog:
+    log = ReplicationLog.open(url, auto_compact=False)
+    log.storage = as_class(log.storage, cls)
+    return log
+
+
+def append(log: ReplicationLog, skew_minutes: float, tag: str) -> int:
+    with use_clock(Virtual.clock(skew_minutes), Virtual.monotonic):
+        record = log.append([{"key": f"{tag}-{i}", "event_id": f"{tag}-{i}", "data": {}}
+                             for i in range(3)])  # fmt: skip
+    assert record is not None
+    return record.version
+
+
+def run_skewed_stall(
+    tmp_path: Path, storage: type[Storage], *, e_skew: float, minutes: float
+) -> tuple[int, list[str]]:
+    """The review's interleaving; returns the version W was told and the event ids a
+    process opening the log afterwards reads."""
+    Virtual.offset_s = 0.0
+    STAMPS.clear()
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False)  # fmt: skip
+    a, b, e = writer(url, storage), writer(url, storage), writer(url, storage)
+    for n in range(1, 10):
+        append(a, +3, f"a{n}")  # commits 1..9, stamped by A's clock (3 minutes fast)
+
+    class Stalls(storage):  # type: ignore[valid-type,misc]
+        stalled = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            if path.endswith(commit_path(10)) and not type(self).stalled:
+                type(self).stalled = True
+                for n in range(10, 20):
+                    append(b, -3, f"b{n}")  # commits 10..19, header 10 stamped by B
+                Virtual.offset_s += minutes * MINUTE_S
+                append(e, e_skew, "e20")  # table 20; E expires what it finds old
+                e.flush()
+            super()._create_once(path, data, durability)
+
+    w = writer(url, Stalls)
+    told = append(w, -3, "w")
+    assert Stalls.stalled
+    Virtual.offset_s = 0.0
+    reader = ReplicationLog.open(url)
+    ids = reader.read_all().column("event_id").to_pylist()
+    check_log(reader)
+    return told, ids
+
+
+def test_an_append_stalled_under_clock_skew_within_the_bound_is_not_lost(
+    tmp_path: Path,
+) -> None:
+    """The review's run: skews within the bound, 14.5 minutes of stall. W's append was
+    acknowledged at version 10 and never read (expiry had emptied slot 10)."""
+    told, ids = run_skewed_stall(tmp_path, Aged, e_skew=+3, minutes=14.5)
+    assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
+
+
+def test_the_writer_guard_alone_holds_when_expiry_judges_by_writers_clocks(
+    tmp_path: Path,
+) -> None:
+    """Storage without file times: expiry judges header 10 by E's and B's clocks and
+    empties slot 10. W must see, by its own monotonic clock, that 14.5 minutes passed
+    since it found the slot free (more than the retention less the skew) and check that
+    commit 9 is still there: it is not, so W takes its commit back and commits again."""
+    told, ids = run_skewed_stall(tmp_path, AgedWithoutTimes, e_skew=+3, minutes=14.5)
+    assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
+    assert told > 20
+
+
+def test_expiry_by_storage_time_ignores_a_clock_beyond_the_bound(tmp_path: Path) -> None:
+    """E's clock is two hours fast (far beyond the bound) and the stall lasts a second:
+    judged by E's clock, header 10 is old and slot 10 is emptied while W, whose own
+    clock says a second passed, rightly skips its check. Judged by storage time (file
+    times), header 10 is seconds old and nothing is expired."""
+    told, ids = run_skewed_stall(tmp_path, Aged, e_skew=+120, minutes=0)
+    assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
+    assert ReplicationLog.open(url := str(tmp_path / "log")).storage.exists(commit_path(1)), url
