@@ -565,7 +565,10 @@ class ReplicationLog:
             self._merger._written = self._written  # merges take this writer's recent files
             self._merger._helper = True
         try:
-            return self._merger.merge([merge])
+            if leases.compaction_running(self.storage):
+                logger.debug("%s: a compaction is running; automatic merge skipped", self.url)
+                return None
+            return self._merger.merge([merge], yielding=True)
         except (CommitConflictError, StagingCollectedError) as exc:
             logger.debug("%s: automatic merge dropped: %s", self.url, exc)
         except (ReplogError, OSError) as exc:
@@ -578,14 +581,21 @@ class ReplicationLog:
         return self._background
 
     def merge(
-        self, merges: Sequence[Merge], *, lease: Lease | None = None, refreshed: bool = False
+        self,
+        merges: Sequence[Merge],
+        *,
+        lease: Lease | None = None,
+        refreshed: bool = False,
+        yielding: bool = False,
     ) -> CommitRecord | None:
         """Rewrite each merge's segments as larger files in one ``compact`` commit:
         sequences, heads and events do not change. The files replaced stay on storage
         until retention (or ``replog recover``) deletes them: a reader may have planned a
         task on them. ``lease``: the caller's staging lease (long merges), as for
         :meth:`commit_staged`;
-        ``refreshed``: as for :meth:`commit`.
+        ``refreshed``: as for :meth:`commit`. ``yielding``: an automatic merge, which
+        commits nothing (:class:`CommitConflictError`) while an operator's compaction
+        runs, so the compaction does not find its sources merged away.
 
         Raises :class:`CommitConflictError` (deleting what it wrote) if a source left the
         log meanwhile (another compaction or a truncation): plan again.
@@ -604,7 +614,9 @@ class ReplicationLog:
         staged = files.write_files(self.storage, plans, self._written)
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
         removed = tuple(source for merge in merges for source in merge.sources)
-        return self.replace(merged, removed, since, lease=lease, refreshed=refreshed)
+        return self.replace(
+            merged, removed, since, lease=lease, refreshed=refreshed, yielding=yielding
+        )
 
     def replace(
         self,
@@ -614,6 +626,7 @@ class ReplicationLog:
         *,
         lease: Lease | None = None,
         refreshed: bool = False,
+        yielding: bool = False,
     ) -> CommitRecord:
         """Commit staged files ``added`` in place of the live entries ``removed`` (one
         ``compact`` commit: the same sequences, heads unchanged), under the staging
@@ -631,6 +644,10 @@ class ReplicationLog:
                 raise CommitConflictError(
                     f"{self.url}: {len(gone)} segments to rewrite left the log meanwhile "
                     f"(e.g. {gone[0]}); nothing was rewritten, plan again"
+                )
+            if yielding and leases.compaction_running(self.storage):
+                raise CommitConflictError(
+                    f"{self.url}: a compaction began; this automatic merge yields to it"
                 )
             self._guard_staged(state, added, since, lease)
             return CommitRecord.after(state.version, COMPACT, add=added, remove=removed)

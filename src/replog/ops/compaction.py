@@ -69,7 +69,7 @@ def compact(
     commit), the merged files are deleted and the compaction planned again, up to
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     """
-    with leases.holding(log.storage, f"compaction of {log.url}") as lease:
+    with leases.holding(log.storage, f"compaction of {log.url}", compaction=True) as lease:
         for attempt in range(1, ATTEMPTS + 1):
             merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
             if not merges:
