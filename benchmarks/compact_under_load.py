@@ -51,17 +51,17 @@ PRODUCER = textwrap.dedent(
 )
 
 
+def event(event_id: str, key: str, n: int) -> dict[str, object]:
+    return {"event_id": event_id, "key": key, "collection": "orders",
+            "data": {"n": n, "note": "x" * 60}}  # fmt: skip
+
+
 def prefill(url: str, events: int, shards: int) -> None:
     log = ReplicationLog.create(url, shards)
     per_append = 2_000
     for start in range(0, events, per_append):
-        log.append(
-            [
-                {"event_id": f"pre-{n}", "key": f"k{n % 20000}", "collection": "orders",
-                 "data": {"n": n, "note": "x" * 60}}
-                for n in range(start, min(events, start + per_append))
-            ]  # fmt: skip
-        )
+        stop = min(events, start + per_append)
+        log.append([event(f"pre-{n}", f"k{n % 20000}", n) for n in range(start, stop)])
     log.flush()
 
 
@@ -108,7 +108,8 @@ def main() -> None:
             for name, by_key in (("compact --by-key", True), ("compact", False)):
                 outcome = run_compaction(url, by_key)
                 results[name].append(outcome)
-                print(f"run {run + 1} {name}: exit {outcome[0]} in {outcome[1]:.1f} s  {outcome[2]}")
+                rc, seconds, last = outcome
+                print(f"run {run + 1} {name}: exit {rc} in {seconds:.1f} s  {last}")
         load_s = time.perf_counter() - load_began
         stop.touch()
         reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in producers]

@@ -85,7 +85,7 @@ def test_a_compaction_finishes_while_writers_merge_their_small_files(
     seed = ReplicationLog.open(url, auto_compact=False)
     for n in range(7):  # seven small files: the next write fills the lowest tier
         twice = small(f"s{n}") + small(f"s{n}")  # every key twice: --by-key drops one
-        seed.append([dict(event, event_id=f"{event['event_id']}-{j}") for j, event in enumerate(twice)])
+        seed.append([dict(e, event_id=f"{e['event_id']}-{j}") for j, e in enumerate(twice)])
     log, fired = compacting_log(url, merging_writer(url, "w"))
 
     if kind == "compact":

@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import random
 import time
 import uuid
@@ -56,6 +57,7 @@ from replog.format.commits import (
     DEFAULT_SNAPSHOT_INTERVAL,
     DESCRIPTOR_PATH,
     MAX_SHARDS,
+    META_DIR,
     MIN_RETENTION_MS,
     TXN_QUERY,
     CommitRecord,
@@ -67,7 +69,7 @@ from replog.format.commits import (
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.gc import CLOCK_SKEW_MS, StagedFiles, StagingStart
 from replog.format.leases import Lease
-from replog.format.segments import Part, SegmentInfo, StagedSegment
+from replog.format.segments import SHARDS_DIR, Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
 from replog.storage import Storage, threads
@@ -201,6 +203,7 @@ class ReplicationLog:
             )
         storage = Storage(url, storage_options)
         storage.require_writable()
+        _check_place_for_a_log(storage)
         checkpoint_interval = (
             DEFAULT_CHECKPOINT_INTERVAL
             if snapshot_interval % DEFAULT_CHECKPOINT_INTERVAL == 0
@@ -244,8 +247,12 @@ class ReplicationLog:
         try:
             data = storage.read_optional(DESCRIPTOR_PATH)
         except (NotADirectoryError, IsADirectoryError) as exc:
-            raise LogNotFoundError(f"{storage.url!r} holds no replog log ({exc})") from exc
+            raise LogNotFoundError(
+                f"{storage.url!r} holds no replog log: it is a file, not a directory"
+            ) from exc
         if data is None:
+            if not storage.exists(""):
+                raise LogNotFoundError(f"{storage.where('')} does not exist (no replog log there)")
             raise LogNotFoundError(f"{storage.url!r} holds no replog log (no {DESCRIPTOR_PATH})")
         descriptor = LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH))
         return cls(storage, descriptor, auto_compact=auto_compact)
@@ -968,6 +975,28 @@ class ReplicationLog:
             retention_ms=self.descriptor.retention_ms,
             retained_from=state.retained_from,
             auto_compact=self.auto_compact,
+        )
+
+
+def _check_place_for_a_log(storage: Storage) -> None:
+    """Refuse, before anything is written, to create a log in a file or in a directory
+    that holds something else than a log (another tool's files would be mixed with the
+    log's, and a typo in a path would scatter a log into a data directory). A directory
+    holding ``_replog/`` is left to the descriptor's put-if-absent: the log exists, or
+    another process is creating it right now."""
+    root = storage.path("")
+    if storage.is_local and os.path.exists(root) and not os.path.isdir(root):
+        raise InvalidOptionError(f"cannot create a log at {storage.where('')}: it is a file")
+    try:
+        found = storage.listdir("")
+    except (NotADirectoryError, FileNotFoundError):
+        return
+    others = [n for n in found if n not in (META_DIR, SHARDS_DIR) and not n.startswith(".")]
+    if others and META_DIR not in found:
+        shown = ", ".join(sorted(others)[:5]) + (", ..." if len(others) > 5 else "")
+        raise InvalidOptionError(
+            f"cannot create a log at {storage.where('')}: the directory is not empty and "
+            f"holds no replog log ({shown}); give an empty or new directory"
         )
 
 

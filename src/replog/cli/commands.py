@@ -25,14 +25,17 @@ from replog.checkpoints.store import ManifestStore
 from replog.cli.output import Output, age
 from replog.errors import (
     InvalidOptionError,
+    LogNotFoundError,
     ManifestNotFoundError,
     ReplogError,
 )
-from replog.format.commits import Transaction
+from replog.format.commits import DEFAULT_SHARDS, Transaction
+from replog.format.gc import CLOCK_SKEW_MS
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
 from replog.ops import compaction, keys, recovery, retention, status, verify
+from replog.ops.recovery import DEFAULT_GRACE_MS
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
@@ -116,7 +119,8 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
             last_shown[0] = time.monotonic()
             print(_progress_line(progress), file=sys.stderr, flush=True)
 
-    with postgres.PostgresCapture(options, _capture_log(args), stop=stop, progress=show) as run:
+    log = _capture_log(args, options, postgres)
+    with postgres.PostgresCapture(options, log, stop=stop, progress=show) as run:
         previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in STOP_SIGNALS}
         try:
             progress = run.run()
@@ -130,13 +134,57 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
-def _capture_log(args: argparse.Namespace) -> ReplicationLog:
-    """The capture's log, created if absent (after the source was checked)."""
-    options = storage_options(args.fs_option)
-    return ReplicationLog.open_or_create(args.url, args.shards, storage_options=options)
+def _capture_log(
+    args: argparse.Namespace, options: CaptureOptions, postgres: ModuleType
+) -> ReplicationLog:
+    """The capture's log. One that exists must have the ``--shards`` asked for, if any; a
+    missing one is created only once the source has passed its checks (an unreachable
+    server or a missing table must leave nothing behind, nor a log whose shard count a
+    later, corrected command could no longer choose)."""
+    fs_options = storage_options(args.fs_option)
+    try:
+        log = ReplicationLog.open(args.url, storage_options=fs_options)
+    except LogNotFoundError:
+        pass
+    else:
+        if args.shards is not None and args.shards != log.shards:
+            raise InvalidOptionError(
+                f"--shards {args.shards}: the log at {args.url} exists with {log.shards} "
+                f"shards (a log's shard count is fixed; --shards applies when capture "
+                f"creates the log)"
+            )
+        return log
+    source = postgres.PostgresSource(options)
+    try:
+        source.check()
+    finally:
+        source.close()
+    shards = DEFAULT_SHARDS if args.shards is None else args.shards
+    return ReplicationLog.open_or_create(args.url, shards, storage_options=fs_options)
 
 
 # -- create / append / info / read / tail / verify -----------------------------------------
+
+
+def _retention(text: str) -> int:
+    """``--retention`` in ms: refused below the clock skew writers allow (no age can be
+    judged that finely), warned about below recover's default grace plus that skew (the
+    documented minimum: files a merge replaced must outlive recover's grace)."""
+    retention = duration_ms(text, "--retention")
+    if retention < CLOCK_SKEW_MS:
+        raise InvalidOptionError(
+            f"--retention {text}: at least {CLOCK_SKEW_MS // 60_000}m (the clock skew writers "
+            f"allow); keep it at least recover's --grace plus 10m "
+            f"(default {(DEFAULT_GRACE_MS + CLOCK_SKEW_MS) // 60_000}m)"
+        )
+    if retention < DEFAULT_GRACE_MS + CLOCK_SKEW_MS:
+        print(
+            f"replog: warning: --retention {text} is below recover's default --grace "
+            f"({DEFAULT_GRACE_MS // 60_000}m) plus 10m: run 'replog recover' with --grace "
+            f"{(retention - CLOCK_SKEW_MS) // 60_000}m or less on this log",
+            file=sys.stderr,
+        )
+    return retention
 
 
 def cmd_create(args: argparse.Namespace, out: Output) -> int:
@@ -144,7 +192,7 @@ def cmd_create(args: argparse.Namespace, out: Output) -> int:
         args.url,
         args.shards,
         storage_options=storage_options(args.fs_option),
-        retention_ms=duration_ms(args.retention, "--retention"),
+        retention_ms=_retention(args.retention),
         auto_compact=args.auto_compact,
     )
     out.created(log.info())
@@ -214,7 +262,12 @@ def cmd_append(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_schemas(args: argparse.Namespace, out: Output) -> int:
     log = open_log(args)
-    out.schemas(log.url, registry.versions(log.storage, args.collection))
+    found = registry.versions(log.storage, args.collection)
+    if args.collection is not None and not found:
+        raise InvalidOptionError(
+            registry.unknown_collection(log.storage, args.collection, "--collection")
+        )
+    out.schemas(log.url, found)
     return 0
 
 

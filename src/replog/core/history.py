@@ -366,7 +366,7 @@ class _Ages:
         self.storage = storage
         self.now_ms = now_ms
         self._version = version
-        self._storage_now: int | None | bool = False  # False: not asked yet
+        self._storage_now: int | bool | None = False  # False: not asked yet
 
     def storage_now(self) -> int | None:
         if self._storage_now is False:

@@ -23,7 +23,7 @@ from replog.errors import CommitConflictError
 from replog.format.commits import CommitRecord
 from replog.format.segments import MAX_SEGMENT_EVENTS
 from replog.log import ReplicationLog
-from replog.merges import DEFAULT_TARGET_BYTES, Merge, plan_full
+from replog.merges import DEFAULT_TARGET_BYTES, Merge, check_limits, plan_full
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +69,7 @@ def compact(
     commit), the merged files are deleted and the compaction planned again, up to
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     """
+    check_limits(target_bytes, max_events)  # before the lease: nothing written for bad input
     with leases.holding(log.storage, f"compaction of {log.url}", compaction=True) as lease:
         for attempt in range(1, ATTEMPTS + 1):
             merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)

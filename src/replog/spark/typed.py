@@ -214,11 +214,7 @@ def typed(
     )
     found = registry.versions(opened.storage, collection)
     if not found:
-        raise InvalidOptionError(
-            f"typed: no schema of collection {collection!r} is registered in {opened.url} "
-            f"('replog append --format debezium' registers the schemas of values sent with "
-            f"them: JsonConverter with schemas.enable=true)"
-        )
+        raise InvalidOptionError(registry.unknown_collection(opened.storage, collection, "typed"))
     columns = connect.union([(version.digest, version.columns()) for version in found])
     rows = frame.where(F.col("collection") == F.lit(collection))
     after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
