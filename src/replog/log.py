@@ -252,7 +252,9 @@ class ReplicationLog:
             ) from exc
         if data is None:
             if not storage.exists(""):
-                raise LogNotFoundError(f"{storage.where('')} does not exist (no replog log there)")
+                raise LogNotFoundError(
+                    f"{storage.url!r} holds no replog log: {storage.where('')} does not exist"
+                )
             raise LogNotFoundError(f"{storage.url!r} holds no replog log (no {DESCRIPTOR_PATH})")
         descriptor = LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH))
         return cls(storage, descriptor, auto_compact=auto_compact)
