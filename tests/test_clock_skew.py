@@ -74,8 +74,13 @@ def writer(url: str, cls: type[Storage]) -> ReplicationLog:
     return log
 
 
-def append(log: ReplicationLog, skew_minutes: float, tag: str) -> int:
-    with use_clock(Virtual.clock(skew_minutes), Virtual.monotonic):
+def append(
+    log: ReplicationLog,
+    skew_minutes: float,
+    tag: str,
+    monotonic: Callable[[], float] = Virtual.monotonic,
+) -> int:
+    with use_clock(Virtual.clock(skew_minutes), monotonic):
         record = log.append([{"key": f"{tag}-{i}", "event_id": f"{tag}-{i}", "data": {}}
                              for i in range(3)])  # fmt: skip
     assert record is not None
@@ -83,7 +88,12 @@ def append(log: ReplicationLog, skew_minutes: float, tag: str) -> int:
 
 
 def run_skewed_stall(
-    tmp_path: Path, storage: type[Storage], *, e_skew: float, minutes: float
+    tmp_path: Path,
+    storage: type[Storage],
+    *,
+    e_skew: float,
+    minutes: float,
+    w_monotonic: Callable[[], float] = Virtual.monotonic,
 ) -> tuple[int, list[str]]:
     """The review's interleaving; returns the version W was told and the event ids a
     process opening the log afterwards reads."""
@@ -110,7 +120,7 @@ def run_skewed_stall(
             super()._create_once(path, data, durability)
 
     w = writer(url, Stalls)
-    told = append(w, -3, "w")
+    told = append(w, -3, "w", w_monotonic)
     assert Stalls.stalled
     Virtual.offset_s = 0.0
     reader = ReplicationLog.open(url)
@@ -148,3 +158,18 @@ def test_expiry_by_storage_time_ignores_a_clock_beyond_the_bound(tmp_path: Path)
     told, ids = run_skewed_stall(tmp_path, Aged, e_skew=+120, minutes=0)
     assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
     assert ReplicationLog.open(url := str(tmp_path / "log")).storage.exists(commit_path(1)), url
+
+
+def test_a_writer_whose_monotonic_clock_stopped_while_paused_still_checks(
+    tmp_path: Path,
+) -> None:
+    """W's machine is suspended for 25 minutes between finding slot 10 free and its put;
+    its monotonic clock (CLOCK_MONOTONIC stops while suspended) says no time passed.
+    Expiry, by storage time, rightly empties slot 10. W's wall clock, set right on
+    resume, says commit 9 is 25 minutes old: W checks, and commits again."""
+    paused = time.monotonic()
+    told, ids = run_skewed_stall(
+        tmp_path, Aged, e_skew=0, minutes=25, w_monotonic=lambda: paused
+    )
+    assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
+    assert told > 20

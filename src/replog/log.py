@@ -739,15 +739,21 @@ class ReplicationLog:
         clock skew (10 minutes). So the slot cannot have been emptied if less than the
         retention less the skew passed, on this process's monotonic clock, since the
         slot was known to be unwritten (:attr:`LogState.head_seen`): no clock of another
-        machine enters this. Otherwise (or if that time is unknown) commit
+        machine enters this. (As a second line, the slot counts as possibly emptied also
+        when commit ``state.version`` is that old by this writer's wall clock: a machine
+        paused under a monotonic clock that stopped.) Otherwise (or if that time is
+        unknown) commit
         ``state.version`` is read again: retention deletes commits oldest first, so if
         it is the one the state applied, the slot was never written. A misplaced commit
         is deleted and False returned (the caller commits again on a fresh state); if
         the log was re-created, it is deleted and the error raised.
         """
         seen = state.head_seen
-        window_s = (self.descriptor.retention_ms - CLOCK_SKEW_MS) / 1000
-        if seen is not None and monotonic_s() - seen < window_s:
+        window_ms = self.descriptor.retention_ms - CLOCK_SKEW_MS
+        recent = seen is not None and (monotonic_s() - seen) * 1000 < window_ms
+        # The wall clock too (its error is covered above): a monotonic clock may not count
+        # time the machine spent paused.
+        if recent and state.version > 0 and state.timestamp_ms > now_ms() - window_ms:
             return True
         try:
             base = None

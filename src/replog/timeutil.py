@@ -34,8 +34,17 @@ class _ClockVar:
         return (_ClockVar, (self.name, self.default))
 
 
+def _since_boot() -> float:
+    """Seconds since boot, suspended time included (Linux's ``CLOCK_BOOTTIME``): a
+    process whose machine slept for an hour must see that an hour passed, as
+    ``time.monotonic`` (``CLOCK_MONOTONIC``, which stops while suspended) would not."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+
 _CLOCK = _ClockVar()
-_MONOTONIC = _ClockVar("replog_monotonic", time.monotonic)
+_MONOTONIC = _ClockVar(
+    "replog_monotonic", _since_boot if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+)
 
 
 def now_s() -> float:
@@ -54,8 +63,9 @@ def now_utc() -> datetime:
 
 
 def monotonic_s() -> float:
-    """Seconds on this process's monotonic clock (:func:`time.monotonic`): for how long
-    something took, which no other machine's clock, and no clock step, can change."""
+    """Seconds on this machine's monotonic clock, counting time it was suspended where the
+    system can (``CLOCK_BOOTTIME``; else :func:`time.monotonic`): for how long something
+    took, which no other machine's clock, and no step of the wall clock, can change."""
     return _MONOTONIC.var.get()()
 
 

@@ -57,7 +57,9 @@ def compaction_running(storage: Storage) -> bool:
             lease = Lease.from_bytes(data, storage.path(f"{LEASES_DIR}/{name}"))
         except CorruptionError:
             continue  # recover reports it; merges need not wait for it
-        if lease.live(now) and now - lease.acquired_ms < COMPACTION_YIELD_MS:
+        # Taken within the last hour (a lease from further in the future than the clock
+        # skew is a clock gone wrong: not waited for).
+        if lease.live(now) and -CLOCK_SKEW_MS <= now - lease.acquired_ms < COMPACTION_YIELD_MS:
             return True
     return False
 
