@@ -1,14 +1,14 @@
 """Operator compactions under ordinary load (issue 32, hole 3).
 
-A log of 200,000 events; two producer processes append 10-event batches back to back
-(writers merge their small files as they commit); meanwhile ``replog compact`` and
-``replog compact --by-key`` run, one after another, ``--runs`` times each, as an
-operator would run them (the CLI, a process of its own). Prints each run's outcome and
-time, the producers' rate, and checks afterwards that no event is doubled, that the
-newest acknowledged event of every key is in the log (key compaction drops the older
-ones), and that ``verify`` is clean.
+A log of 200,000 events; two producer processes append 10-event batches back to back, at
+most ``--rate`` appends/s together (writers merge their small files as they commit);
+meanwhile ``replog compact`` and ``replog compact --by-key`` run, one after another,
+``--runs`` times each, as an operator would run them (the CLI, a process of its own).
+Prints each run's outcome and time, the producers' rate, and checks afterwards that no
+event is doubled, that the newest acknowledged event of every key is in the log (key
+compaction drops the older ones), and that ``verify`` is clean.
 
-    .venv/bin/python benchmarks/compact_under_load.py --runs 10
+    .venv/bin/python benchmarks/compact_under_load.py --runs 10 --rate 100
 """
 
 from __future__ import annotations
@@ -28,12 +28,16 @@ from replog.ops.verify import verify
 
 PRODUCER = textwrap.dedent(
     """
-    import json, os, sys
+    import json, os, sys, time
     from replog.log import ReplicationLog
-    url, name, stop = sys.argv[1], sys.argv[2], sys.argv[3]
+    url, name, stop, rate = sys.argv[1], sys.argv[2], sys.argv[3], float(sys.argv[4])
     log = ReplicationLog.open(url)
     acked = failed = 0
+    began = time.monotonic()
     while not os.path.exists(stop):
+        ahead = began + acked / rate - time.monotonic()  # at most `rate` appends/s
+        if ahead > 0:
+            time.sleep(ahead)
         base = acked * 10
         events = [{"event_id": f"{name}-{base + j}", "key": f"{name}-k{(base + j) % 5000}",
                    "collection": "orders", "data": {"n": base + j, "note": "x" * 60}}
@@ -81,6 +85,9 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--shards", type=int, default=4)
     parser.add_argument("--producers", type=int, default=2)
+    parser.add_argument(
+        "--rate", type=float, default=100.0, help="appends/s of all producers together, at most"
+    )
     args = parser.parse_args()
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -91,10 +98,12 @@ def main() -> None:
         script = Path(tmp) / "producer.py"
         script.write_text(PRODUCER)
         stop = Path(tmp) / "stop"
+        per_producer = args.rate / args.producers
         start_version = ReplicationLog.open(url).refresh().version
+        producing = time.perf_counter()
         producers = [
             subprocess.Popen(
-                [sys.executable, str(script), url, f"p{n}", str(stop)],
+                [sys.executable, str(script), url, f"p{n}", str(stop), str(per_producer)],
                 stdout=subprocess.PIPE,
                 text=True,
                 env={**os.environ},
@@ -112,6 +121,7 @@ def main() -> None:
                 print(f"run {run + 1} {name}: exit {rc} in {seconds:.1f} s  {last}")
         load_s = time.perf_counter() - load_began
         stop.touch()
+        produced_s = time.perf_counter() - producing
         reports = [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in producers]
         log = ReplicationLog.open(url)
         version = log.refresh().version
@@ -136,8 +146,10 @@ def main() -> None:
         print(f"| `replog {name}`: runs finished | {ok} of {len(outcomes)} |")
         print(f"| `replog {name}`: time (min / median / max) | "
               f"{times[0]:.1f} / {times[len(times) // 2]:.1f} / {times[-1]:.1f} s |")  # fmt: skip
-    print(f"| producers' appends (10 events each) | {acked:,} in {load_s:.0f} s "
-          f"({acked / load_s:.0f}/s); failed: {sum(r['failed'] for r in reports)} |")  # fmt: skip
+    failed = sum(r["failed"] for r in reports)
+    print(f"| producers' appends (10 events each) | {acked:,} in {produced_s:.0f} s "
+          f"({acked / produced_s:.0f}/s); failed: {failed} |")  # fmt: skip
+    print(f"| compactions' run time | {load_s:.0f} s |")
     print(f"| commits during the run | {version - start_version:,} |")
     print(f"| newest acknowledged event of a key missing / event ids doubled | "
           f"{len(expected - produced)} / "

@@ -13,6 +13,7 @@ event log with two producers are in docs/RELIABILITY.md
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from replog.log import ReplicationLog
 from replog.ops import compaction, keys
 from replog.ops.verify import verify
 from replog.storage import Storage
+from replog.timeutil import use_clock
 
 
 def small(tag: str, count: int = 6) -> list[dict[str, Any]]:
@@ -127,3 +129,21 @@ def test_a_merge_under_way_when_a_compaction_begins_yields_before_its_commit(
     assert len(state.live_paths()) == 8
     on_disk = {p.name for p in (tmp_path / "log" / "shards" / "shared").iterdir()}
     assert on_disk == {path.rsplit("/", 1)[-1] for path in state.live_paths()}  # merged file gone
+
+
+@pytest.mark.parametrize(
+    ("acquired_minutes_ago", "held_back"),
+    [(0, True), (-5, True), (59, True), (61, False), (-120, False)],
+)
+def test_merges_wait_for_a_compaction_lease_for_an_hour_at_most(
+    tmp_path: Path, acquired_minutes_ago: int, held_back: bool
+) -> None:
+    """A compaction that died without releasing its lease holds writers' merges back for
+    an hour, not for its lease's 24 hours; a lease stamped two hours in the future (a
+    compactor's clock gone wrong) is not waited for at all."""
+    url = str(tmp_path / "log")
+    log = ReplicationLog.create(url, 2)
+    with use_clock(lambda: time.time() - acquired_minutes_ago * 60):
+        leases.acquire(log.storage, "compaction of the test", compaction=True)
+    leases.acquire(log.storage, "a batch write")  # not a compaction: never waited for
+    assert leases.compaction_running(log.storage) is held_back
