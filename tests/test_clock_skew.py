@@ -168,8 +168,6 @@ def test_a_writer_whose_monotonic_clock_stopped_while_paused_still_checks(
     Expiry, by storage time, rightly empties slot 10. W's wall clock, set right on
     resume, says commit 9 is 25 minutes old: W checks, and commits again."""
     paused = time.monotonic()
-    told, ids = run_skewed_stall(
-        tmp_path, Aged, e_skew=0, minutes=25, w_monotonic=lambda: paused
-    )
+    told, ids = run_skewed_stall(tmp_path, Aged, e_skew=0, minutes=25, w_monotonic=lambda: paused)
     assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
     assert told > 20
