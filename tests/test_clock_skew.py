@@ -15,14 +15,17 @@ monotonic one, the storage's file times) is the real one plus :attr:`Virtual.off
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from support.logcheck import check_log
 from support.storages import as_class
 
+from replog.core import history
 from replog.format.commits import commit_path
 from replog.log import ReplicationLog
 from replog.storage import Storage
@@ -68,8 +71,8 @@ class AgedWithoutTimes(Aged):
 STAMPS: dict[str, float] = {}
 
 
-def writer(url: str, cls: type[Storage]) -> ReplicationLog:
-    log = ReplicationLog.open(url, auto_compact=False)
+def writer(url: str, cls: type[Storage], options: Any = None) -> ReplicationLog:
+    log = ReplicationLog.open(url, auto_compact=False, storage_options=options)
     log.storage = as_class(log.storage, cls)
     return log
 
@@ -94,15 +97,17 @@ def run_skewed_stall(
     e_skew: float,
     minutes: float,
     w_monotonic: Callable[[], float] = Virtual.monotonic,
+    s3: Any = None,
 ) -> tuple[int, list[str]]:
     """The review's interleaving; returns the version W was told and the event ids a
     process opening the log afterwards reads."""
     Virtual.offset_s = 0.0
     STAMPS.clear()
-    url = str(tmp_path / "log")
+    url = str(tmp_path / "log") if s3 is None else s3.url("log")
+    options = None if s3 is None else s3.storage_options
     ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False)  # fmt: skip
-    a, b, e = writer(url, storage), writer(url, storage), writer(url, storage)
+                          auto_compact=False, storage_options=options)  # fmt: skip
+    a, b, e = (writer(url, storage, options) for _ in range(3))
     for n in range(1, 10):
         append(a, +3, f"a{n}")  # commits 1..9, stamped by A's clock (3 minutes fast)
 
@@ -119,11 +124,11 @@ def run_skewed_stall(
                 e.flush()
             super()._create_once(path, data, durability)
 
-    w = writer(url, Stalls)
+    w = writer(url, Stalls, options)
     told = append(w, -3, "w", w_monotonic)
     assert Stalls.stalled
     Virtual.offset_s = 0.0
-    reader = ReplicationLog.open(url)
+    reader = ReplicationLog.open(url, storage_options=options)
     ids = reader.read_all().column("event_id").to_pylist()
     check_log(reader)
     return told, ids
@@ -171,3 +176,65 @@ def test_a_writer_whose_monotonic_clock_stopped_while_paused_still_checks(
     told, ids = run_skewed_stall(tmp_path, Aged, e_skew=0, minutes=25, w_monotonic=lambda: paused)
     assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
     assert told > 20
+
+
+@pytest.mark.parametrize("times", ["file times", "no file times"])
+def test_on_s3_too(tmp_path: Path, s3: Any, times: str) -> None:
+    """On remote storage a writer reads its base alongside the next commit: that read
+    proves nothing about the order, so the proof it carries is the older one."""
+    storage = Aged if times == "file times" else AgedWithoutTimes
+    told, ids = run_skewed_stall(tmp_path, storage, e_skew=+3, minutes=14.5, s3=s3)
+    assert {f"w-{i}" for i in range(3)} <= set(ids), f"W was told version {told}"
+
+
+def test_a_base_read_alongside_the_miss_proves_no_order(tmp_path: Path, s3: Any) -> None:
+    """On S3 a writer reads commit 9 (its base) and commit 10 at once. Here expiry
+    deletes commits 1..10 between the two answers: commit 9 was there, commit 10 is
+    not, yet slot 10 was emptied, not unwritten. The writer must keep the proof it had
+    (slot 10 seen free 14.5 minutes ago: too old) and check after its put, rather than
+    take the miss as a fresh proof and skip the check."""
+    Virtual.offset_s = 0.0
+    STAMPS.clear()
+    url, options = s3.url("log"), s3.storage_options
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False, storage_options=options)  # fmt: skip
+    a, b = writer(url, AgedWithoutTimes, options), writer(url, AgedWithoutTimes, options)
+    for n in range(1, 10):
+        append(a, +3, f"a{n}")
+    released = threading.Event()
+    fired: list[bool] = []
+
+    class ExpiryBetweenTheAnswers(AgedWithoutTimes):
+        armed = False
+
+        def _read_once(self, path: str) -> bytes:
+            if type(self).armed and path.endswith(commit_path(10)):
+                released.wait(30)
+            data = super()._read_once(path)
+            if type(self).armed and path.endswith(commit_path(9)) and not fired:
+                fired.append(True)
+                with use_clock(Virtual.clock(+3)):  # E, 3 minutes fast, expires
+                    state = b.refresh()
+                    history.expire(
+                        history.LogSnapshots(b.storage, b.descriptor),
+                        version=state.version,
+                        retained_from=0,
+                        live=state.live_paths(),
+                        now_ms=Virtual.clock(+3)() * 1000,
+                    )
+                assert not b.storage.exists(commit_path(10))
+                released.set()
+            return data
+
+    w = writer(url, ExpiryBetweenTheAnswers, options)
+    with use_clock(Virtual.clock(-3), Virtual.monotonic):
+        assert w.refresh(verify_within=0).version == 9  # slot 10 seen free now
+    for n in range(10, 21):
+        append(b, -3, f"b{n}")  # commits 10..20 (table 20), header 10 stamped by B
+    Virtual.offset_s += 14.5 * MINUTE_S
+    ExpiryBetweenTheAnswers.armed = True
+    told = append(w, -3, "w")
+    assert fired
+    Virtual.offset_s = 0.0
+    ids = ReplicationLog.open(url, storage_options=options).read_all().column("event_id")
+    assert {f"w-{i}" for i in range(3)} <= set(ids.to_pylist()), f"W was told version {told}"

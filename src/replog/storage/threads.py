@@ -10,6 +10,7 @@ the calling thread instead when a pool refuses them.
 
 from __future__ import annotations
 
+import contextvars
 import logging
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -33,12 +34,13 @@ def _done(call: Callable[[], T]) -> Future[T]:
 def run_all(calls: Sequence[Callable[[], T]], *, threads: int) -> list[Future[T]]:
     """Run ``calls`` in up to ``threads`` threads and wait for all of them; their futures,
     in order. If no thread can be started (the interpreter is shutting down, or the
-    system refuses a thread), every call not yet started runs in this thread instead."""
+    system refuses a thread), every call not yet started runs in this thread instead.
+    Each call runs in a copy of the caller's context (its clocks: :mod:`replog.timeutil`)."""
     futures: list[Future[T]] = []
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(calls)))) as pool:
         for index, call in enumerate(calls):
             try:
-                futures.append(pool.submit(call))
+                futures.append(pool.submit(contextvars.copy_context().run, call))
             except RuntimeError as exc:  # no new threads: do the rest here
                 logger.debug("running %d calls in this thread: %s", len(calls) - index, exc)
                 futures.extend(_done(rest) for rest in calls[index:])
@@ -48,9 +50,10 @@ def run_all(calls: Sequence[Callable[[], T]], *, threads: int) -> list[Future[T]
 
 def start(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
     """``call`` submitted to ``pool``; None if the pool takes no more work (the
-    interpreter is shutting down): for optional background work, which is then skipped."""
+    interpreter is shutting down): for optional background work, which is then skipped.
+    It runs in a copy of the caller's context."""
     try:
-        return pool.submit(call)
+        return pool.submit(contextvars.copy_context().run, call)
     except RuntimeError as exc:
         logger.debug("background work skipped: %s", exc)
         return None
