@@ -163,6 +163,7 @@ def test_a_redelivery_reads_back_only_the_commits_that_can_hold_it(
     connector resending its last few changes costs a few commits, not the log's age."""
     for start in range(0, 200, 10):  # 20 appends of 10 changes each
         _append(log, [pg("c", key, key) for key in range(start + 1, start + 11)])
+    log.flush()  # a merge still running would commit past the head read here
     head = log.refresh().version
     records = [ingest.history.read_commit(log.storage, v) for v in range(1, head + 1)]
     appends = [r.version for r in records if r is not None and r.writer is not None]
@@ -237,6 +238,7 @@ def test_an_event_newer_than_the_history_read_is_kept_after_a_lookup_hit_expiry(
     commits that could hold it were all read, and it is new."""
     for start in (0, 10, 20):
         _append(log, [pg("c", key, key) for key in range(start + 1, start + 11)])
+    log.flush()  # a merge still running would commit past the head read here
     head = log.refresh().version
     records = [ingest.history.read_commit(log.storage, v) for v in range(1, head + 1)]
     recording = [r.version for r in records if r is not None and r.writer is not None]

@@ -428,3 +428,36 @@ def test_marks_after_a_header_without_marks_are_known_with_their_cut_offs(
         commit_during_recover(writer, staged, since, monkeypatch, grace_ms=0)
     assert [v for v, _ in writer.state().gc_marks] == [21]
     check_intact(url)
+
+
+# -- a short grace and appends in flight (issue 32, hole 4) --------------------------------
+
+
+def test_an_append_caught_by_a_short_grace_recover_is_staged_again(tmp_path: Path) -> None:
+    """``recover --grace 5s`` commits its mark between an append's staging and its put:
+    the append loses the race to the mark, and on the next version the mark's cut-off
+    (within the 10 minutes of clock skew of its start) refuses it. It refused with
+    ``StagingCollectedError`` (though it took milliseconds and nothing was committed);
+    an append has its rows at hand, so it stages them again and commits."""
+    url = str(tmp_path / "log")
+    filled_log(url, commits=1, shards=2)
+    collector = ReplicationLog.open(url)
+
+    class RecoverBeforeThePut(Storage):
+        ran = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            if "/_replog/commits/" in path and not type(self).ran:
+                type(self).ran = True
+                recovery.recover(collector, grace_ms=5000)
+            super()._create_once(path, data, durability)
+
+    writer = ReplicationLog.open(url, auto_compact=False)
+    writer.refresh()
+    writer.storage = as_class(writer.storage, RecoverBeforeThePut)
+    record = writer.append([{"key": "k", "event_id": "caught", "data": {}}])
+    assert RecoverBeforeThePut.ran
+    assert record is not None
+    ids = ReplicationLog.open(url).read_all().column("event_id").to_pylist()
+    assert ids.count("caught") == 1
+    check_intact(url)

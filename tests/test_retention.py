@@ -6,7 +6,8 @@ while another writer's expiry runs, an unordered or partial delete, a read outag
 after a commit landed) through a storage subclass on one process's own storage object.
 Retention is 1 s, so the tests sleep past it instead of replacing clocks: expiry runs in
 writers' background threads, which do not share a test's clock. Appends that must not
-expire anything before a test is ready are stamped with a stopped clock.
+expire anything before a test is ready are stamped with a stopped clock, and their files
+too (expiry judges ages by file times: :class:`~support.storages.ClockTimes`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from support.logcheck import check_log, read_all
+from support.storages import ClockTimes, as_class
 
 from replog.appender import GroupAppender
 from replog.checkpoints.sinks import Batch, Outcome, SinkCommitter
@@ -101,6 +103,7 @@ def test_a_lagging_sink_never_commits_into_an_expired_range(tmp_path: Path) -> N
     url = str(tmp_path / "log")
     create(url)
     other, sink_log = writer(url), writer(url)
+    other.storage = as_class(other.storage, ClockTimes)  # its files stamped by its clock
     committer = SinkCommitter(sink_log, "sink1")
 
     def epoch(number: int, tag: str) -> Outcome:
@@ -137,6 +140,7 @@ def test_a_reader_overtaken_by_expiry_while_catching_up_sees_the_head(tmp_path: 
     url = str(tmp_path / "log")
     create(url)
     other = writer(url)
+    other.storage = as_class(other.storage, ClockTimes)  # its files stamped by its clock
     other.append(tagged("first"))
     reader = ReplicationLog.open(url)
     reader.refresh()  # at version 1

@@ -104,12 +104,26 @@ class GroupAppender:
             self._queue.append(pending)
             self._queued_events += rows.num_rows
             if self._sender is None:
-                self._sender = threading.Thread(
-                    target=self._run, name=f"replog-appender-{self.log.url}", daemon=True
-                )
-                self._sender.start()
+                try:
+                    self._start_sender()
+                except RuntimeError:  # no thread to be had: nothing was queued
+                    self._queue.remove(pending)
+                    self._queued_events -= rows.num_rows
+                    raise
             self._changed.notify_all()
         return pending.future
+
+    def _start_sender(self) -> None:
+        """Start the sender thread (the caller holds the lock)."""
+        sender = threading.Thread(
+            target=self._run, name=f"replog-appender-{self.log.url}", daemon=True
+        )
+        self._sender = sender
+        try:
+            sender.start()
+        except BaseException:
+            self._sender = None
+            raise
 
     def append(
         self,
@@ -125,9 +139,15 @@ class GroupAppender:
         with self._changed:
             self._closed = True
             self._changed.notify_all()
-            sender = self._sender
-        if sender is not None:
+        while True:
+            with self._changed:
+                sender = self._sender
+            if sender is None or sender is threading.current_thread():
+                return
             sender.join()
+            with self._changed:
+                if self._sender is sender:  # it ended by draining the queue
+                    return
 
     def __enter__(self) -> GroupAppender:
         return self
@@ -167,6 +187,30 @@ class GroupAppender:
             return group
 
     def _run(self) -> None:
+        """The sender's loop. Should it end by an error (none is expected: commits' errors
+        go to their callers), a new sender takes over what is queued, so no caller waits
+        forever."""
+        try:
+            self._send()
+        except BaseException:
+            with self._changed:
+                self._sender = None
+                if self._queue:
+                    try:
+                        self._start_sender()
+                    except BaseException as exc:
+                        self._fail_queued(exc)
+            raise
+
+    def _fail_queued(self, exc: BaseException) -> None:
+        """Fail every queued caller with ``exc`` (nothing of theirs was sent; the caller
+        holds the lock)."""
+        for pending in self._queue:
+            pending.future.set_exception(exc)
+        self._queue.clear()
+        self._queued_events = 0
+
+    def _send(self) -> None:
         while (group := self._next_group()) is not None:
             plain: list[_Pending] = []
             for pending in group:  # in submission order: a key's events keep theirs
@@ -185,10 +229,11 @@ class GroupAppender:
             rows = pa.concat_tables([pending.rows for pending in group])
             record = self.log.append(rows, transaction=transaction)
         except BaseException as exc:  # every caller in the group hears of it
+            # ... and only they: the sender goes on with the next group (a BaseException
+            # here comes from code that raised it, never from a signal: this is not the
+            # main thread).
             for pending in group:
                 pending.future.set_exception(exc)
-            if not isinstance(exc, Exception):
-                raise
             return
         self.commits += 1
         for pending in group:

@@ -121,6 +121,11 @@ class StorageError(ReplogError, OSError):
     """Storage kept failing (timeouts, 5xx, resets) after every retry."""
 
 
+class StoragePermissionError(StorageError, PermissionError):
+    """Storage refused a read or write for lack of permission (a log read-only for this
+    user, S3's AccessDenied): nothing was written."""
+
+
 class CommitOutcomeUnknownError(StorageError):
     """A write may or may not have landed, and storage failed every attempt to find out.
 

@@ -174,7 +174,9 @@ class _Chunks:
         if not self.records:
             return
         labels = self.pending.copy()
-        self.tables.append(events_from_records(self.records, where=lambda i: f"line {labels[i]}"))
+        self.tables.append(
+            events_from_records(self.records, where=lambda i: f"line {labels[i]}", require_key=True)
+        )
         self.records.clear()
         self.pending.clear()
 

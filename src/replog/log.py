@@ -16,6 +16,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import os
 import random
 import time
 import uuid
@@ -56,6 +57,7 @@ from replog.format.commits import (
     DEFAULT_SNAPSHOT_INTERVAL,
     DESCRIPTOR_PATH,
     MAX_SHARDS,
+    META_DIR,
     MIN_RETENTION_MS,
     TXN_QUERY,
     CommitRecord,
@@ -67,11 +69,11 @@ from replog.format.commits import (
 from replog.format.events import EVENT_SCHEMA, events_from_records, events_from_table
 from replog.format.gc import CLOCK_SKEW_MS, StagedFiles, StagingStart
 from replog.format.leases import Lease
-from replog.format.segments import Part, SegmentInfo, StagedSegment
+from replog.format.segments import SHARDS_DIR, Part, SegmentInfo, StagedSegment
 from replog.format.state import LogState, retained_events
 from replog.merges import Merge
-from replog.storage import Storage
-from replog.timeutil import now_ms
+from replog.storage import Storage, threads
+from replog.timeutil import monotonic_s, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +88,9 @@ READ_VERIFY_S = 1.0
 """A reader checks that the log at its URL is still its log at most this often while
 nothing new arrives (a writer checks before every commit)."""
 CHECK_THREADS = 8
+RESTAGES = 3
+"""How often an append whose staged files a garbage collection may have taken (one that
+began while it staged) stages them again before it gives up."""
 
 
 @dataclass(frozen=True)
@@ -198,6 +203,7 @@ class ReplicationLog:
             )
         storage = Storage(url, storage_options)
         storage.require_writable()
+        _check_place_for_a_log(storage)
         checkpoint_interval = (
             DEFAULT_CHECKPOINT_INTERVAL
             if snapshot_interval % DEFAULT_CHECKPOINT_INTERVAL == 0
@@ -241,8 +247,14 @@ class ReplicationLog:
         try:
             data = storage.read_optional(DESCRIPTOR_PATH)
         except (NotADirectoryError, IsADirectoryError) as exc:
-            raise LogNotFoundError(f"{storage.url!r} holds no replog log ({exc})") from exc
+            raise LogNotFoundError(
+                f"{storage.url!r} holds no replog log: it is a file, not a directory"
+            ) from exc
         if data is None:
+            if not storage.exists(""):
+                raise LogNotFoundError(
+                    f"{storage.url!r} holds no replog log: {storage.where('')} does not exist"
+                )
             raise LogNotFoundError(f"{storage.url!r} holds no replog log (no {DESCRIPTOR_PATH})")
         descriptor = LogDescriptor.from_bytes(data, storage.path(DESCRIPTOR_PATH))
         return cls(storage, descriptor, auto_compact=auto_compact)
@@ -382,15 +394,27 @@ class ReplicationLog:
             self.discard_staged(staged)
             since = StagingStart(self.state().version, now_ms())
             staged = self.stage(table, max_events=segment_max_events)
-        with staging.committing(self.storage, staged) as attempt:
-            record = self.commit_staged(
-                staged,
-                writer=writer,
-                attempt=attempt,
-                since=since,
-                refreshed=True,
-                follows=transaction.follows if transaction is not None else None,
-            )
+        for restage in range(RESTAGES + 1):
+            try:
+                with staging.committing(self.storage, staged) as attempt:
+                    record = self.commit_staged(
+                        staged,
+                        writer=writer,
+                        attempt=attempt,
+                        since=since,
+                        refreshed=restage == 0,
+                        follows=transaction.follows if transaction is not None else None,
+                    )
+                break
+            except (StagingCollectedError, MissingFileError) as exc:
+                # A collection began while this write staged (a short --grace): its files
+                # may be gone. Nothing was committed and the rows are at hand: stage
+                # them again (``committing`` deleted the old files).
+                if restage == RESTAGES or not attempt.safe_to_discard:
+                    raise
+                logger.info("%s: staging the append again: %s", self.url, exc)
+                since = StagingStart(self.refresh(verify_within=0).version, now_ms())
+                staged = self.stage(table, max_events=segment_max_events)
         if record is None:  # the transaction landed meanwhile (another run of it)
             self.discard_staged(staged)
         else:
@@ -410,14 +434,18 @@ class ReplicationLog:
                 raise
             return staged
         with ThreadPoolExecutor(max_workers=1) as pool:
-            refreshing = pool.submit(self.refresh, verify_within=0)
+            refreshing = threads.start(pool, functools.partial(self.refresh, verify_within=0))
             try:
                 staged = self.stage(table, max_events=max_events)
             except BaseException:
-                refreshing.exception()  # let it finish before the error goes up
+                if refreshing is not None:
+                    refreshing.exception()  # let it finish before the error goes up
                 raise
             try:
-                refreshing.result()
+                if refreshing is None:  # no thread to be had (interpreter shutting down)
+                    self.refresh(verify_within=0)
+                else:
+                    refreshing.result()
             except BaseException:
                 self.discard_staged(staged)
                 raise
@@ -505,8 +533,10 @@ class ReplicationLog:
                 f"{self.url}: a garbage collection (gc mark at version {state.gc_version}) "
                 f"began while this write was staging (it began at version "
                 f"{since.version}), with a cut-off its staged files may fall under: "
-                f"nothing was committed; run the write again, and give 'replog recover' "
-                f"a --grace longer than your writes"
+                f"nothing was committed; run the write again. Writers allow for "
+                f"{CLOCK_SKEW_MS // 60_000} minutes of clock skew, so a 'replog recover' "
+                f"with a --grace shorter than that plus your longest write refuses writes "
+                f"in flight"
             )
         if verdict is StagedFiles.CHECK:
             self.check_staged(staged)
@@ -530,12 +560,13 @@ class ReplicationLog:
             return
         try:
             merge = merge_plans.plan_auto(state)  # may load the state's segments
+            if merge is not None:
+                self._merging = threads.start(
+                    self._executor(), functools.partial(self._merge_quietly, merge)
+                )
         except Exception as exc:
             logger.warning("%s: no automatic merge at version %d: %s", self.url,
                            state.version, exc)  # fmt: skip
-            return
-        if merge is not None:
-            self._merging = self._executor().submit(self._merge_quietly, merge)
 
     def _merge_quietly(self, merge: Merge) -> CommitRecord | None:
         if self._merger is None:
@@ -543,7 +574,10 @@ class ReplicationLog:
             self._merger._written = self._written  # merges take this writer's recent files
             self._merger._helper = True
         try:
-            return self._merger.merge([merge])
+            if leases.compaction_running(self.storage):
+                logger.debug("%s: a compaction is running; automatic merge skipped", self.url)
+                return None
+            return self._merger.merge([merge], yielding=True)
         except (CommitConflictError, StagingCollectedError) as exc:
             logger.debug("%s: automatic merge dropped: %s", self.url, exc)
         except (ReplogError, OSError) as exc:
@@ -562,6 +596,7 @@ class ReplicationLog:
         lease: Lease | None = None,
         refreshed: bool = False,
         progress: Callable[[int], None] | None = None,
+        yielding: bool = False,
     ) -> CommitRecord | None:
         """Rewrite each merge's segments as larger files in one ``compact`` commit:
         sequences, heads and events do not change. The files replaced stay on storage
@@ -569,7 +604,9 @@ class ReplicationLog:
         task on them. ``lease``: the caller's staging lease (long merges), as for
         :meth:`commit_staged`;
         ``refreshed``: as for :meth:`commit`; ``progress``: called with the events of
-        each merged file once its rows are read (from the writing threads).
+        each merged file once its rows are read (from the writing threads). ``yielding``: an
+        automatic merge, which commits nothing (:class:`CommitConflictError`) while an
+        operator's compaction runs, so the compaction does not find its sources merged away.
 
         Raises :class:`CommitConflictError` (deleting what it wrote) if a source left the
         log meanwhile (another compaction or a truncation): plan again.
@@ -588,7 +625,9 @@ class ReplicationLog:
         staged = files.write_files(self.storage, plans, self._written)
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
         removed = tuple(source for merge in merges for source in merge.sources)
-        return self.replace(merged, removed, since, lease=lease, refreshed=refreshed)
+        return self.replace(
+            merged, removed, since, lease=lease, refreshed=refreshed, yielding=yielding
+        )
 
     def replace(
         self,
@@ -598,6 +637,7 @@ class ReplicationLog:
         *,
         lease: Lease | None = None,
         refreshed: bool = False,
+        yielding: bool = False,
     ) -> CommitRecord:
         """Commit staged files ``added`` in place of the live entries ``removed`` (one
         ``compact`` commit: the same sequences, heads unchanged), under the staging
@@ -615,6 +655,10 @@ class ReplicationLog:
                 raise CommitConflictError(
                     f"{self.url}: {len(gone)} segments to rewrite left the log meanwhile "
                     f"(e.g. {gone[0]}); nothing was rewritten, plan again"
+                )
+            if yielding and leases.compaction_running(self.storage):
+                raise CommitConflictError(
+                    f"{self.url}: a compaction began; this automatic merge yields to it"
                 )
             self._guard_staged(state, added, since, lease)
             return CommitRecord.after(state.version, COMPACT, add=added, remove=removed)
@@ -666,6 +710,7 @@ class ReplicationLog:
             if record.log_id != self.log_id:
                 record = dataclasses.replace(record, log_id=self.log_id)
             attempt.in_doubt = True
+            putting = monotonic_s()  # no one writes the version after it before it lands
             try:
                 self.storage.put_if_absent(commit_path(record.version), record.to_bytes())
             except FileExistsError:
@@ -679,6 +724,7 @@ class ReplicationLog:
             attempt.landed, attempt.in_doubt = record, False
             state.apply(record)
             state.verified = (record.version, time.monotonic())  # its own commit: its log
+            state.head_seen = putting
             self._after_commit(state)
             return record
         raise CommitConflictError(
@@ -687,18 +733,29 @@ class ReplicationLog:
 
     def _landed_on_history(self, state: LogState, record: CommitRecord) -> bool:
         """Whether ``record``, just put at ``state.version + 1``, follows the log's history
-        rather than filling a range retention emptied (a state verified before the range
-        was deleted, or read alongside the deletion: see :func:`history.catch_up`).
+        rather than filling a slot retention emptied (the writer stalled between finding
+        the slot free and its put, while others committed past it and expiry deleted it).
 
-        Only a state whose newest commit is older than the retention (less the clock skew
-        writers may have) can be that far behind: then commit ``state.version`` is read
-        again (retention deletes commits oldest first, so if it is the one the state
-        applied, the slot was never written). A misplaced commit is deleted and False
-        returned (the caller commits again on a fresh state); if the log was re-created,
-        it is deleted and the error raised.
+        Expiry deletes a commit only once a header at or after it is older than the
+        retention: by storage time, or by its writers' clocks, which may disagree by the
+        clock skew (10 minutes). So the slot cannot have been emptied if less than the
+        retention less the skew passed, on this process's monotonic clock, since the
+        slot was known to be unwritten (:attr:`LogState.head_seen`): no clock of another
+        machine enters this. (As a second line, the slot counts as possibly emptied also
+        when commit ``state.version`` is that old by this writer's wall clock: a machine
+        paused under a monotonic clock that stopped.) Otherwise (or if that time is
+        unknown) commit
+        ``state.version`` is read again: retention deletes commits oldest first, so if
+        it is the one the state applied, the slot was never written. A misplaced commit
+        is deleted and False returned (the caller commits again on a fresh state); if
+        the log was re-created, it is deleted and the error raised.
         """
-        threshold = self.descriptor.retention_ms - CLOCK_SKEW_MS
-        if state.version > 0 and state.timestamp_ms > now_ms() - threshold:
+        seen = state.head_seen
+        window_ms = self.descriptor.retention_ms - CLOCK_SKEW_MS
+        recent = seen is not None and (monotonic_s() - seen) * 1000 < window_ms
+        # The wall clock too (its error is covered above): a monotonic clock may not count
+        # time the machine spent paused.
+        if recent and state.version > 0 and state.timestamp_ms > now_ms() - window_ms:
             return True
         try:
             base = None
@@ -754,13 +811,16 @@ class ReplicationLog:
         background, unless the last expiry is still running (the next table catches up)."""
         if self._helper or (self._expiry is not None and not self._expiry.done()):
             return
-        self._expiry = self._executor().submit(
-            history.expire,
-            history.LogSnapshots(self.storage, self.descriptor),
-            version=state.version,
-            retained_from=state.retained_from,
-            live=state.live_paths(),
-            now_ms=now_ms(),
+        self._expiry = threads.start(
+            self._executor(),
+            functools.partial(
+                history.expire,
+                history.LogSnapshots(self.storage, self.descriptor),
+                version=state.version,
+                retained_from=state.retained_from,
+                live=state.live_paths(),
+                now_ms=now_ms(),
+            ),
         )
 
     def _absorb_expiry(self, state: LogState) -> None:
@@ -925,6 +985,28 @@ class ReplicationLog:
             retention_ms=self.descriptor.retention_ms,
             retained_from=state.retained_from,
             auto_compact=self.auto_compact,
+        )
+
+
+def _check_place_for_a_log(storage: Storage) -> None:
+    """Refuse, before anything is written, to create a log in a file or in a directory
+    that holds something else than a log (another tool's files would be mixed with the
+    log's, and a typo in a path would scatter a log into a data directory). A directory
+    holding ``_replog/`` is left to the descriptor's put-if-absent: the log exists, or
+    another process is creating it right now."""
+    root = storage.path("")
+    if storage.is_local and os.path.exists(root) and not os.path.isdir(root):
+        raise InvalidOptionError(f"cannot create a log at {storage.where('')}: it is a file")
+    try:
+        found = storage.listdir("")
+    except (NotADirectoryError, FileNotFoundError):
+        return
+    others = [n for n in found if n not in (META_DIR, SHARDS_DIR) and not n.startswith(".")]
+    if others and META_DIR not in found:
+        shown = ", ".join(sorted(others)[:5]) + (", ..." if len(others) > 5 else "")
+        raise InvalidOptionError(
+            f"cannot create a log at {storage.where('')}: the directory is not empty and "
+            f"holds no replog log ({shown}); give an empty or new directory"
         )
 
 

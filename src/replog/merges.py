@@ -17,6 +17,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from replog.errors import InvalidOptionError
 from replog.format.segments import MAX_SEGMENT_EVENTS, SegmentInfo
 from replog.format.state import LogState
 
@@ -161,6 +162,13 @@ def plan_auto(
     return None
 
 
+def check_limits(target_bytes: int, max_events: int) -> None:
+    """:class:`InvalidOptionError` naming a compaction limit below 1."""
+    for name, value in (("--target-bytes", target_bytes), ("max events", max_events)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise InvalidOptionError(f"compaction's {name} must be at least 1, got {value!r}")
+
+
 def plan_full(
     state: LogState,
     *,
@@ -170,7 +178,10 @@ def plan_full(
     """What ``replog compact`` merges: per shard, greedy runs of consecutive entries that
     together stay within both limits, into one file each. A single entry is rewritten
     too when its file holds other shards' rows (a shared file), so a compacted shard is
-    read from files of its own. Holed entries (key compaction's) are left alone."""
+    read from files of its own. Holed entries (key compaction's) are left alone.
+
+    Raises :class:`InvalidOptionError` for a limit below 1."""
+    check_limits(target_bytes, max_events)
     file_shards: dict[str, set[int]] = {}
     for lane in state.segments:
         for entry in lane:

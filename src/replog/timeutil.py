@@ -26,14 +26,25 @@ class _ClockVar:
     """The current clock, per context; pickles as a fresh one (``replog.register(spark)``
     pickles replog's modules by value, and a ``ContextVar`` cannot be pickled)."""
 
-    def __init__(self) -> None:
-        self.var: ContextVar[Clock] = ContextVar("replog_clock", default=time.time)
+    def __init__(self, name: str = "replog_clock", default: Clock = time.time) -> None:
+        self.name, self.default = name, default
+        self.var: ContextVar[Clock] = ContextVar(name, default=default)
 
-    def __reduce__(self) -> tuple[type[_ClockVar], tuple[()]]:
-        return (_ClockVar, ())
+    def __reduce__(self) -> tuple[type[_ClockVar], tuple[str, Clock]]:
+        return (_ClockVar, (self.name, self.default))
+
+
+def _since_boot() -> float:
+    """Seconds since boot, suspended time included (Linux's ``CLOCK_BOOTTIME``): a
+    process whose machine slept for an hour must see that an hour passed, as
+    ``time.monotonic`` (``CLOCK_MONOTONIC``, which stops while suspended) would not."""
+    return time.clock_gettime(time.CLOCK_BOOTTIME)
 
 
 _CLOCK = _ClockVar()
+_MONOTONIC = _ClockVar(
+    "replog_monotonic", _since_boot if hasattr(time, "CLOCK_BOOTTIME") else time.monotonic
+)
 
 
 def now_s() -> float:
@@ -51,13 +62,24 @@ def now_utc() -> datetime:
     return datetime.fromtimestamp(now_s(), timezone.utc)
 
 
+def monotonic_s() -> float:
+    """Seconds on this machine's monotonic clock, counting time it was suspended where the
+    system can (``CLOCK_BOOTTIME``; else :func:`time.monotonic`): for how long something
+    took, which no other machine's clock, and no step of the wall clock, can change."""
+    return _MONOTONIC.var.get()()
+
+
 @contextmanager
-def use_clock(clock: Clock) -> Iterator[None]:
-    """Run the block (in this context) with ``clock`` as replog's clock."""
+def use_clock(clock: Clock, monotonic: Clock | None = None) -> Iterator[None]:
+    """Run the block (in this context) with ``clock`` as replog's clock, and
+    ``monotonic`` (if given) as its monotonic clock (a test that lets time pass)."""
     token = _CLOCK.var.set(clock)
+    ticking = _MONOTONIC.var.set(monotonic) if monotonic is not None else None
     try:
         yield
     finally:
+        if ticking is not None:
+            _MONOTONIC.var.reset(ticking)
         _CLOCK.var.reset(token)
 
 

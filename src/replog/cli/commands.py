@@ -31,14 +31,17 @@ from replog.cli.output import Output
 from replog.cli.progress import BYTES, CaptureDisplay, Display, Work, display_for
 from replog.errors import (
     InvalidOptionError,
+    LogNotFoundError,
     ManifestNotFoundError,
     ReplogError,
 )
-from replog.format.commits import DESCRIPTOR_PATH, Transaction
+from replog.format.commits import DEFAULT_SHARDS, DESCRIPTOR_PATH, Transaction
+from replog.format.gc import CLOCK_SKEW_MS
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
 from replog.ops import compaction, history, keys, recovery, retention, status, verify
+from replog.ops.recovery import DEFAULT_GRACE_MS
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
@@ -153,7 +156,7 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
                     saying[-1].start()
                     signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
 
-            log = _capture_log(args)
+            log = _capture_log(args, options, postgres)
             previous = {sig: signal.signal(sig, stopping) for sig in STOP_SIGNALS}
             try:
                 with postgres.PostgresCapture(options, log, stop=stop, progress=progress) as run:
@@ -191,13 +194,57 @@ def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _capture_log(args: argparse.Namespace) -> ReplicationLog:
-    """The capture's log, created if absent (after the source was checked)."""
-    options = storage_options(args.fs_option)
-    return ReplicationLog.open_or_create(args.url, args.shards, storage_options=options)
+def _capture_log(
+    args: argparse.Namespace, options: CaptureOptions, postgres: ModuleType
+) -> ReplicationLog:
+    """The capture's log. One that exists must have the ``--shards`` asked for, if any; a
+    missing one is created only once the source has passed its checks (an unreachable
+    server or a missing table must leave nothing behind, nor a log whose shard count a
+    later, corrected command could no longer choose)."""
+    fs_options = storage_options(args.fs_option)
+    try:
+        log = ReplicationLog.open(args.url, storage_options=fs_options)
+    except LogNotFoundError:
+        pass
+    else:
+        if args.shards is not None and args.shards != log.shards:
+            raise InvalidOptionError(
+                f"--shards {args.shards}: the log at {args.url} exists with {log.shards} "
+                f"shards (a log's shard count is fixed; --shards applies when capture "
+                f"creates the log)"
+            )
+        return log
+    source = postgres.PostgresSource(options)
+    try:
+        source.check()
+    finally:
+        source.close()
+    shards = DEFAULT_SHARDS if args.shards is None else args.shards
+    return ReplicationLog.open_or_create(args.url, shards, storage_options=fs_options)
 
 
 # -- create / append / info / read / tail / verify -----------------------------------------
+
+
+def _retention(text: str) -> int:
+    """``--retention`` in ms: refused below the clock skew writers allow (no age can be
+    judged that finely), warned about below recover's default grace plus that skew (the
+    documented minimum: files a merge replaced must outlive recover's grace)."""
+    retention = duration_ms(text, "--retention")
+    if retention < CLOCK_SKEW_MS:
+        raise InvalidOptionError(
+            f"--retention {text}: at least {CLOCK_SKEW_MS // 60_000}m (the clock skew writers "
+            f"allow); keep it at least recover's --grace plus 10m "
+            f"(default {(DEFAULT_GRACE_MS + CLOCK_SKEW_MS) // 60_000}m)"
+        )
+    if retention < DEFAULT_GRACE_MS + CLOCK_SKEW_MS:
+        print(
+            f"replog: warning: --retention {text} is below recover's default --grace "
+            f"({DEFAULT_GRACE_MS // 60_000}m) plus 10m: run 'replog recover' with --grace "
+            f"{(retention - CLOCK_SKEW_MS) // 60_000}m or less on this log",
+            file=sys.stderr,
+        )
+    return retention
 
 
 def cmd_create(args: argparse.Namespace, out: Output) -> int:
@@ -205,7 +252,7 @@ def cmd_create(args: argparse.Namespace, out: Output) -> int:
         args.url,
         args.shards,
         storage_options=storage_options(args.fs_option),
-        retention_ms=duration_ms(args.retention, "--retention"),
+        retention_ms=_retention(args.retention),
         auto_compact=args.auto_compact,
     )
     out.show(results.Created.of(log.info()))
@@ -263,7 +310,12 @@ def cmd_append(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_schemas(args: argparse.Namespace, out: Output) -> int:
     log = open_log(args)
-    out.show(results.Schemas.of(log.url, registry.versions(log.storage, args.collection)))
+    found = registry.versions(log.storage, args.collection)
+    if args.collection is not None and not found:
+        raise InvalidOptionError(
+            registry.unknown_collection(log.storage, args.collection, "--collection")
+        )
+    out.show(results.Schemas.of(log.url, found))
     return 0
 
 

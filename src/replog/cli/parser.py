@@ -146,8 +146,8 @@ def _capture_commands(command: _Command) -> None:
     p.add_argument(
         "--shards",
         type=int,
-        default=DEFAULT_SHARDS,
-        help=f"shards of the log if it is created (default {DEFAULT_SHARDS})",
+        help=f"shards of the log if capture creates it (default {DEFAULT_SHARDS}); a log "
+        "that exists must have this many",
     )
     p.add_argument(
         "--max-changes",

@@ -9,7 +9,6 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -42,6 +41,7 @@ from replog.format.segments import (
 )
 from replog.storage import Storage
 from replog.storage.backends import Durability
+from replog.storage.threads import run_all
 
 
 def fetch(storage: Storage, segment: SegmentInfo) -> bytes:
@@ -251,11 +251,13 @@ def write_files(
             storage.delete(path)
             raise
     else:
-        with ThreadPoolExecutor(max_workers=max(1, min(IO_THREADS, len(plans)))) as pool:
-            futures = [
-                pool.submit(write, parts, rows, path)
+        futures = run_all(
+            [
+                functools.partial(write, parts, rows, path)
                 for (parts, rows), path in zip(plans, paths, strict=True)
-            ]
+            ],
+            threads=IO_THREADS,
+        )
         failures = [future.exception() for future in futures if future.exception() is not None]
         if failures:
             for path in paths:

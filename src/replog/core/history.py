@@ -54,6 +54,7 @@ from replog.names import listed_versions
 from replog.storage import Storage
 from replog.storage.backends import Durability
 from replog.storage.pointer import ForwardPointer, probe_forward
+from replog.timeutil import monotonic_s
 
 logger = logging.getLogger(__name__)
 
@@ -206,16 +207,23 @@ def catch_up(
             return read_commit(storage, version)
 
         ahead = [state.version] if with_base else []
+        asked = monotonic_s()  # before any of these reads: when a missing commit was missing
         records = storage.map(get, ahead + versions, threads=len(ahead) + len(versions))
         base = records.pop(0) if with_base else None
         for index, record in enumerate(records):
             if record is None:
                 if verify:
-                    if index > 0 or not with_base:  # the base is a commit applied just now
+                    ordered = index > 0 or not with_base
+                    if ordered:  # read after the miss (the base is a commit applied just now)
                         base = storage.read_optional(commit_path(state.version))
                     assert not isinstance(base, CommitRecord)
                     check_base(storage, state, base)
                     state.verified = (state.version, time.monotonic())
+                    if ordered:
+                        # The base was there after the miss, so the next commit was not
+                        # expired but not written yet. (A base read alongside the miss
+                        # proves nothing about the order: an earlier proof stands.)
+                        state.head_seen = asked
                 return True
             assert isinstance(record, CommitRecord)
             state.apply(record)
@@ -341,6 +349,41 @@ def write_checkpoint(storage: Storage, descriptor: LogDescriptor, state: LogStat
     logger.debug("wrote checkpoint of %s at version %d", storage.url, version)
 
 
+WHOLE_SECOND_MS = 1_000
+"""Storage time stamps may be whole seconds (S3's ``Last-Modified``, truncated): an age
+measured from a stamp without milliseconds is taken as a second shorter."""
+
+
+class _Ages:
+    """How old a header is, for expiry: by storage time where the backend gives file
+    times (the header file's time stamp against that of the expiring writer's own commit
+    ``version``, both from the storage's clock, so no writer's clock enters it); by the
+    header's ``timestamp_ms`` against the writer's clock ``now_ms`` otherwise (then the
+    clocks of the header's writer and of the expiring writer must agree within the clock
+    skew writers allow)."""
+
+    def __init__(self, storage: Storage, version: int, now_ms: float) -> None:
+        self.storage = storage
+        self.now_ms = now_ms
+        self._version = version
+        self._storage_now: int | bool | None = False  # False: not asked yet
+
+    def storage_now(self) -> int | None:
+        if self._storage_now is False:
+            self._storage_now = self.storage.modified_ms(commit_path(self._version))
+        assert self._storage_now is not True
+        return self._storage_now
+
+    def expired(self, header: SnapshotHeader, retention_ms: int) -> bool:
+        """Whether ``header`` is older than ``retention_ms``."""
+        now = self.storage_now()
+        stamp = self.storage.modified_ms(header_path(header.version)) if now is not None else None
+        if now is None or stamp is None:
+            return header.timestamp_ms <= self.now_ms - retention_ms
+        slack = WHOLE_SECOND_MS if stamp % WHOLE_SECOND_MS == 0 else 0
+        return now - stamp >= retention_ms + slack
+
+
 EXPIRE_STEPS = 2
 """Tables a writer of a table expires at most (one per table written keeps up; two catch
 up after a pause)."""
@@ -420,13 +463,13 @@ def expire(
     """
     descriptor, storage = snapshots.descriptor, snapshots.storage
     interval = descriptor.snapshot_interval
-    cutoff = now_ms - descriptor.retention_ms
     retained = retained_from
     table = retained - retained % interval + interval
     steps = 0
+    ages = _Ages(storage, version, now_ms)
     while steps < EXPIRE_STEPS and table <= version - interval:
         try:
-            if snapshots.header(table).timestamp_ms > cutoff:
+            if not ages.expired(snapshots.header(table), descriptor.retention_ms):
                 break
             _expire_step(snapshots, retained, table, live)
         except (CorruptionError, FileNotFoundError) as exc:

@@ -12,7 +12,15 @@ from dataclasses import dataclass, field
 
 from replog.errors import CorruptionError, StagingCollectedError
 from replog.format.gc import CLOCK_SKEW_MS
-from replog.format.leases import DEFAULT_LEASE_MS, LEASES_DIR, STAGING, Lease, UnreadableLease
+from replog.format.leases import (
+    COMPACTION_PREFIX,
+    COMPACTION_YIELD_MS,
+    DEFAULT_LEASE_MS,
+    LEASES_DIR,
+    STAGING,
+    Lease,
+    UnreadableLease,
+)
 from replog.storage import Storage
 from replog.storage.backends import is_temporary
 from replog.timeutil import now_ms
@@ -20,12 +28,40 @@ from replog.timeutil import now_ms
 logger = logging.getLogger(__name__)
 
 
-def acquire(storage: Storage, owner: str, duration_ms: int = DEFAULT_LEASE_MS) -> Lease:
-    """Write a new lease for ``owner`` (a description for operators)."""
+def acquire(
+    storage: Storage, owner: str, duration_ms: int = DEFAULT_LEASE_MS, *, compaction: bool = False
+) -> Lease:
+    """Write a new lease for ``owner`` (a description for operators). ``compaction``: the
+    lease of an operator's compaction, which writers' automatic merges yield to
+    (:func:`compaction_running`)."""
     acquired = now_ms()
-    lease = Lease(uuid.uuid4().hex, owner, acquired, acquired + duration_ms)
+    prefix = COMPACTION_PREFIX if compaction else ""
+    lease = Lease(prefix + uuid.uuid4().hex, owner, acquired, acquired + duration_ms)
     storage.put_if_absent(lease.relative, lease.to_bytes())
     return lease
+
+
+def compaction_running(storage: Storage) -> bool:
+    """Whether an operator's compaction holds a lease: one whose id begins with
+    :data:`COMPACTION_PREFIX`, live, and taken less than :data:`COMPACTION_YIELD_MS` ago
+    (a compaction that died without releasing its lease holds merges back no longer).
+    Lists the leases and reads only compactions' (usually none)."""
+    now = now_ms()
+    for name in storage.listdir(LEASES_DIR):
+        if not name.startswith(COMPACTION_PREFIX) or is_temporary(name):
+            continue
+        data = storage.read_optional(f"{LEASES_DIR}/{name}")
+        if data is None:
+            continue
+        try:
+            lease = Lease.from_bytes(data, storage.path(f"{LEASES_DIR}/{name}"))
+        except CorruptionError:
+            continue  # recover reports it; merges need not wait for it
+        # Taken within the last hour (a lease from further in the future than the clock
+        # skew is a clock gone wrong: not waited for).
+        if lease.live(now) and -CLOCK_SKEW_MS <= now - lease.acquired_ms < COMPACTION_YIELD_MS:
+            return True
+    return False
 
 
 def mark(storage: Storage, lease: Lease, state: str, current: Lease | None = None) -> Lease:
@@ -92,9 +128,9 @@ def release_quietly(storage: Storage, lease: Lease) -> None:
 
 
 @contextmanager
-def holding(storage: Storage, owner: str) -> Iterator[Lease]:
+def holding(storage: Storage, owner: str, *, compaction: bool = False) -> Iterator[Lease]:
     """A lease held for the block (released on the way out, whatever happens)."""
-    lease = acquire(storage, owner)
+    lease = acquire(storage, owner, compaction=compaction)
     try:
         yield lease
     finally:

@@ -11,10 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from replog.errors import CorruptionError
+from replog.errors import CorruptionError, InvalidOptionError
 from replog.format.gc import GcMark
 from replog.format.sealed import seal, unseal
 from replog.format.segments import DENSE, SegmentInfo
+from replog.names import check_name
 from replog.timeutil import now_ms
 
 FORMAT_VERSION = 3
@@ -168,6 +169,19 @@ class Transaction:
     a writer that is the only one of its app says so, and another writer of the app that
     committed meanwhile makes the commit fail (:class:`~replog.errors.TransactionOrderError`)
     instead of landing on top of what that writer committed."""
+
+    def __post_init__(self) -> None:
+        """The one check of a transaction, wherever it comes from (the CLI, Spark's
+        ``txnAppId``, the Python API): the app id names a sink mark and a directory
+        under ``_replog/sinks/``."""
+        check_name(self.app_id, "transaction app id")
+        for name, value in (("version", self.version), ("follows", self.follows)):
+            if value is None and name == "follows":
+                continue
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise InvalidOptionError(
+                    f"transaction {name} must be an integer >= 0, got {value!r}"
+                )
 
     def writer(self) -> WriterInfo:
         return WriterInfo(self.app_id, TXN_QUERY, self.version)

@@ -26,7 +26,7 @@ import pyarrow as pa
 
 from replog.errors import InvalidEventError
 from replog.format import jsontext
-from replog.timeutil import now_utc
+from replog.timeutil import MICROSECONDS_ABOVE, SECONDS_BELOW, iso, now_utc
 
 OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk")
 """The closed set of change operations."""
@@ -116,6 +116,18 @@ def _micros(value: Any, where: str, default_us: int) -> int:
         # Numbers are milliseconds since the Unix epoch, as in Kafka record timestamps.
         if not math.isfinite(value):
             raise InvalidEventError(f"{where}: 'timestamp' {value!r} is not a number")
+        if 0 < value < SECONDS_BELOW:  # 1764000000 read as ms is 1970-01-21
+            raise InvalidEventError(
+                f"{where}: 'timestamp' {value!r} read as milliseconds is {iso(int(value))}; "
+                f"it looks like seconds - pass milliseconds ({round(value * 1000)}) or an "
+                f"ISO-8601 string"
+            )
+        if value > MICROSECONDS_ABOVE:  # year 5138 and later
+            raise InvalidEventError(
+                f"{where}: 'timestamp' {value!r} is out of range or far in the future read "
+                f"as milliseconds; it looks like microseconds or nanoseconds - pass "
+                f"milliseconds"
+            )
         micros = round(value * 1000)
     elif isinstance(value, str):
         try:
@@ -166,12 +178,18 @@ def events_from_records(
     *,
     where: Callable[[int], str] = lambda i: f"event {i}",
     default_collection: str | None = None,
+    require_key: bool = False,
 ) -> pa.Table:
     """Validate change events given as dicts and return them as a :data:`STORED_SCHEMA` table.
 
     ``where(i)`` names the i-th record (0-based) in error messages, e.g. "line 7". Every
     record is validated before anything is returned, so a bad record means nothing is
     written. An ``event_id`` given twice is an error naming both records.
+
+    An event without ``key`` is keyed by its ``event_id`` (FORMAT.md, "Routing"): it then
+    has no order with any other event, and key compaction never supersedes it. With
+    ``require_key`` (``replog append``, whose input documents ``key`` as required) such
+    an event is an error instead.
     """
     now_us = _micros(now_utc(), "now", 0)
     columns: dict[str, list[Any]] = {name: [] for name in STORED_SCHEMA.names}
@@ -205,6 +223,11 @@ def events_from_records(
             )
         seen_ids[event_id] = index
         key = _text(record, "key", label)
+        if key is None and require_key:
+            raise InvalidEventError(
+                f"{label}: 'key' is required (the key orders a row's changes and routes "
+                f'them to one shard, e.g. "orders/1")'
+            )
         columns["event_id"].append(event_id)
         micros.append(_micros(record.get("timestamp"), label, now_us))
         columns["operation"].append(operation)

@@ -22,6 +22,14 @@ DEFAULT_LEASE_MS = 24 * 3_600_000
 """How long a lease protects its files if its writer never releases it (it died)."""
 
 
+COMPACTION_PREFIX = "compaction-"
+"""The ids of operators' compactions' leases begin with this: writers' automatic merges
+yield to them (FORMAT.md, "Automatic merges")."""
+COMPACTION_YIELD_MS = 3_600_000
+"""Automatic merges yield to a compaction's lease for at most this long after it was taken
+(a compaction that died without releasing it holds them back no longer)."""
+
+
 STAGING, COMMITTING = "staging", "committing"
 """A lease's states: its writer is staging files, or its commit has been sent (and may
 land even if the writer dies: its files must then wait for recover's usual rules)."""

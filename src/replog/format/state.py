@@ -190,6 +190,14 @@ class LogState:
         self.verified: tuple[int, float] | None = None
         """(version, monotonic time) when the log at the URL was last found to be this
         state's log, at this version."""
+        self.head_seen: float | None = None
+        """When (:func:`~replog.timeutil.monotonic_s`) commit :attr:`version` + 1 was last
+        known not to be written yet: just before a read found it missing that was
+        followed by a check that commit :attr:`version` is still this state's (so
+        retention had not emptied the slot), or just before this process put commit
+        :attr:`version` itself (no one writes the next before it lands). None: unknown.
+        A commit put at :attr:`version` + 1 less than the retention (less the clock
+        skew) after this cannot have landed in a slot retention emptied."""
         self.last_token: str | None = None
         """The token of commit :attr:`version`, once this state applied it (a state loaded
         from a header does not know it): finding that very record at that version proves
@@ -235,6 +243,7 @@ class LogState:
         self.version = commit.version
         self.timestamp_ms = commit.timestamp_ms
         self.last_token = commit.token or None
+        self.head_seen = None
         if commit.gc is not None:
             self._note_gc_mark(commit.version, commit.gc.cutoff_ms)
         if self._segments is not None:

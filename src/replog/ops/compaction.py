@@ -25,7 +25,7 @@ from replog.errors import CommitConflictError
 from replog.format.commits import CommitRecord
 from replog.format.segments import MAX_SEGMENT_EVENTS
 from replog.log import ReplicationLog
-from replog.merges import DEFAULT_TARGET_BYTES, Merge, plan_full
+from replog.merges import DEFAULT_TARGET_BYTES, Merge, check_limits, plan_full
 
 logger = logging.getLogger(__name__)
 
@@ -73,7 +73,8 @@ def compact(
     :data:`ATTEMPTS` times; then :class:`CommitConflictError` is raised: run it again.
     ``progress`` is told the events merged so far and in all, as each file is read.
     """
-    with leases.holding(log.storage, f"compaction of {log.url}") as lease:
+    check_limits(target_bytes, max_events)  # before the lease: nothing written for bad input
+    with leases.holding(log.storage, f"compaction of {log.url}", compaction=True) as lease:
         for attempt in range(1, ATTEMPTS + 1):
             merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
             if not merges:

@@ -289,7 +289,8 @@ def compact_by_key(
     compaction run again, up to :data:`ATTEMPTS` times; then :class:`CommitConflictError`.
     """
     check_keep_deletes_for(keep_deletes_for_ms)
-    with leases.holding(log.storage, f"key compaction of {log.url}") as lease:
+    owner = f"key compaction of {log.url}"
+    with leases.holding(log.storage, owner, compaction=True) as lease:
         for attempt in range(1, ATTEMPTS + 1):
             state = log.refresh()
             since = StagingStart(state.version, now_ms())

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replog.checkpoints.sinks import PendingResolution, SinkCommitter, list_sinks
+from replog.format.gc import CLOCK_SKEW_MS
 from replog.log import ReplicationLog
 from replog.ops import garbage
 from replog.timeutil import now_ms
@@ -73,6 +74,15 @@ def recover(
     ``progress`` is told the garbage files deleted so far and in all.
     """
     report = RecoveryReport(dry_run=dry_run, grace_ms=grace_ms)
+    if not dry_run and grace_ms < CLOCK_SKEW_MS:
+        logger.warning(
+            "%s: a grace of %d ms is below the %d minutes of clock skew writers allow: "
+            "writes staging while this runs are refused (appends stage again; a Spark "
+            "micro-batch fails and must be run again)",
+            log.url,
+            grace_ms,
+            CLOCK_SKEW_MS // 60_000,
+        )
     now = now_ms()
     cutoff = now - grace_ms
     pending_files: set[str] = set()  # files of epochs still Pending: not garbage yet

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 from replog.errors import CorruptionError
 from replog.format.commits import META_DIR
@@ -143,3 +143,28 @@ def versions(storage: Storage, collection: str | None = None) -> list[SchemaVers
                 path = f"{where}/{name}"
                 found.append(SchemaVersion.from_bytes(storage.read(path), path))
     return sorted(found, key=lambda v: (v.collection, v.registered_ms, v.digest))
+
+
+def collections(storage: Storage) -> list[str]:
+    """The collections that have registered schemas (listing the registry)."""
+    return sorted(unquote(folder) for folder in storage.listdir(SCHEMAS_DIR))
+
+
+def unknown_collection(storage: Storage, collection: str, what: str) -> str:
+    """Why ``collection`` has no schemas, for an error of ``what``: the collections that
+    have some, closest first (``orders`` for ``public.orders``)."""
+    known = collections(storage)
+    if not known:
+        return (
+            f"{what}: no schema is registered in {storage.url} at all ('replog append "
+            f"--format debezium' registers the schemas of values sent with them, "
+            f"JsonConverter with schemas.enable=true; 'replog capture' those of the tables "
+            f"it captures)"
+        )
+    near = [name for name in known if name.rsplit(".", 1)[-1] == collection.rsplit(".", 1)[-1]]
+    hint = f"; did you mean {near[0]!r}?" if near else ""
+    shown = ", ".join(known[:10]) + (", ..." if len(known) > 10 else "")
+    return (
+        f"{what}: no schema of collection {collection!r} is registered in {storage.url}; "
+        f"collections with schemas: {shown}{hint}"
+    )

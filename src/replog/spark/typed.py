@@ -387,11 +387,7 @@ def typed(
     )
     found = registry.versions(opened.storage, collection)
     if not found:
-        raise InvalidOptionError(
-            f"typed: no schema of collection {collection!r} is registered in {opened.url} "
-            f"('replog append --format debezium' registers the schemas of values sent with "
-            f"them: JsonConverter with schemas.enable=true)"
-        )
+        raise InvalidOptionError(registry.unknown_collection(opened.storage, collection, "typed"))
     columns = connect.union([(version.digest, version.columns()) for version in found])
     unreachable = [
         name for c in columns if not _decimal_array(c) for name in _lambda_decimals(c, c.name)

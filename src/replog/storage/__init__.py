@@ -14,21 +14,27 @@ FORMAT.md live in one place (:mod:`replog.storage.backends` has the per-backend 
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import random
 import re
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import fsspec
 
-from replog.errors import CommitOutcomeUnknownError, InvalidOptionError, StorageError
+from replog.errors import (
+    CommitOutcomeUnknownError,
+    InvalidOptionError,
+    StorageError,
+    StoragePermissionError,
+)
 from replog.storage import backends
 from replog.storage.backends import Durability
+from replog.storage.threads import run_all
 
 logger = logging.getLogger(__name__)
 
@@ -108,6 +114,33 @@ class RetryPolicy:
 DEFAULT_RETRY = RetryPolicy()
 
 
+def _denied(what: str, path: str, url: str, exc: PermissionError) -> StoragePermissionError:
+    """A refused request, named by the file it was for (a local write's refusal names its
+    temporary file, which means nothing to the user)."""
+    if isinstance(exc, StoragePermissionError):
+        return exc
+    hint = f" (is {url} read-only for this user?)" if what in ("write", "delete", "sync") else ""
+    return StoragePermissionError(f"cannot {what} {path}: permission denied{hint}")
+
+
+_SCHEME_TYPO = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):/?(?!/)(.*)", re.DOTALL)
+
+
+def _check_scheme(url: str) -> None:
+    """Refuse ``s3:/bucket/x`` and ``s3:bucket/x``: fsspec takes them for local paths
+    (a directory named ``s3:`` in the working directory), so a typo would create or read
+    a log on local disk."""
+    match = _SCHEME_TYPO.fullmatch(url)
+    if match is None or "://" in url:
+        return
+    scheme = match.group(1).lower()
+    if scheme != "file" and scheme in fsspec.available_protocols():
+        raise InvalidOptionError(
+            f"{url!r} is not a {scheme} URL (it would be read as a local path); write "
+            f"'{scheme}://{match.group(2)}'"
+        )
+
+
 class Storage:
     """A filesystem plus the root path of one location (a log, a manifest store).
 
@@ -128,6 +161,7 @@ class Storage:
                 f"a storage URL must be a string, got {type(url).__name__} {url!r} (a Storage "
                 f"given where a URL is expected?)"
             )
+        _check_scheme(url)
         self.url = url
         self.storage_options = dict(storage_options or {})
         self.retry = retry
@@ -169,8 +203,8 @@ class Storage:
         storage, one by one elsewhere (a thread costs more than a read from local disk)."""
         if not self.is_remote or len(items) < 2:
             return [function(item) for item in items]
-        with ThreadPoolExecutor(max_workers=min(threads, len(items))) as pool:
-            return list(pool.map(function, items))
+        calls = [functools.partial(function, item) for item in items]
+        return [future.result() for future in run_all(calls, threads=threads)]
 
     def path(self, relative: str) -> str:
         return f"{self.root}/{relative}" if relative else self.root
@@ -278,6 +312,8 @@ class Storage:
                     logger.info("%s: an earlier attempt of this write had landed", path)
                     return
                 raise
+            except PermissionError as exc:
+                raise _denied("write", path, self.url, exc) from exc
             except Exception as exc:
                 if not backends.transient(exc):
                     raise
@@ -347,6 +383,8 @@ class Storage:
         for attempt in range(self.retry.attempts):
             try:
                 return operation()
+            except PermissionError as exc:
+                raise _denied(what, path, self.url, exc) from exc
             except Exception as exc:
                 if not backends.transient(exc):
                     raise
