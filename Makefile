@@ -62,9 +62,11 @@ bench: $(STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	for section in python age spark s3 writers stream; do \
 	  $(SPARK_PY) benchmarks/bench_commits.py $$section || exit 1; done
 	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_apply.py
 	$(PY) benchmarks/bench_redelivery.py
 	$(PY) benchmarks/fault_runs.py
+	$(PY) benchmarks/compact_under_load.py
 	$(SPARK_PY) benchmarks/chaos.py
 
 clean: ## remove build outputs and demo data

@@ -153,3 +153,16 @@ def test_raw_json_is_spliced_in_at_any_depth() -> None:
         encode({"a": [RawJSON("1"), Decimal("NaN")]})
     row = events_from_records([{"key": "k", "data": {"amounts": [RawJSON("1.50")]}}])
     assert row.column("data").to_pylist() == [b'{"amounts":[1.50]}']
+
+
+def test_a_connector_name_replog_names_do_not_allow_still_records_its_position() -> None:
+    """Kafka Connect allows more characters in a connector's name than replog's names
+    (``{context}-server-1`` in Debezium's docs): the app id stays valid and distinct."""
+    from replog.debezium import position_app_id
+    from replog.names import is_valid_name
+
+    assert position_app_id("dbserver1") == "debezium.dbserver1"  # valid names are kept
+    odd = position_app_id("{context}-server-1")
+    other = position_app_id("[context]-server-1")
+    assert is_valid_name(odd) and is_valid_name(other) and odd != other
+    assert is_valid_name(position_app_id("x" * 300, "rs0"))

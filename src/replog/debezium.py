@@ -36,7 +36,9 @@ Out: :func:`original_envelope` rebuilds the Debezium value an event was appended
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from typing import Any
 from replog.errors import InvalidEventError
 from replog.format import jsontext
 from replog.format.jsontext import Member, RawJSON
+from replog.names import is_valid_name
 from replog.schemas import connect
 from replog.timeutil import now_ms
 
@@ -577,6 +580,19 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def position_app_id(*parts: str) -> str:
+    """The app id recording a connector's position: ``debezium.<name>[.<replica set>]``.
+    A connector name that is not a valid name (Kafka Connect allows more characters than
+    replog's names) has each other character replaced and a digest of the whole added,
+    so two names never share an app id."""
+    app_id = ".".join(("debezium", *parts))
+    if is_valid_name(app_id):
+        return app_id
+    cleaned = re.sub(r"[^A-Za-z0-9._-]", "_", app_id)[:100]
+    digest = hashlib.sha256(app_id.encode()).hexdigest()[:16]
+    return f"{cleaned}.{digest}"
+
+
 def position_of(source: Mapping[str, Any]) -> Position | None:
     """The connector's position of an event, as one integer that orders like Debezium's
     offsets: PostgreSQL ``(commit LSN, lsn)`` (from ``sequence``, else ``lsn`` twice),
@@ -596,7 +612,7 @@ def position_of(source: Mapping[str, Any]) -> Position | None:
                 commit = int(parsed[0]) if parsed and parsed[0] is not None else lsn
             except (ValueError, TypeError, IndexError):
                 commit = lsn
-        return Position(f"debezium.{name}", (commit << 64) | lsn, snapshot, f"lsn {lsn}")
+        return Position(position_app_id(name), (commit << 64) | lsn, snapshot, f"lsn {lsn}")
     binlog, pos = source.get("file"), _int_or_none(source.get("pos"))
     if isinstance(binlog, str) and binlog and pos is not None:
         number = _int_or_none(binlog.rsplit(".", 1)[-1])
@@ -604,10 +620,10 @@ def position_of(source: Mapping[str, Any]) -> Position | None:
             raise InvalidEventError(f"source.file {binlog!r} does not end in a binlog number")
         row = _int_or_none(source.get("row")) or 0
         version = (number << 96) | (pos << 32) | row
-        return Position(f"debezium.{name}", version, snapshot, f"{binlog}:{pos}:{row}")
+        return Position(position_app_id(name), version, snapshot, f"{binlog}:{pos}:{row}")
     ord_, ts_ms = _int_or_none(source.get("ord")), _int_or_none(source.get("ts_ms"))
     if ord_ is not None and ts_ms is not None:
-        app_id = f"debezium.{name}" + (f".{source['rs']}" if source.get("rs") else "")
+        app_id = position_app_id(name, *([str(source["rs"])] if source.get("rs") else []))
         return Position(app_id, (ts_ms << 32) | ord_, snapshot, f"ts_ms {ts_ms} ord {ord_}")
     return None
 
