@@ -20,7 +20,7 @@ import os
 import random
 import time
 import uuid
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as futures_wait
@@ -616,13 +616,22 @@ class ReplicationLog:
         if any(source.holed for merge in merges for source in merge.sources):
             raise ValueError("merges rewrite dense entries; key compaction rewrites holed ones")
         since = StagingStart(self.state().version, now_ms())
-        plans: list[tuple[Sequence[Part], Callable[[], pa.Table]]] = []
+        staged: list[StagedSegment] = []
         firsts: list[int] = []
-        for merge in merges:
-            for plan, placed in _merge_plans(self.storage, merge, self._written):
-                plans.append(plan if progress is None else _counted(plan, progress))
-                firsts.extend(placed)
-        staged = files.write_files(self.storage, plans, self._written)
+        try:
+            for group in _within(merges, MERGE_MEMORY_BYTES):
+                plans: list[tuple[Sequence[Part], Callable[[], files.Rows]]] = []
+                for merge in group:
+                    for plan, placed in _merge_plans(self.storage, merge, self._written):
+                        plans.append(plan if progress is None else _counted(plan, progress))
+                        firsts.extend(placed)
+                staged.extend(files.write_files(self.storage, plans, self._written))
+                # Give the decoded sources back to the system: Arrow's allocator keeps
+                # freed memory for reuse, and a merge frees the most at once.
+                pa.default_memory_pool().release_unused()
+        except BaseException:
+            self.discard_staged(staged)  # none is committed: no commit can name them
+            raise
         merged = tuple(s.at(first) for s, first in zip(staged, firsts, strict=True))
         removed = tuple(source for merge in merges for source in merge.sources)
         return self.replace(
@@ -1022,38 +1031,73 @@ def _runs(entries: Sequence[SegmentInfo]) -> list[list[SegmentInfo]]:
 
 
 def _counted(
-    plan: tuple[Sequence[Part], Callable[[], pa.Table]], progress: Callable[[int], None]
-) -> tuple[Sequence[Part], Callable[[], pa.Table]]:
-    """``plan`` telling ``progress`` its events once its rows are read."""
+    plan: tuple[Sequence[Part], Callable[[], Iterator[pa.RecordBatch]]],
+    progress: Callable[[int], None],
+) -> tuple[Sequence[Part], Callable[[], Iterator[pa.RecordBatch]]]:
+    """``plan`` telling ``progress`` its events as its rows are read."""
     parts, rows_of = plan
 
-    def rows() -> pa.Table:
-        table = rows_of()
-        progress(table.num_rows)
-        return table
+    def rows() -> Iterator[pa.RecordBatch]:
+        for batch in rows_of():
+            progress(batch.num_rows)
+            yield batch
 
     return parts, rows
 
 
+MERGE_MEMORY_BYTES = 48 * 1024 * 1024
+"""Bytes of source files merged at once: merges of more run in turns, so a writer's
+background merges cost bounded memory whatever the log's size (decoded, concatenated and
+encoded again, a merge holds about three times its sources)."""
+
+
+def _within(merges: Sequence[Merge], budget: int) -> Iterator[list[Merge]]:
+    """``merges`` in groups whose sources hold at most ``budget`` bytes (a bigger merge
+    alone)."""
+    group: list[Merge] = []
+    held = 0
+    for merge in merges:
+        size = sum(source.bytes for source in merge.sources)
+        if group and held + size > budget:
+            yield group
+            group, held = [], 0
+        group.append(merge)
+        held += size
+    if group:
+        yield group
+
+
 def _merged_rows(
     storage: Storage, sources: Sequence[SegmentInfo], known: dict[str, pa.Table]
-) -> pa.Table:
-    """The rows of ``sources`` in order, in large record batches (a merge of many small
-    files must not keep their tiny batches: readers convert batch by batch). ``known``
-    holds decoded files (this writer's recent ones); others are read once each."""
-    cache = DecodedFiles()
-    tables = []
+) -> Iterator[pa.RecordBatch]:
+    """The rows of ``sources`` in order, as large record batches (a merge of many small
+    files must not keep their tiny batches: readers convert batch by batch), made one
+    at a time: a source is read when the batches reach it, so a merge holds the source at
+    hand and one batch, not all its rows twice over. ``known`` holds decoded files (this
+    writer's recent ones); others are read once each."""
+    uses = Counter(source.path for source in sources)
+    cache = DecodedFiles()  # a file of several sources (a shared one) is read once
+    pending: list[pa.Table] = []
+    held = 0
     for source in sources:
         table = known.get(source.path)
         if table is None:
-            table = files.read_file(storage, source, cache)
-        tables.append(segments.entry_rows(table, source))
-    return pa.concat_tables(tables).combine_chunks()
+            table = files.read_file(storage, source, cache if uses[source.path] > 1 else None)
+        rows = segments.entry_rows(table, source)
+        pending.append(rows)
+        held += rows.num_rows
+        while held >= segments.BATCH_ROWS:
+            rest = pa.concat_tables(pending)
+            yield from rest.slice(0, segments.BATCH_ROWS).combine_chunks().to_batches()
+            rest = rest.slice(segments.BATCH_ROWS)
+            pending, held = [rest], rest.num_rows
+    if held:
+        yield from pa.concat_tables(pending).combine_chunks().to_batches()
 
 
 def _merge_plans(
     storage: Storage, merge: Merge, written: DecodedFiles
-) -> list[tuple[tuple[Sequence[Part], Callable[[], pa.Table]], list[int]]]:
+) -> list[tuple[tuple[Sequence[Part], Callable[[], Iterator[pa.RecordBatch]]], list[int]]]:
     """The files a merge writes (one shared file, or one per shard), each with the first
     sequence of each of its parts. A part is a run of consecutive sequences; a merge of
     files between which another writer's big files lie gets several parts per shard.
@@ -1067,7 +1111,8 @@ def _merge_plans(
     for source in sorted(merge.sources, key=lambda s: (s.shard, s.first_sequence)):
         by_shard.setdefault(source.shard, []).append(source)
     outputs = [sorted(by_shard)] if merge.shared else [[shard] for shard in sorted(by_shard)]
-    plans: list[tuple[tuple[Sequence[Part], Callable[[], pa.Table]], list[int]]] = []
+    plans: list[tuple[tuple[Sequence[Part], Callable[[], Iterator[pa.RecordBatch]]], list[int]]]
+    plans = []
     for shards in outputs:
         parts: list[Part] = []
         firsts: list[int] = []

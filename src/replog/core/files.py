@@ -9,7 +9,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -22,12 +22,12 @@ from replog.format.segments import (
     MAX_SEGMENT_BYTES,
     MAX_SEGMENT_EVENTS,
     SHARED_STAGE_BYTES,
-    FilePlan,
     Part,
     SegmentInfo,
     StagedSegment,
     cuts,
     decode_segment,
+    encode_batches,
     encode_segment,
     entry_rows,
     event_batches,
@@ -198,19 +198,35 @@ def read_segments(
             yield from event_batches(entry_rows(table, segment), segment, first, last)
 
 
-def write_file(storage: Storage, plan: FilePlan, relative: str) -> list[StagedSegment]:
+Rows: TypeAlias = pa.Table | Iterator[pa.RecordBatch]
+"""A file's rows: a table, or record batches made one at a time (a merge: only the batch at
+hand is held; its parts then carry their event times)."""
+
+
+def write_file(
+    storage: Storage, plan: tuple[Rows, Sequence[Part]], relative: str
+) -> list[StagedSegment]:
     """Write one file (not yet visible) and describe each of its parts.
 
     The directory entry is made durable by the caller (:meth:`Storage.sync`), once for
     all files of a commit.
     """
     rows, parts = plan
-    data = encode_segment(rows)
+    if isinstance(rows, pa.Table):
+        data = encode_segment(rows)
+    else:
+        if any(part.timestamps_ms is None for part in parts):
+            raise ValueError("rows given as batches need parts that carry their event times")
+        data = encode_batches(rows)
     storage.put_if_absent(relative, data, durability=Durability.DEFERRED)
     digest = sha256_hex(data)
     staged = []
     for part, share in zip(parts, shares(len(data), [p.rows for p in parts]), strict=True):
-        low, high = part.timestamps_ms or timestamp_range_ms(rows.slice(part.offset, part.rows))
+        if part.timestamps_ms is not None:
+            low, high = part.timestamps_ms
+        else:
+            assert isinstance(rows, pa.Table)
+            low, high = timestamp_range_ms(rows.slice(part.offset, part.rows))
         staged.append(
             StagedSegment(
                 path=relative,
@@ -228,20 +244,22 @@ def write_file(storage: Storage, plan: FilePlan, relative: str) -> list[StagedSe
 
 def write_files(
     storage: Storage,
-    plans: Sequence[tuple[Sequence[Part], Callable[[], pa.Table]]],
+    plans: Sequence[tuple[Sequence[Part], Callable[[], Rows]]],
     written: DecodedFiles | None = None,
 ) -> list[StagedSegment]:
     """Write files in parallel, their parts in order (each file's rows are built by its
     callable in the worker, so they can be read or merged there). If any file fails,
     every file of the call is deleted (none is committed yet) and the error raised.
-    ``written`` keeps the rows of the files written (a writer merges them soon)."""
+    ``written`` keeps the rows of the files written as tables (a writer merges them
+    soon)."""
     paths = [new_file_path(parts) for parts, _ in plans]
 
     def write(
-        parts: Sequence[Part], rows: Callable[[], pa.Table], path: str
-    ) -> tuple[list[StagedSegment], pa.Table]:
-        table = rows()
-        return write_file(storage, (table, parts), path), table
+        parts: Sequence[Part], rows: Callable[[], Rows], path: str
+    ) -> tuple[list[StagedSegment], pa.Table | None]:
+        made = rows()
+        table = made if isinstance(made, pa.Table) else None
+        return write_file(storage, (made, parts), path), table
 
     if len(plans) == 1:  # a small write: a thread pool would cost more than the file
         (parts, rows), path = plans[0], paths[0]
@@ -267,7 +285,8 @@ def write_files(
     storage.sync(paths)
     if written is not None:
         for staged, table in results:
-            written.put(staged[0], table)
+            if table is not None:
+                written.put(staged[0], table)
     return [segment for staged, _ in results for segment in staged]
 
 

@@ -178,6 +178,18 @@ def encode_segment(table: pa.Table) -> bytes:
     return bytes(sink.getvalue())
 
 
+def encode_batches(batches: Iterable[pa.RecordBatch]) -> bytes:
+    """Serialise stored-schema record batches as an Arrow IPC file, one batch at a time:
+    only the encoded file and the batch at hand are held (a merge of large files)."""
+    sink = pa.BufferOutputStream()
+    with ipc.new_file(
+        sink, STORED_SCHEMA, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
+    ) as writer:
+        for batch in batches:
+            writer.write_batch(batch)
+    return bytes(sink.getvalue())
+
+
 def timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
     """Min and max event time of the rows, in ms since the epoch (0, 0 for no rows)."""
     import pyarrow.compute as pc  # noqa: PLC0415 (see the module docstring)

@@ -61,6 +61,34 @@ class RecoveryReport:
         }
 
 
+def _resolve_pending(
+    log: ReplicationLog, report: RecoveryReport, cutoff: int, *, dry_run: bool
+) -> set[str]:
+    """Resolve each sink's Pending epoch written before ``cutoff`` (into ``report``); the
+    files of the epochs still Pending, younger than that (not garbage yet)."""
+    pending_files: set[str] = set()
+    for sink_id in list_sinks(log):
+        committer = SinkCommitter(log, sink_id)
+        found = committer.pending()
+        if found is None:
+            continue
+        manifest, resolution = found
+        if manifest.timestamp_ms > cutoff:
+            pending_files.update(manifest.pending_segments.get(sink_id, []))
+            report.pending_too_recent[sink_id] = manifest.epoch
+            logger.warning(
+                "sink %s: Pending epoch %d is younger than the grace period; left alone "
+                "(its driver may still be committing)",
+                sink_id,
+                manifest.epoch,
+            )
+            continue
+        if not dry_run:
+            committer.resolve_pending(manifest)
+        report.resolved[sink_id] = resolution
+    return pending_files
+
+
 def recover(
     log: ReplicationLog,
     *,
@@ -85,26 +113,7 @@ def recover(
         )
     now = now_ms()
     cutoff = now - grace_ms
-    pending_files: set[str] = set()  # files of epochs still Pending: not garbage yet
-    for sink_id in list_sinks(log):
-        committer = SinkCommitter(log, sink_id)
-        found = committer.pending()
-        if found is None:
-            continue
-        manifest, resolution = found
-        if manifest.timestamp_ms > cutoff:
-            pending_files.update(manifest.pending_segments.get(sink_id, []))
-            report.pending_too_recent[sink_id] = manifest.epoch
-            logger.warning(
-                "sink %s: Pending epoch %d is younger than the grace period; left alone "
-                "(its driver may still be committing)",
-                sink_id,
-                manifest.epoch,
-            )
-            continue
-        if not dry_run:
-            committer.resolve_pending(manifest)
-        report.resolved[sink_id] = resolution
+    pending_files = _resolve_pending(log, report, cutoff, dry_run=dry_run)
     notes = garbage.read_first_seen(log)  # before the mark: see garbage.scan
     mark_stamp = None
     if not dry_run:  # before anything is deleted: writers staging from now on are safe
