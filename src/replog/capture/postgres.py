@@ -72,6 +72,7 @@ from replog.capture.source import (
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
+from replog.capture.workers import RangeReaders
 from replog.core import leases, staging
 from replog.crashpoints import crash_point
 from replog.errors import CaptureError, SourcePositionError, TransactionOrderError
@@ -218,7 +219,7 @@ class PostgresCapture:
         self.decoder = Decoder()
         self.relations = Relations(self.source, options, self.progress, self._joined)
         self.deferred = DeferredKeys()
-        self.chunks = ChunkReader(self.source, options.snapshot_chunk_rows)
+        self.chunks = ChunkReader(self.source, self.events, options.snapshot_chunk_rows)
         self.plan: SnapshotPlan | None = None
         self._plan_changed = False
         self.chunk: Chunk | None = None
@@ -428,12 +429,14 @@ class PostgresCapture:
             owed.started_ms = now_ms()
         if self._reader is None:
             self._reader = self._resources.enter_context(self.source.reader())
-        rows, chunk = self.chunks.read(owed, table, self._reader)
+        if self.options.snapshot_workers > 1 and self.chunks.workers is None:
+            self.chunks.workers = RangeReaders(self.options, self.options.snapshot_workers)
+            self._resources.callback(self.chunks.workers.close)
+        chunk = self.chunks.read(owed, table, self._reader)
         chunk.ts_ms = now_ms()
         chunk.metadata = self.events.snapshot_metadata(
             table, ts_ms=chunk.ts_ms, position=chunk.high_lsn, kind=owed.kind
         )
-        chunk.events = self.events.reads(table, rows, chunk.high_lsn)
         self.chunk = chunk
 
     def _watermark(self, message: Message, batch: Batch) -> None:

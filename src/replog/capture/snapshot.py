@@ -24,11 +24,11 @@ import logging
 import uuid
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from psycopg import sql
 
-from replog.capture.events import Read
+from replog.capture.events import EventMaker, Read
 from replog.capture.options import DEFAULT_CHUNK_ROWS
 from replog.capture.pgoutput import lsn_to_int
 from replog.capture.source import (
@@ -43,6 +43,9 @@ from replog.capture.source import (
 from replog.errors import CaptureError, CorruptionError, InvalidOptionError, LogIdentityError
 from replog.format.sealed import seal, unseal
 from replog.storage import Storage
+
+if TYPE_CHECKING:
+    from replog.capture.workers import RangeReaders
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
@@ -339,30 +342,42 @@ def request_snapshot(dsn: str, tables: Sequence[str], slot: str | None = None) -
 
 class ChunkReader:
     """Reads chunks of captured tables on a session of its own, each between the two
-    watermarks it writes."""
+    watermarks it writes, into read events (:class:`~replog.capture.events.EventMaker`).
+    With ``workers`` (:mod:`~replog.capture.workers`), a chunk of a table read in key order
+    is several ranges read at once by processes of their own."""
 
-    def __init__(self, source: PostgresSource, chunk_rows: int = DEFAULT_CHUNK_ROWS) -> None:
+    def __init__(
+        self,
+        source: PostgresSource,
+        maker: EventMaker,
+        chunk_rows: int = DEFAULT_CHUNK_ROWS,
+        workers: RangeReaders | None = None,
+    ) -> None:
         self.source = source
+        self.maker = maker
         self.chunk_rows = chunk_rows
+        self.workers = workers
         self._key_types: dict[int, list[str]] = {}
         self._leaves: dict[int, list[tuple[int, str]]] = {}
 
-    def read(
-        self, snapshot: TableSnapshot, table: Table, connection: Any
-    ) -> tuple[list[tuple[str | None, ...]], Chunk]:
-        """Write the low watermark, read the next chunk of ``table``, write the high one.
-        The rows (each value as its output text) and the chunk (without events yet)."""
+    def read(self, snapshot: TableSnapshot, table: Table, connection: Any) -> Chunk:
+        """Write the low watermark, read the next chunk of ``table``, write the high one:
+        the chunk with its read events, named by the low watermark's position."""
         mark = uuid.uuid4().hex
         low = self.source.emit_message(WATERMARK_PREFIX, _mark(mark, "low"))
-        if table.key_indexed:
-            rows, after, leaf, block, finished = self._by_key(snapshot, table, connection)
+        if table.key_indexed and self.workers is not None:
+            events, after, finished = self._by_key_ranges(snapshot, table, connection, low)
+            leaf = block = 0
         else:
-            rows, after, leaf, block, finished = self._by_block(snapshot, table, connection)
+            if table.key_indexed:
+                rows, after, leaf, block, finished = self._by_key(snapshot, table, connection)
+            else:
+                rows, after, leaf, block, finished = self._by_block(snapshot, table, connection)
+            events = self.maker.reads(table, rows, low)
         high = self.source.emit_message(WATERMARK_PREFIX, _mark(mark, "high"))
-        chunk = Chunk(snapshot, table, mark, low, high, {}, after, leaf, block, finished)
-        return rows, chunk
+        return Chunk(snapshot, table, mark, low, high, events, after, leaf, block, finished)
 
-    def _key_type_names(self, table: Table, connection: Any) -> list[str]:
+    def key_type_names(self, table: Table, connection: Any) -> list[str]:
         found = self._key_types.get(table.oid)
         if found is None:
             types = dict(
@@ -380,24 +395,88 @@ class ChunkReader:
         columns = sql.SQL(", ").join(sql.Identifier(name) for name, _, _ in table.columns)
         return sql.SQL("SELECT {} FROM {}").format(columns, relation)
 
+    def _bound(self, table: Table, connection: Any) -> sql.Composed:
+        return sql.SQL(", ").join(
+            sql.SQL("%s::{}").format(sql.SQL(type_name))
+            for type_name in self.key_type_names(table, connection)
+        )
+
+    def key_range(
+        self,
+        table: Table,
+        connection: Any,
+        after: list[str | None] | None,
+        upto: list[str | None] | None,
+        limit: int | None,
+    ) -> list[tuple[str | None, ...]]:
+        """Rows of ``table`` with keys after ``after`` (None: from the first) up to and
+        including ``upto`` (None: no bound), in key order, at most ``limit``."""
+        keys = sql.SQL(", ").join(sql.Identifier(name) for name in table.key)
+        query = self._select(table, self._relation(connection, table.oid))
+        conditions: list[sql.Composable] = []
+        params: list[Any] = []
+        if after is not None:
+            conditions.append(sql.SQL("({}) > ({})").format(keys, self._bound(table, connection)))
+            params.extend(after)
+        if upto is not None:
+            conditions.append(sql.SQL("({}) <= ({})").format(keys, self._bound(table, connection)))
+            params.extend(upto)
+        if conditions:
+            query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conditions))
+        query = sql.SQL("{} ORDER BY {}").format(query, keys)
+        if limit is not None:
+            query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(limit))
+        return text_rows(connection, query, params)
+
     def _by_key(
         self, snapshot: TableSnapshot, table: Table, connection: Any
     ) -> tuple[list[tuple[str | None, ...]], list[str | None] | None, int, int, bool]:
-        keys = sql.SQL(", ").join(sql.Identifier(name) for name in table.key)
-        query = self._select(table, self._relation(connection, table.oid))
-        params: list[Any] = []
-        if snapshot.after is not None:
-            bound = sql.SQL(", ").join(
-                sql.SQL("%s::{}").format(sql.SQL(type_name))
-                for type_name in self._key_type_names(table, connection)
-            )
-            query = sql.SQL("{} WHERE ({}) > ({})").format(query, keys, bound)
-            params = list(snapshot.after)
-        query = sql.SQL("{} ORDER BY {} LIMIT {}").format(query, keys, sql.Literal(self.chunk_rows))
-        rows = text_rows(connection, query, params)
+        rows = self.key_range(table, connection, snapshot.after, None, self.chunk_rows)
         positions = [[name for name, _, _ in table.columns].index(k) for k in table.key]
         after = [rows[-1][i] for i in positions] if rows else snapshot.after
         return rows, after, 0, 0, len(rows) < self.chunk_rows
+
+    def _by_key_ranges(
+        self, snapshot: TableSnapshot, table: Table, connection: Any, low: int
+    ) -> tuple[dict[str, Read], list[str | None] | None, bool]:
+        """The next ``workers`` x ``chunk_rows`` rows, cut into ranges at every
+        ``chunk_rows``-th key and read by the workers at once."""
+        assert self.workers is not None
+        count = self.workers.count
+        keys = sql.SQL(", ").join(sql.Identifier(name) for name in table.key)
+        inner = sql.SQL("SELECT {}, row_number() OVER (ORDER BY {}) AS n FROM {}").format(
+            keys, keys, self._relation(connection, table.oid)
+        )
+        params: list[Any] = []
+        if snapshot.after is not None:
+            inner = sql.SQL("{} WHERE ({}) > ({})").format(
+                inner, keys, self._bound(table, connection)
+            )
+            params = list(snapshot.after)
+        inner = sql.SQL("{} ORDER BY {} LIMIT {}").format(
+            inner, keys, sql.Literal(count * self.chunk_rows)
+        )
+        cuts = [
+            list(row[:-1])
+            for row in text_rows(
+                connection,
+                sql.SQL("SELECT * FROM ({}) s WHERE n %% {} = 0 ORDER BY n").format(
+                    inner, sql.Literal(self.chunk_rows)
+                ),
+                params,
+            )
+        ]
+        bounds: list[list[str | None] | None] = [snapshot.after, *cuts]
+        ranges = list(zip(bounds, [*cuts, None], strict=True))
+        if len(cuts) == count:
+            ranges = ranges[:-1]  # a full chunk of every worker: the rest is the next's
+        found = self.workers.read(table, ranges, low)
+        events: dict[str, Read] = {}
+        last = snapshot.after
+        for reads, range_last in found:
+            events.update(reads)
+            last = range_last or last
+        return events, last, len(cuts) < count
 
     @staticmethod
     def _relation(connection: Any, oid: int) -> sql.Composable:

@@ -139,6 +139,7 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
         max_changes=args.max_changes,
         snapshot_chunk_rows=args.snapshot_chunk_rows,
         stage_events=args.stage_events,
+        snapshot_workers=args.snapshot_workers,
     )
     options.check()
     postgres = _postgres()

@@ -170,6 +170,12 @@ def _capture_commands(command: _Command) -> None:
         f"{DEFAULT_CHUNK_ROWS})",
     )
     p.add_argument(
+        "--snapshot-workers",
+        type=int,
+        default=1,
+        help="processes that read a snapshot chunk's key ranges at once (default 1)",
+    )
+    p.add_argument(
         "--stage-events",
         type=int,
         default=DEFAULT_STAGE_EVENTS,
