@@ -74,6 +74,11 @@ def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTabl
     return table
 
 
+TARGET_FILE_SIZE_KEY = "delta.targetFileSize"
+TARGET_FILE_SIZE = 32 * 1024 * 1024
+"""The ``delta.targetFileSize`` of the tables apply_changes creates (delta-rs's default
+is 100 MiB): the bytes a merge rewrites for one changed key (BENCHMARKS.md)."""
+
 APP_ID_INFO = "replog.appId"
 WRITER_INFO = "replog.writer"
 """Commit info keys: the app id and the writer (a streaming query's id: its checkpoint)."""
@@ -152,6 +157,7 @@ def apply_batch(
     mode: str = "scd1",
     storage_options: dict[str, str] | None = None,
     writer: str | None = None,
+    target_file_size: int | None = TARGET_FILE_SIZE,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -164,6 +170,10 @@ def apply_batch(
     ``writer`` names who numbers the batch ids (``apply_changes``: the streaming query's
     id, which its checkpoint keeps); it is recorded with the commit, and a batch id that
     another writer committed under ``app_id`` is an error rather than a skip.
+
+    ``target_file_size`` (bytes) is the ``delta.targetFileSize`` of a table this batch
+    creates: a merge rewrites each file holding a changed key whole (delta-rs writes no
+    deletion vectors), so it bounds what one change costs (docs/CDC.md, "Cost").
     """
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
@@ -187,17 +197,16 @@ def apply_batch(
         changes = changes.drop_columns([rows.UNSENT])
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
-    if source.num_rows == 0:  # scd2: every change at or before its key's row
-        metrics: dict[str, Any] = {}
-    elif table is None:
-        initial = source.filter(plan.initial).drop_columns([plan.marker])
-        metrics = _create(target, initial, commit, storage_options)
-    else:
-        source = rows.align(source, table_schema(table))
-        values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
-        on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
-        predicate, clauses = plan.rules(on, values)
-        metrics = _merge(table, source, predicate, clauses, commit)
+    metrics = _write(
+        target,
+        table,
+        source,
+        keys,
+        plan=plan,
+        commit=commit,
+        storage_options=storage_options,
+        target_file_size=target_file_size,
+    )
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
@@ -207,18 +216,95 @@ def apply_batch(
     return Applied(batch_id, False, changes.num_rows, version, metrics)
 
 
+def _write(
+    target: str,
+    table: DeltaTable | None,
+    source: pa.Table,
+    keys: Sequence[str],
+    *,
+    plan: _Mode,
+    commit: Any,
+    storage_options: dict[str, str] | None,
+    target_file_size: int | None,
+) -> dict[str, Any]:
+    """Write a batch's merge source in one commit: the rows of a new table, an append of
+    rows whose keys no file can hold, else a merge."""
+    if source.num_rows == 0:  # scd2: every change at or before its key's row
+        return {}
+    if table is None:
+        initial = source.filter(plan.initial).drop_columns([plan.marker])
+        return _create(target, initial, commit, storage_options, target_file_size)
+    if _no_key_held(table, source, keys):  # a snapshot's chunk of new keys: nothing to match
+        fresh = source.filter(plan.initial).drop_columns([plan.marker])
+        return _append(table, rows.align(fresh, table_schema(table)), commit)
+    source = rows.align(source, table_schema(table))
+    values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
+    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+    predicate, clauses = plan.rules(on, values)
+    return _merge(table, source, predicate, clauses, commit)
+
+
 def _create(
-    target: str, data: pa.Table, commit: Any, storage_options: dict[str, str] | None
+    target: str,
+    data: pa.Table,
+    commit: Any,
+    storage_options: dict[str, str] | None,
+    target_file_size: int | None,
 ) -> dict[str, Any]:
     # Nullable columns, whatever the source said: a later batch (or schema evolution)
     # must not fail a NOT NULL check on columns it lacks, and a merge into NOT NULL
     # columns (as Spark gives shard and sequence) failed delta-rs 1.6's null check on
     # rows it only copied (seen with SCD2's close updates).
     data = data.cast(pa.schema([field.with_nullable(True) for field in data.schema]))
+    configuration = (
+        {} if target_file_size is None else {TARGET_FILE_SIZE_KEY: str(target_file_size)}
+    )
     _deltalake().write_deltalake(
-        target, data, mode="error", commit_properties=commit, storage_options=storage_options
+        target,
+        data,
+        mode="error",
+        configuration=configuration,
+        commit_properties=commit,
+        storage_options=storage_options,
     )
     return {"num_target_rows_inserted": data.num_rows}
+
+
+def _append(table: DeltaTable, data: pa.Table, commit: Any) -> dict[str, Any]:
+    """Append ``data`` (rows of keys the table does not hold) in one commit."""
+    _deltalake().write_deltalake(
+        table, data, mode="append", schema_mode="merge", commit_properties=commit
+    )
+    return {"num_target_rows_inserted": data.num_rows, "appended": True}
+
+
+def _no_key_held(table: DeltaTable, source: pa.Table, keys: Sequence[str]) -> bool:
+    """Whether no file of ``table`` can hold a key of ``source``: the range of the first
+    key column in the batch lies outside every file's range of it (the file statistics
+    the merge itself prunes by). Integer and text keys only; a file without statistics
+    for the column counts as holding every key."""
+    key = keys[0]
+    kind = source.schema.field(key).type
+    if not (
+        pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    ):
+        return False
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return True
+    low_name, high_name = f"min.{key}", f"max.{key}"
+    if low_name not in files.column_names or high_name not in files.column_names:
+        return False
+    lows, highs = files.column(low_name), files.column(high_name)
+    if lows.null_count or highs.null_count:
+        return False
+    span = pc.min_max(source.column(key))
+    low, high = span["min"].as_py(), span["max"].as_py()
+    overlaps = pc.and_(
+        pc.less_equal(lows, pa.scalar(high, lows.type)),
+        pc.greater_equal(highs, pa.scalar(low, highs.type)),
+    )
+    return not pc.any(overlaps).as_py()
 
 
 class Clause(NamedTuple):
@@ -241,6 +327,9 @@ def _merge(
         source_alias="s",
         target_alias="t",
         merge_schema=True,
+        # the source in memory (one micro-batch): delta-rs then prunes the table's files by
+        # the source's key range (a streamed source reads every file of the table)
+        streamed_exec=False,
         commit_properties=commit,
     )
     for clause in clauses:
