@@ -815,3 +815,44 @@ def test_pruned_merges_of_text_and_composite_keys_never_miss_a_row(
         assert {(r["region"], r["id"]): r["name"] for r in found} == model
     if file_size is not None:
         assert len(table.file_uris()) > 3  # several files: the merges had ranges to prune by
+
+
+# -- a key changed by an update: the create takes the old key's unsent values ---------------
+
+
+def moved(batch: pa.Table, old_keys: list[str | None]) -> pa.Table:
+    return batch.append_column(rows.OLD_KEY, pa.array(old_keys, pa.string()))
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_changed_key_takes_the_old_keys_unsent_value(tmp_path: Path, mode: str) -> None:
+    """An update of a row's primary key is a delete of the old key (its old image holds the
+    key only) and a create of the new one that did not send its unchanged TOASTed column
+    (``metadata.old_key`` names the old key). The create takes the old key's value: from
+    the table's row, or from the old key's changes earlier in the batch; never the
+    placeholder."""
+    target = str(tmp_path / "t")
+    first = with_body(change_table([(1, "a", 1, "insert"), (7, "g", 2, "insert")]), ["long", "g"])
+    apply_batch(target, moved(first, [None, None]), ["id"], app_id="q", batch_id=0, mode=mode)
+    second = with_body(
+        change_table(
+            [
+                (1, "a", 3, "delete"),  # the old image: the key only
+                (2, "a", 4, "insert"),  # id 1 -> 2: body from the table's row of 1
+                (7, "g2", 5, "update"),
+                (7, "g2", 6, "delete"),
+                (8, "g2", 7, "insert"),  # id 7 -> 8: body from 7's update in this batch
+                (8, "g3", 8, "update"),  # still not sent: 8's body, taken from 7
+            ]
+        ),
+        [None, TOASTED, "g-body", None, TOASTED, TOASTED],
+    )
+    second = moved(second, [None, '{"id": 1}', None, None, '{"id":7}', None])
+    apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {2: ("a", "long"), 8: ("g3", "g-body")}
+    assert not [r for r in found if r["body"] == TOASTED]
+    assert rows.OLD_KEY not in table.schema().to_arrow().names  # type: ignore[attr-defined]

@@ -193,8 +193,9 @@ def apply_batch(
     plan = _MODES[mode]
     changes = _keys_as_in(table, changes, keys)
     changes = _fill_unavailable(table, changes, keys)
-    if rows.UNSENT in changes.column_names:
-        changes = changes.drop_columns([rows.UNSENT])
+    changes = changes.drop_columns(
+        [c for c in (rows.UNSENT, rows.OLD_KEY) if c in changes.column_names]
+    )
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
     metrics = _write(
@@ -377,19 +378,91 @@ def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]
 def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     """``changes`` with each value not sent (Debezium's placeholder for an unchanged TOASTed
     column, or a column :data:`~replog.tables.changes.UNSENT` names) replaced by the key's
-    value: from its previous change in the batch, else from the table's (current) row. A
-    key the table does not hold keeps what the change holds: its value is not known."""
+    value: from its previous change in the batch, else from the table's (current) row; the
+    create of a changed key (:data:`~replog.tables.changes.OLD_KEY`) takes the old key's
+    value instead. A key the table does not hold keeps what the change holds: its value is
+    not known."""
     changes, marks = rows.fill_unavailable(changes, keys)
-    if table is None or not marks:
+    if not marks:
         return changes
-    schema = table_schema(table)
-    columns = [name for name in marks if name in schema.names]
+    current_only = table is not None and CURRENT in table_schema(table).names
+    deletes = pc.fill_null(pc.equal(changes.column(OPERATION), DELETE), False).to_numpy(
+        zero_copy_only=False
+    )
+    moved = np.zeros(changes.num_rows, dtype=bool)
+    if rows.OLD_KEY in changes.column_names:
+        moved = pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
+        changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
+    if table is None:
+        return changes
+    # a delete needs no value; a changed key's own row (if any) is of an earlier life
+    own = {name: marked & ~deletes & ~moved for name, marked in marks.items()}
+    own = {name: marked for name, marked in own.items() if marked.any()}
+    columns = [name for name in own if name in table_schema(table).names]
     if not columns:
         return changes
-    marked = changes.filter(pa.array(np.logical_or.reduce(list(marks.values()))))
-    # scd2: the version a change follows is the current one
-    stored = _stored_rows(table, marked, keys, columns, current_only=CURRENT in schema.names)
-    return rows.fill_from_rows(changes, marks, stored, keys)
+    marked_rows = changes.filter(pa.array(np.logical_or.reduce([own[c] for c in columns])))
+    stored = _stored_rows(table, marked_rows, keys, columns, current_only=current_only)
+    return rows.fill_from_rows(changes, own, stored, keys)[0]
+
+
+def _fill_from_old_keys(
+    table: DeltaTable | None,
+    changes: pa.Table,
+    marks: rows.Marks,
+    keys: Sequence[str],
+    sources: np.ndarray,
+) -> tuple[pa.Table, rows.Marks]:
+    """Fill the values a changed key's create did not send (its rows are marked, and carry
+    :data:`~replog.tables.changes.OLD_KEY`) with the old key's: its delete in the batch
+    (``sources``: the deletes, which the batch fill gave the key's last value sent), else
+    the table's row of the old key. Returns the changes and the marks still left."""
+    deletes_ops = pc.fill_null(pc.equal(changes.column(OPERATION), DELETE), False)
+    waiting = np.logical_or.reduce(list(marks.values())) & ~deletes_ops.to_numpy(
+        zero_copy_only=False
+    )
+    waiting &= pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
+    needing = np.flatnonzero(waiting)
+    if not len(needing):
+        return changes, marks
+    old = rows.parse_keys(changes.column(rows.OLD_KEY).take(needing), keys, changes.schema)
+    if old is None:
+        logger.warning("apply_changes: an old key (metadata.old_key) does not parse: %s", keys)
+        return changes, marks
+    columns = list(marks)
+    proxy = old
+    for name in columns:
+        proxy = proxy.append_column(name, changes.column(name).take(needing))
+    proxy_marks = {name: marks[name][needing] for name in columns}
+    # the old key's delete in the batch (its last one), holding the key's last value sent
+    candidates = np.flatnonzero(sources)
+    if len(candidates):
+        deleted = changes.take(candidates).append_column(
+            "__candidate", pa.array(candidates, pa.int64())
+        )
+        last = rows.latest_per_key(deleted, keys)
+        chosen = last.column("__candidate").to_numpy()
+        for name in columns:
+            known = last.filter(pa.array(~marks[name][chosen])).select([*keys, name])
+            proxy, held = rows.fill_from_rows(proxy, {name: proxy_marks[name]}, known, keys)
+            proxy_marks[name] = proxy_marks[name] & ~held
+    if table is not None and any(m.any() for m in proxy_marks.values()):
+        current_only = CURRENT in table_schema(table).names
+        present = [name for name in columns if name in table_schema(table).names]
+        stored = _stored_rows(table, proxy, keys, present, current_only=current_only)
+        proxy, held = rows.fill_from_rows(proxy, proxy_marks, stored, keys)
+        proxy_marks = {name: m & ~held if name in present else m for name, m in proxy_marks.items()}
+    for name in columns:
+        full = changes.column(name).combine_chunks()
+        take = np.arange(changes.num_rows, dtype=np.int64)
+        values = pa.concat_arrays([full, proxy.column(name).combine_chunks().cast(full.type)])
+        take[needing] = changes.num_rows + np.arange(len(needing))
+        changes = changes.set_column(
+            changes.schema.get_field_index(name), name, values.take(pa.array(take))
+        )
+        marks[name] = marks[name].copy()
+        marks[name][needing] = proxy_marks[name]
+    return changes, marks
 
 
 def _stored_rows(
