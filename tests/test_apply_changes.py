@@ -24,7 +24,7 @@ from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
 from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.tables import changes as rows
-from replog.tables.delta import apply_batch, open_table
+from replog.tables.delta import apply_batch, open_table, tombstones_location
 
 SCHEMA = "id long, name string, n long"
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -856,3 +856,144 @@ def test_a_changed_key_takes_the_old_keys_unsent_value(tmp_path: Path, mode: str
     assert current == {2: ("a", "long"), 8: ("g3", "g-body")}
     assert not [r for r in found if r["body"] == TOASTED]
     assert rows.OLD_KEY not in table.schema().to_arrow().names  # type: ignore[attr-defined]
+
+
+# -- deleted keys keep their position (tombstones) ------------------------------------------
+
+
+def test_a_deleted_key_never_comes_back_from_an_older_change(tmp_path: Path) -> None:
+    """A checkpoint replaced under a new app_id replays the log from the start: the
+    delete's position, kept in the tombstone table beside the target, stops the key's
+    older insert and update; a newer insert brings the key back."""
+    target = str(tmp_path / "t")
+    history = [
+        change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert")]),
+        change_table([(1, "a2", 3, "update"), (1, "a2", 4, "delete")]),
+    ]
+    for number, batch in enumerate(history):
+        apply_batch(target, batch, ["id"], app_id="q", batch_id=number)
+    assert set(table_state(target)) == {2}
+    for number, batch in enumerate(history[:1]):  # the new checkpoint, midway
+        apply_batch(target, batch, ["id"], app_id="q2", batch_id=number)
+        assert set(table_state(target)) == {2}, "the deleted key came back"
+    graves = open_table(tombstones_location(target), None)
+    assert graves is not None
+    assert graves.to_pyarrow_table().select(["id", rows.SEQUENCE]).to_pylist() == [
+        {"id": 1, rows.SEQUENCE: 4}
+    ]
+    apply_batch(target, change_table([(1, "again", 9, "insert")]), ["id"], app_id="q2", batch_id=1)
+    assert table_state(target)[1]["name"] == "again"
+
+
+def test_a_crash_between_the_tombstones_and_the_table_commit_replays_the_delete(
+    tmp_path: Path,
+) -> None:
+    """The tombstones are committed first: a crash before the table's commit leaves a
+    tombstone of a delete not yet applied; the replayed batch (same app_id and batch id)
+    still deletes the row."""
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    delete = change_table([(1, "a", 2, "delete")])
+    from replog.tables import delta  # noqa: PLC0415 - the crash point is the merge
+
+    real = delta._write
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("killed before the table's commit")
+
+    delta._write = crash  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            apply_batch(target, delete, ["id"], app_id="q", batch_id=1)
+    finally:
+        delta._write = real  # type: ignore[assignment]
+    assert set(table_state(target)) == {1}
+    assert open_table(tombstones_location(target), None) is not None
+    apply_batch(target, delete, ["id"], app_id="q", batch_id=1)
+    assert table_state(target) == {}
+
+
+# -- column defaults: rows written before a column existed read its default -----------------
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_rows_before_a_column_with_a_default_get_the_default(tmp_path: Path, mode: str) -> None:
+    """ADD COLUMN ... DEFAULT: the batch that first carries the column gives the table's
+    rows that no change of it touches the default (scd2: the current versions only), of
+    each type; a row a change touches takes the change's value."""
+    target = str(tmp_path / "t")
+    first = change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert"), (3, "c", 3, "insert")])
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0, mode=mode)
+    apply_batch(
+        target, change_table([(3, "c2", 4, "update")]), ["id"], app_id="q", batch_id=1, mode=mode
+    )
+    defaults = {
+        "level": 7,
+        "note": "it's new",
+        "total": Decimal("1.50"),
+        "since": datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=timezone.utc),
+        "flag": True,
+    }
+    # 1: an older change (a replay) matches the row but does not replace it
+    wider = change_table([(2, "b2", 5, "update"), (4, "d", 6, "insert"), (1, "old", 0, "update")])
+    for name, value in defaults.items():
+        kind = pa.decimal128(12, 2) if name == "total" else None
+        wider = wider.append_column(name, pa.array([None, value, None], kind))
+    wider = wider.set_column(
+        wider.schema.get_field_index("since"), "since",
+        wider.column("since").cast(pa.timestamp("us", tz="UTC")),
+    )  # fmt: skip
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=2, mode=mode, defaults=defaults)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    current = {r["id"]: r for r in found if r.get(rows.CURRENT, True)}
+    for key in (1, 3, 4):  # untouched rows, and the change that holds the value
+        assert {n: current[key][n] for n in defaults} == defaults, key
+    assert {n: current[2][n] for n in defaults} == dict.fromkeys(defaults)  # the change's
+    if mode == "scd2":  # a version closed before the column existed keeps NULL; one
+        closed = {r["name"]: r["level"] for r in found if not r[rows.CURRENT]}
+        assert closed == {"c": None, "b": 7}  # current until this batch held the default
+    # a later batch leaves the column alone
+    apply_batch(
+        target, wider.slice(0, 1), ["id"], app_id="q", batch_id=3, mode=mode, defaults=defaults
+    )
+    assert {r["id"]: r["name"] for r in found if r.get(rows.CURRENT, True)}[1] == "a"
+    after = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert {r["id"]: r["level"] for r in after if r.get(rows.CURRENT, True)}[1] == 7
+
+
+def test_a_crash_after_a_defaulted_column_was_added_fills_it_on_the_replay(
+    tmp_path: Path,
+) -> None:
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    wider = change_table([(2, "b", 2, "insert")]).append_column("level", pa.array([3]))
+    from replog.tables import delta  # noqa: PLC0415 - the crash point is the merge
+
+    real = delta._merge
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("killed before the merge's commit")
+
+    delta._merge = crash  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"level": 9})
+    finally:
+        delta._merge = real  # type: ignore[assignment]
+    table = open_table(target, None)
+    assert table is not None and "level" in table.schema().to_arrow().names  # type: ignore[attr-defined]
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"level": 9})
+    assert {k: v for k, v in _levels(target).items()} == {1: 9, 2: 3}
+    apply_batch(  # filled once: a later batch's untouched rows keep what they hold
+        target, change_table([(1, "a", 5, "update")]).append_column("level", pa.array([None], pa.int64())),
+        ["id"], app_id="q", batch_id=2, defaults={"level": 9},
+    )  # fmt: skip
+    assert _levels(target) == {1: None, 2: 3}
+
+
+def _levels(target: str) -> dict[int, Any]:
+    table = open_table(target, None)
+    assert table is not None
+    return {r["id"]: r["level"] for r in table.to_pyarrow_table().to_pylist()}

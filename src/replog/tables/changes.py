@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from datetime import timezone
 from typing import Any
 
 import numpy as np
@@ -434,6 +435,37 @@ def _lossless(original: pa.ChunkedArray, cast: pa.ChunkedArray) -> bool:
     back = cast.cast(original.type)
     same = pc.or_kleene(pc.equal(back, original), pc.and_(pc.is_nan(back), pc.is_nan(original)))
     return pc.all(same).as_py() is not False
+
+
+def sql_literal(value: Any, kind: pa.DataType) -> str:  # noqa: PLR0911 - one per type
+    """``value`` (of Arrow type ``kind``) as a delta-rs (DataFusion) SQL expression of
+    that type.
+
+    Raises:
+        SchemaChangeError: no literal of this type is written (nested types, NaN).
+    """
+    if value is None:
+        return "NULL"
+    if pa.types.is_boolean(kind):
+        return "TRUE" if value else "FALSE"
+    if pa.types.is_integer(kind):
+        return f"CAST({int(value)} AS BIGINT)"
+    if pa.types.is_floating(kind) and np.isfinite(value):
+        return f"CAST('{float(value)!r}' AS DOUBLE)"
+    if pa.types.is_decimal(kind):
+        return f"CAST('{value}' AS DECIMAL({kind.precision}, {kind.scale}))"
+    if _is_text(kind):
+        return "'" + str(value).replace("'", "''") + "'"
+    if pa.types.is_date(kind):
+        return f"CAST('{value.isoformat()}' AS DATE)"
+    if pa.types.is_timestamp(kind):
+        stamp = pa.scalar(value, kind).cast(pa.timestamp("us", tz=kind.tz)).as_py()
+        if kind.tz is not None:
+            stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
+        return f"CAST('{stamp.isoformat()}' AS TIMESTAMP)"
+    raise SchemaChangeError(
+        str(kind), f"a default of type {kind} ({value!r}) cannot be written into the table's rows"
+    )
 
 
 def quoted(name: str) -> str:

@@ -14,6 +14,7 @@ replaced checkpoint) cannot roll a row back.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -158,6 +159,8 @@ def apply_batch(
     storage_options: dict[str, str] | None = None,
     writer: str | None = None,
     target_file_size: int | None = TARGET_FILE_SIZE,
+    defaults: Mapping[str, Any] | None = None,
+    tombstones: bool = True,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -174,6 +177,14 @@ def apply_batch(
     ``target_file_size`` (bytes) is the ``delta.targetFileSize`` of a table this batch
     creates: a merge rewrites each file holding a changed key whole (delta-rs writes no
     deletion vectors), so it bounds what one change costs (docs/CDC.md, "Cost").
+
+    ``defaults`` (column -> value) are the values that rows written before a column
+    existed read (PostgreSQL's ``ADD COLUMN ... DEFAULT``): when a batch adds such a
+    column, the table's rows (scd2: its current versions) get it.
+
+    ``tombstones`` (scd1): each deleted key's position is kept beside the table
+    (:func:`tombstones_location`), so an older change of a deleted key (a replay under
+    a new ``app_id``) never brings it back.
     """
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
@@ -198,16 +209,12 @@ def apply_batch(
     )
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
-    metrics = _write(
-        target,
-        table,
-        source,
-        keys,
-        plan=plan,
-        commit=commit,
-        storage_options=storage_options,
-        target_file_size=target_file_size,
-    )
+    options = _Options(app_id, batch_id, storage_options, target_file_size, defaults)
+    if table is not None:  # an incompatible type is refused before anything is written
+        source = rows.align(source, table_schema(table))
+    if mode == "scd1" and tombstones:
+        source = _after_tombstones(target, source, keys, options)
+    metrics = _write(target, table, source, keys, plan=plan, commit=commit, options=options)
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
@@ -225,48 +232,89 @@ def _write(
     *,
     plan: _Mode,
     commit: Any,
-    storage_options: dict[str, str] | None,
-    target_file_size: int | None,
+    options: _Options,
 ) -> dict[str, Any]:
     """Write a batch's merge source in one commit: the rows of a new table, an append of
-    rows whose keys no file can hold, else a merge."""
+    rows whose keys no file can hold, else a merge (which also gives the rows already in
+    the table a new column's default: :func:`_defaults_to_fill`)."""
     if source.num_rows == 0:  # scd2: every change at or before its key's row
         return {}
     if table is None:
         initial = source.filter(plan.initial).drop_columns([plan.marker])
-        return _create(target, initial, commit, storage_options, target_file_size)
-    if _no_key_held(table, source, keys):  # a snapshot's chunk of new keys: nothing to match
-        fresh = source.filter(plan.initial).drop_columns([plan.marker])
-        return _append(table, rows.align(fresh, table_schema(table)), commit)
+        return _create(target, initial, commit, options)
     source = rows.align(source, table_schema(table))
+    fill = _defaults_to_fill(table, source, options)
+    if not fill and _no_key_held(table, source, keys):  # a snapshot's chunk of new keys
+        return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
     values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
-    predicate, clauses = plan.rules(on, values)
+    predicate, clauses = plan.rules(on, values, fill)
     return _merge(table, source, predicate, clauses, commit)
 
 
-def _create(
-    target: str,
-    data: pa.Table,
-    commit: Any,
-    storage_options: dict[str, str] | None,
-    target_file_size: int | None,
-) -> dict[str, Any]:
+FILL_INFO = "replog.fill"
+"""Field metadata of a column added with a default: ``{"app_id", "batch_id", "sql"}``, the
+batch whose merge gives the table's earlier rows the default (SQL ``sql``)."""
+
+
+def _defaults_to_fill(table: DeltaTable, source: pa.Table, options: _Options) -> dict[str, str]:
+    """Column -> SQL default for the rows already in ``table``: the columns ``source``
+    adds that have a default, and those a batch added without its merge committing (a
+    crash between the two commits). A column with a default is first added on its own,
+    its field metadata naming the batch that fills it (delta-rs leaves a column a merge
+    adds NULL in rows no source row matched, whatever a clause sets)."""
+    schema = table_schema(table)
+    fill: dict[str, str] = {}
+    for field in schema:
+        pending = (field.metadata or {}).get(FILL_INFO.encode())
+        if pending is None:
+            continue
+        note = json.loads(pending)
+        done = table.transaction_version(note["app_id"])
+        if done is None or done < note["batch_id"]:
+            fill[quoted(field.name)] = str(note["sql"])
+    added = [
+        pa.field(
+            name,
+            source.schema.field(name).type,
+            metadata={
+                FILL_INFO: json.dumps(
+                    {
+                        "app_id": options.app_id,
+                        "batch_id": options.batch_id,
+                        "sql": rows.sql_literal(value, source.schema.field(name).type),
+                    }
+                )
+            },
+        )
+        for name, value in (options.defaults or {}).items()
+        if value is not None and name in source.column_names and name not in schema.names
+    ]
+    if added:
+        empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
+        _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
+        table.update_incremental()
+        for field in added:
+            fill[quoted(field.name)] = json.loads(field.metadata[FILL_INFO.encode()])["sql"]
+        logger.info("apply_changes: columns %s added, defaults filled", [f.name for f in added])
+    return fill
+
+
+def _create(target: str, data: pa.Table, commit: Any, options: _Options) -> dict[str, Any]:
     # Nullable columns, whatever the source said: a later batch (or schema evolution)
     # must not fail a NOT NULL check on columns it lacks, and a merge into NOT NULL
     # columns (as Spark gives shard and sequence) failed delta-rs 1.6's null check on
     # rows it only copied (seen with SCD2's close updates).
     data = data.cast(pa.schema([field.with_nullable(True) for field in data.schema]))
-    configuration = (
-        {} if target_file_size is None else {TARGET_FILE_SIZE_KEY: str(target_file_size)}
-    )
+    size = options.target_file_size
+    configuration = {} if size is None else {TARGET_FILE_SIZE_KEY: str(size)}
     _deltalake().write_deltalake(
         target,
         data,
         mode="error",
         configuration=configuration,
         commit_properties=commit,
-        storage_options=storage_options,
+        storage_options=options.storage_options,
     )
     return {"num_target_rows_inserted": data.num_rows}
 
@@ -308,12 +356,76 @@ def _no_key_held(table: DeltaTable, source: pa.Table, keys: Sequence[str]) -> bo
     return not pc.any(overlaps).as_py()
 
 
-class Clause(NamedTuple):
-    """One clause of a merge: ``delete`` or ``update`` a matched row, or ``insert`` a
-    source row no row matched; when ``condition`` holds (None: always), setting
-    ``values`` (column -> SQL expression)."""
+@dataclass(frozen=True)
+class _Options:
+    """What a batch's writes need besides its rows."""
 
-    when: Literal["delete", "update", "insert"]
+    app_id: str
+    batch_id: int
+    storage_options: dict[str, str] | None
+    target_file_size: int | None
+    defaults: Mapping[str, Any] | None
+
+
+TOMBSTONES = "_replog_tombstones"
+
+
+def tombstones_location(target: str) -> str:
+    """Where scd1 keeps deleted keys' positions: a Delta table of keys and positions in
+    the target's folder (a name starting ``_``, which readers of the target and
+    ``VACUUM`` leave alone)."""
+    return f"{target.rstrip('/')}/{TOMBSTONES}"
+
+
+def _after_tombstones(
+    target: str, source: pa.Table, keys: Sequence[str], options: _Options
+) -> pa.Table:
+    """``source`` (scd1: the latest change per key) without the changes older than their
+    key's delete, and the batch's deletes recorded, in their own commit carrying the
+    batch's transaction, before the table's: a crash between the two leaves tombstones
+    of deletes not yet applied, which a change at the tombstone's own position (the
+    delete replayed) still passes."""
+    location = tombstones_location(target)
+    graves = open_table(location, options.storage_options)
+    if graves is not None and source.num_rows:
+        seen = _stored_rows(graves, source, keys, POSITION)
+        for key in keys:
+            seen = seen.set_column(
+                seen.schema.get_field_index(key), key,
+                seen.column(key).cast(source.schema.field(key).type),
+            )  # fmt: skip
+        source = rows.after_positions(source, seen, keys, inclusive=True)
+    deletes = source.filter(pc.field(OPERATION) == DELETE).select([*keys, *POSITION])
+    if deletes.num_rows == 0:
+        return source
+    if (
+        graves is not None
+        and (graves.transaction_version(options.app_id) or -1) >= options.batch_id
+    ):
+        return source  # recorded before a crash
+    commit = _commit(options.app_id, options.batch_id, None)
+    deletes = deletes.cast(pa.schema([f.with_nullable(True) for f in deletes.schema]))
+    if graves is None:
+        _deltalake().write_deltalake(
+            location, deletes, mode="error", commit_properties=commit,
+            storage_options=options.storage_options,
+        )  # fmt: skip
+        return source
+    values = {quoted(c): f"s.{quoted(c)}" for c in deletes.column_names}
+    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+    _merge(
+        graves, rows.align(deletes, table_schema(graves)), on,
+        [Clause("update", rows.newer_sql(), values), Clause("insert", None, values)], commit,
+    )  # fmt: skip
+    return source
+
+
+class Clause(NamedTuple):
+    """One clause of a merge: ``delete`` or ``update`` a matched row, ``insert`` a source
+    row no row matched, or update a row no source row matched (``unmatched``); when
+    ``condition`` holds (None: always), setting ``values`` (column -> SQL expression)."""
+
+    when: Literal["delete", "update", "insert", "unmatched"]
     condition: str | None
     values: Mapping[str, str]
 
@@ -338,6 +450,8 @@ def _merge(
             merger = merger.when_matched_delete(clause.condition)
         elif clause.when == "update":
             merger = merger.when_matched_update(dict(clause.values), clause.condition)
+        elif clause.when == "unmatched":
+            merger = merger.when_not_matched_by_source_update(dict(clause.values), clause.condition)
         else:
             merger = merger.when_not_matched_insert(dict(clause.values), clause.condition)
     metrics: dict[str, Any] = merger.execute()
@@ -349,15 +463,21 @@ def _scd1_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str
     return rows.latest_per_key(changes, keys).drop_columns([TIMESTAMP])
 
 
-def _scd1_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
-    """A key's latest change replaces or deletes its row, if newer than the row."""
+def _scd1_rules(
+    on: str, values: Mapping[str, str], fill: Mapping[str, str]
+) -> tuple[str, list[Clause]]:
+    """A key's latest change replaces or deletes its row, if newer than the row; ``fill``
+    (column -> SQL value) sets a new column's default in the rows no change replaces."""
     newer = rows.newer_sql()
     is_delete = f"s.{OPERATION} = '{DELETE}'"
-    return on, [
+    clauses = [
         Clause("delete", f"{is_delete} AND {newer}", {}),
         Clause("update", f"NOT ({is_delete}) AND {newer}", values),
         Clause("insert", f"NOT ({is_delete})", values),
     ]
+    if fill:
+        clauses += [Clause("update", None, fill), Clause("unmatched", None, fill)]
+    return on, clauses
 
 
 def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -476,10 +596,25 @@ def _stored_rows(
     """The table's ``keys`` and ``columns`` of the rows whose first key column is one of
     the changes' (a superset of their keys' rows, narrowed by the caller's join), read with
     that filter pushed down to the files' statistics."""
-    wanted = ds.field(keys[0]).isin(pc.unique(changes.column(keys[0])))
+    dataset = table.to_pyarrow_dataset()
+    kind = dataset.schema.field(keys[0]).type
+    values = pc.unique(changes.column(keys[0])).cast(kind)
+    wanted = ds.field(keys[0]).isin(values)
     if current_only:
         wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
-    return table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
+    # the files by their statistics (the Delta log's), then the rows in memory: a filter
+    # pushed into the files' row groups fails on text a merge wrote as string_view
+    files = list(dataset.get_fragments(filter=wanted))
+    if not files:
+        return dataset.schema.empty_table().select([*keys, *columns])
+    chosen = ds.FileSystemDataset(
+        files, schema=dataset.schema, format=dataset.format, filesystem=dataset.filesystem
+    )
+    read = chosen.to_table(columns=[*keys, *columns, *([CURRENT] if current_only else [])])
+    keep = pc.is_in(read.column(keys[0]).cast(kind), value_set=values)
+    if current_only:
+        keep = pc.and_kleene(keep, pc.equal(read.column(CURRENT), True))
+    return read.filter(keep).select([*keys, *columns])
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -502,12 +637,19 @@ def _scd2_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str
     return rows.scd2_rows(changes, keys)
 
 
-def _scd2_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
-    """A ``close`` row ends its key's current version; ``insert`` rows add versions."""
-    return f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'", [
-        Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false"}),
+def _scd2_rules(
+    on: str, values: Mapping[str, str], fill: Mapping[str, str]
+) -> tuple[str, list[Clause]]:
+    """A ``close`` row ends its key's current version; ``insert`` rows add versions;
+    ``fill`` sets a new column's default in the current versions (a closed one ended
+    before the column existed)."""
+    clauses = [
+        Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false", **fill}),
         Clause("insert", f"s.{ACTION} = 'insert'", values),
     ]
+    if fill:
+        clauses.append(Clause("unmatched", f"t.{CURRENT}", fill))
+    return f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'", clauses
 
 
 @dataclass(frozen=True)
@@ -519,7 +661,7 @@ class _Mode:
     source: Callable[[DeltaTable | None, pa.Table, Sequence[str]], pa.Table]
     marker: str
     initial: pc.Expression
-    rules: Callable[[str, Mapping[str, str]], tuple[str, list[Clause]]]
+    rules: Callable[[str, Mapping[str, str], Mapping[str, str]], tuple[str, list[Clause]]]
 
 
 _MODES = {
