@@ -894,7 +894,7 @@ def test_a_crash_between_the_tombstones_and_the_table_commit_replays_the_delete(
     target = str(tmp_path / "t")
     apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
     delete = change_table([(1, "a", 2, "delete")])
-    from replog.tables import delta  # noqa: PLC0415 - the crash point is the merge
+    from replog.tables import delta
 
     real = delta._write
 
@@ -969,7 +969,7 @@ def test_a_crash_after_a_defaulted_column_was_added_fills_it_on_the_replay(
     target = str(tmp_path / "t")
     apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
     wider = change_table([(2, "b", 2, "insert")]).append_column("level", pa.array([3]))
-    from replog.tables import delta  # noqa: PLC0415 - the crash point is the merge
+    from replog.tables import delta
 
     real = delta._merge
 
@@ -986,10 +986,10 @@ def test_a_crash_after_a_defaulted_column_was_added_fills_it_on_the_replay(
     assert table is not None and "level" in table.schema().to_arrow().names  # type: ignore[attr-defined]
     apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"level": 9})
     assert {k: v for k, v in _levels(target).items()} == {1: 9, 2: 3}
-    apply_batch(  # filled once: a later batch's untouched rows keep what they hold
-        target, change_table([(1, "a", 5, "update")]).append_column("level", pa.array([None], pa.int64())),
-        ["id"], app_id="q", batch_id=2, defaults={"level": 9},
-    )  # fmt: skip
+    later = change_table([(1, "a", 5, "update")])
+    later = later.append_column("level", pa.array([None], pa.int64()))
+    # filled once: a later batch's untouched rows keep what they hold
+    apply_batch(target, later, ["id"], app_id="q", batch_id=2, defaults={"level": 9})
     assert _levels(target) == {1: None, 2: 3}
 
 
