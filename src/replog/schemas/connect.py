@@ -105,6 +105,9 @@ class Column:
     """A struct's fields; an array's element; a map's key and value."""
     numeric: bool = False
     """A decimal written as a JSON number (``decimal.format: NUMERIC``), not base64."""
+    default: Any = None
+    """The schema's ``default`` (its stored JSON form): what a row written before the
+    column existed reads (PostgreSQL's ``ADD COLUMN ... DEFAULT``); None: NULL."""
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
@@ -129,7 +132,18 @@ def digest(schema: Mapping[str, Any]) -> str:
     return hashlib.sha256(canonical(schema)).hexdigest()
 
 
-def column(schema: Mapping[str, Any], name: str | None = None) -> Column:  # noqa: PLR0911
+def column(schema: Mapping[str, Any], name: str | None = None) -> Column:
+    """The column a Connect (field) schema describes, with its ``default``.
+
+    Raises:
+        InvalidEventError: the schema names no known Connect type.
+    """
+    found = _column(schema, name)
+    default = schema.get("default")
+    return found if default is None else replace(found, default=default)
+
+
+def _column(schema: Mapping[str, Any], name: str | None = None) -> Column:  # noqa: PLR0911
     """The column a Connect (field) schema describes.
 
     Raises:
