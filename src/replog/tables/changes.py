@@ -185,7 +185,8 @@ def _is_text(kind: pa.DataType) -> bool:
 UNSENT = "__unavailable"
 """Optional bookkeeping column: per change, the names of the columns it did not send
 (``metadata.unavailable`` of a captured event), whatever their type; a typed value there
-(NULL for a numeric, bytes decoded from the placeholder text) is not the column's."""
+(NULL for a numeric, bytes decoded from the placeholder text) is not the column's. When
+given, it is taken as complete: a delete's values count where it does not name them."""
 
 
 def placeholders(changes: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -227,7 +228,9 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
     """``changes`` with each value not sent (:func:`placeholders`) replaced by the value of
     the same column in the key's previous change of the batch (in log order), and the
     marks of those left. A delete sends no value (its row is an old image, often the key
-    only), and a key's values start again at an insert: what came before it belongs to an
+    only) unless :data:`UNSENT` is given (then it says what each change did not send: the
+    Spark layer lists a raw delete's every column, and a delete its reduction made holds
+    the key's last values sent), and a key's values start again at an insert: what came before it belongs to an
     earlier life of the key. A row left is filled from elsewhere by the caller: from the
     table's row of its key (:func:`fill_from_rows`) or, where its life began with the
     create of a changed key, from the old key's (:data:`OLD_KEY`, which comes back set
@@ -251,6 +254,8 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
     operation = ordered.column(OPERATION)
     starts |= pc.fill_null(pc.equal(operation, "insert"), False).to_numpy(zero_copy_only=False)
     deletes = pc.fill_null(pc.equal(operation, DELETE), False).to_numpy(zero_copy_only=False)
+    if UNSENT in ordered.column_names:  # it names what each change did not send, deletes too
+        deletes = np.zeros(ordered.num_rows, dtype=bool)
     if OLD_KEY in ordered.column_names:
         old_key = ordered.column(OLD_KEY)
         starts |= pc.is_valid(old_key).to_numpy(zero_copy_only=False)
