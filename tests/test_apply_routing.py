@@ -193,7 +193,8 @@ def test_rows_before_an_added_column_read_its_default(spark: Any, tmp_path: Path
     ]))  # fmt: skip
     log.append([
         event("t", {"id": 3}, "update", {"id": 3, "name": "c"}, schema=v1),  # written before
-        event("t", {"id": 4}, "insert", {"id": 4, "name": "d", "level": 9, "since": None}, schema=v2),
+        event("t", {"id": 4}, "insert", {"id": 4, "name": "d", "level": 9, "since": None},
+              schema=v2),
         event("t", {"id": 1}, "update", {"id": 1, "name": "a2", "level": None}, schema=v2),
     ])  # fmt: skip
     run(

@@ -292,6 +292,104 @@ def _check_key_fields(collection: str, sample: str | None, keys: tuple[str, ...]
         )
 
 
+def _check_arguments(  # noqa: PLR0917 - apply_changes' own arguments
+    target: str | Mapping[str, str],
+    keys: Keys | Mapping[str, Keys] | None,
+    app_id: str,
+    mode: str,
+    schema: Schema | Mapping[str, Schema] | None,
+    collection: str | None,
+    log: ReplicationLog | str | None,
+    log_options: dict[str, Any] | None,
+) -> ReplicationLog | None:
+    """Bad arguments refused when apply_changes is called; the log opened."""
+    rows.check_mode(mode)
+    if not isinstance(app_id, str) or not app_id:
+        raise InvalidOptionError(
+            f"apply_changes: app_id must be a non-empty string, got {app_id!r}"
+        )
+    if keys is not None and not isinstance(keys, Mapping):
+        wanted = rows.check_keys(keys)
+        if isinstance(schema, StructType):
+            rows.check_columns(schema.names, wanted)
+    routed = not isinstance(target, str) or TEMPLATE in target
+    if routed and collection is not None:
+        raise InvalidOptionError(
+            "apply_changes: collection= is for one table; a mapping or template target "
+            "routes each collection to its own"
+        )
+    if not routed and keys is None and (log is None or collection is None):
+        raise InvalidOptionError(
+            "apply_changes: keys must name the table's key column(s) (or give log= and "
+            "collection= to take them from the schema registry)"
+        )
+    return ReplicationLog.open(log, storage_options=log_options) if isinstance(log, str) else log
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """How apply_changes writes: the same for every table of a query."""
+
+    app_id: str
+    mode: str
+    storage_options: dict[str, str] | None
+    target_file_size: int | None
+    tombstones: bool
+
+
+def _write(
+    settings: _Settings, table: _Table, frame: DataFrame, batch_id: int, writer: str | None
+) -> None:
+    """One table's events of a micro-batch: reduced (scd1), collected, applied."""
+    changes = _changes(frame, table.keys, table.schema)
+    if settings.mode == "scd1":  # reduced in Spark: the driver gets one change per key
+        changes = _latest_per_key(changes, table.keys)
+    collected = changes.toArrow()
+    crash_point("apply_before_delta", batch_id)
+    apply_batch(
+        table.target,
+        collected,
+        table.keys,
+        app_id=settings.app_id,
+        batch_id=batch_id,
+        mode=settings.mode,
+        storage_options=settings.storage_options,
+        writer=writer,
+        target_file_size=settings.target_file_size,
+        defaults=table.defaults,
+        tombstones=settings.tombstones,
+    )
+    crash_point("apply_after_delta", batch_id)
+
+
+def _apply_routed(
+    settings: _Settings, router: _Router, batch: DataFrame, batch_id: int, writer: str | None
+) -> None:
+    """A micro-batch of many collections, each to its table (skipped where committed)."""
+    app_id, options = settings.app_id, settings.storage_options
+    named = router.named()
+    if named is not None and all(
+        already_applied(router.table(c).target, app_id, batch_id, options, writer) for c in named
+    ):
+        return  # every table has it: a replay
+    batch = batch.persist()  # the log is read once for every table
+    try:
+        present = {
+            r["collection"]: r["key"]
+            for r in batch.groupBy("collection").agg(F.first("key").alias("key")).collect()
+        }
+        for name in sorted(c for c in present if c is not None):
+            if named is not None and name not in named:
+                continue
+            table = router.table(name)
+            if already_applied(table.target, app_id, batch_id, options, writer):
+                continue  # committed before a crash: the other tables go on
+            _check_key_fields(name, present[name], table.keys)
+            _write(settings, table, router.rows_of(batch, name), batch_id, writer)
+    finally:
+        batch.unpersist()
+
+
 def apply_changes(
     target: str | Mapping[str, str],
     keys: Keys | Mapping[str, Keys] | None = None,
@@ -333,48 +431,10 @@ def apply_changes(
     log's (fsspec). ``target_file_size`` is the ``delta.targetFileSize`` of the tables it
     creates (docs/CDC.md, "Cost").
     """
-    rows.check_mode(mode)
-    if not isinstance(app_id, str) or not app_id:
-        raise InvalidOptionError(
-            f"apply_changes: app_id must be a non-empty string, got {app_id!r}"
-        )
-    if keys is not None and not isinstance(keys, Mapping):
-        wanted = rows.check_keys(keys)
-        if isinstance(schema, StructType):
-            rows.check_columns(schema.names, wanted)
-    opened = ReplicationLog.open(log, storage_options=log_options) if isinstance(log, str) else log
+    opened = _check_arguments(target, keys, app_id, mode, schema, collection, log, log_options)
     router = _Router(target, keys, schema, opened)
-    if not router.routed and keys is None and (opened is None or collection is None):
-        raise InvalidOptionError(
-            "apply_changes: keys must name the table's key column(s) (or give log= and "
-            "collection= to take them from the schema registry)"
-        )
-    if router.routed and collection is not None:
-        raise InvalidOptionError(
-            "apply_changes: collection= is for one table; a mapping or template target "
-            "routes each collection to its own"
-        )
 
-    def write(table: _Table, frame: DataFrame, batch_id: int, writer: str | None) -> None:
-        changes = _changes(frame, table.keys, table.schema)
-        if mode == "scd1":  # reduced in Spark: the driver gets one change per key
-            changes = _latest_per_key(changes, table.keys)
-        collected = changes.toArrow()
-        crash_point("apply_before_delta", batch_id)
-        apply_batch(
-            table.target,
-            collected,
-            table.keys,
-            app_id=app_id,
-            batch_id=batch_id,
-            mode=mode,
-            storage_options=storage_options,
-            writer=writer,
-            target_file_size=target_file_size,
-            defaults=table.defaults,
-            tombstones=tombstones,
-        )
-        crash_point("apply_after_delta", batch_id)
+    settings = _Settings(app_id, mode, storage_options, target_file_size, tombstones)
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         writer = _query_id()
@@ -382,29 +442,8 @@ def apply_changes(
             one = router.table(collection)
             if already_applied(one.target, app_id, batch_id, storage_options, writer):
                 return  # a replay: no Spark job, nothing collected (apply_batch checks again)
-            write(one, router.rows_of(batch, collection), batch_id, writer)
+            _write(settings, one, router.rows_of(batch, collection), batch_id, writer)
             return
-        named = router.named()
-        if named is not None and all(
-            already_applied(router.table(c).target, app_id, batch_id, storage_options, writer)
-            for c in named
-        ):
-            return  # every table has it: a replay
-        batch = batch.persist()  # the log is read once for every table
-        try:
-            present = {
-                r["collection"]: r["key"]
-                for r in batch.groupBy("collection").agg(F.first("key").alias("key")).collect()
-            }
-            for name in sorted(c for c in present if c is not None):
-                if named is not None and name not in named:
-                    continue
-                table = router.table(name)
-                if already_applied(table.target, app_id, batch_id, storage_options, writer):
-                    continue  # committed before a crash: the other tables go on
-                _check_key_fields(name, present[name], table.keys)
-                write(table, router.rows_of(batch, name), batch_id, writer)
-        finally:
-            batch.unpersist()
+        _apply_routed(settings, router, batch, batch_id, writer)
 
     return apply

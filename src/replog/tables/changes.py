@@ -230,12 +230,12 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
     marks of those left. A delete sends no value (its row is an old image, often the key
     only) unless :data:`UNSENT` is given (then it says what each change did not send: the
     Spark layer lists a raw delete's every column, and a delete its reduction made holds
-    the key's last values sent), and a key's values start again at an insert: what came before it belongs to an
-    earlier life of the key. A row left is filled from elsewhere by the caller: from the
-    table's row of its key (:func:`fill_from_rows`) or, where its life began with the
-    create of a changed key, from the old key's (:data:`OLD_KEY`, which comes back set
-    on every row of that life). The rows come back sorted by key and position when any
-    change did not send a column."""
+    the key's last values sent), and a key's values start again at an insert: what came
+    before it belongs to an earlier life of the key. A row left is filled from elsewhere
+    by the caller: from the table's row of its key (:func:`fill_from_rows`) or, where its
+    life began with the create of a changed key, from the old key's (:data:`OLD_KEY`,
+    which comes back set on every row of that life). The rows come back sorted by key and
+    position when any change did not send a column."""
     marks = placeholders(changes, keys)
     if not marks:
         return changes, marks
