@@ -21,7 +21,7 @@ from typing import Any
 from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructType, TimestampType
+from pyspark.sql.types import StructType, TimestampType
 
 from replog.crashpoints import crash_point
 from replog.errors import InvalidOptionError
@@ -105,55 +105,6 @@ def _unsent(batch: DataFrame) -> Column:
         return F.array().cast("array<string>")
     listed = _metadata(batch, "$.unavailable")
     return F.coalesce(F.from_json(listed, "array<string>"), F.array().cast("array<string>"))
-
-
-def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """The last change per key (by position), as the driver collects it for scd1.
-
-    A column the last change did not send (Debezium's placeholder text for an unchanged
-    TOASTed column, or named in ``metadata.unavailable``; a delete sends none) takes the
-    key's last value sent since its last insert (before it, the key had an earlier life);
-    with none, the core takes it from the table (or the old key's: ``__old_key`` is the
-    last insert's) and :data:`~replog.tables.changes.UNSENT` names the column. A key's
-    events share a shard, so its sequences order them."""
-    position = [F.col(c) for c in rows.POSITION]
-    sequence = F.col(rows.SEQUENCE)
-    unsent = F.col(rows.UNSENT)
-    is_insert = F.col(rows.OPERATION) == F.lit("insert")
-    values = [
-        field
-        for field in frame.schema.fields
-        if field.name not in keys and not field.name.startswith("__")
-    ]
-    aggregates = [F.max(F.when(is_insert, sequence)).alias("__born")]
-    sent_any = []
-    for number, field in enumerate(values):
-        value = F.col(field.name)
-        sent = ~F.array_contains(unsent, F.lit(field.name))
-        if isinstance(field.dataType, StringType):
-            sent = sent & ~value.eqNullSafe(F.lit(rows.UNAVAILABLE))
-        aggregates.append(F.max_by(value, F.struct(sent, *position)).alias(f"__sent{number}"))
-        aggregates.append(F.max(F.when(sent, sequence)).alias(f"__at{number}"))
-        known = F.col(f"__at{number}").isNotNull() & (
-            F.col("__born").isNull() | (F.col(f"__at{number}") >= F.col("__born"))
-        )
-        sent_any.append(F.when(~known, F.lit(field.name)))
-    aggregates.append(F.max_by(F.col(rows.OLD_KEY), F.when(is_insert, sequence)).alias("__moved"))
-    reduced = frame.groupBy(*keys, rows.COLLECTION).agg(  # two collections' keys both kept
-        F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *aggregates
-    )
-    index = {field.name: number for number, field in enumerate(values)}
-
-    def column(name: str) -> Column:
-        if name in index:
-            return F.col(f"__sent{index[name]}").alias(name)
-        if name == rows.UNSENT:
-            return F.array_compact(F.array(*sent_any)).cast("array<string>").alias(name)
-        if name == rows.OLD_KEY:
-            return F.col("__moved").alias(name)
-        return F.col("__last").getField(name).alias(name)
-
-    return reduced.select(*[column(name) for name in frame.columns])
 
 
 def _query_id() -> str | None:
@@ -340,11 +291,10 @@ class _Settings:
 def _write(
     settings: _Settings, table: _Table, frame: DataFrame, batch_id: int, writer: str | None
 ) -> None:
-    """One table's events of a micro-batch: reduced (scd1), collected, applied."""
-    changes = _changes(frame, table.keys, table.schema)
-    if settings.mode == "scd1":  # reduced in Spark: the driver gets one change per key
-        changes = _latest_per_key(changes, table.keys)
-    collected = changes.toArrow()
+    """One table's events of a micro-batch, collected as they are and applied: the core
+    reduces them in Arrow (a reduction in Spark, a shuffle of every column, cost three
+    times the rest of a snapshot's load, BENCHMARKS.md)."""
+    collected = _changes(frame, table.keys, table.schema).toArrow()
     crash_point("apply_before_delta", batch_id)
     apply_batch(
         table.target,
@@ -425,8 +375,8 @@ def apply_changes(
     ``__valid_to``, ``__current``). Each table's commit carries ``(app_id, batch_id)``: a
     replayed batch is skipped before any of it is computed. Give a new checkpoint a new
     ``app_id``. ``collection`` keeps that collection's events only (one table).
-    The micro-batch is reduced in Spark (latest per key for scd1) and then collected to
-    the driver per table: its memory is bounded by the source's ``maxEventsPerTrigger``.
+    Each table's events of the micro-batch are collected to the driver (as Arrow) and
+    reduced there: its memory is bounded by the source's ``maxEventsPerTrigger``.
     ``storage_options`` are delta-rs's (``AWS_ENDPOINT_URL``, ...); ``log_options`` the
     log's (fsspec). ``target_file_size`` is the ``delta.targetFileSize`` of the tables it
     creates (docs/CDC.md, "Cost").
