@@ -220,7 +220,7 @@ def test_a_changed_key_keeps_its_unchanged_toasted_value_through_spark(
 ) -> None:
     """An update of the primary key: capture's delete of the old key (its old image, the
     key only) and create of the new one (``metadata.old_key``; the unchanged TOASTed body
-    not sent) in one micro-batch, reduced in Spark: the new row holds the old body."""
+    not sent) in one micro-batch: the new row holds the old body."""
     ddl = "id long, name string, body string"
     target = str(tmp_path / "t")
     apply = apply_changes(target, ["id"], app_id="q", schema=ddl)
