@@ -118,12 +118,11 @@ def _query_id() -> str | None:
 
 @dataclass(frozen=True)
 class _Table:
-    """How one collection is applied: its Delta table, keys, row schema and defaults."""
+    """How one collection is applied: its Delta table, keys and row schema."""
 
     target: str
     keys: tuple[str, ...]
     schema: Schema | None
-    defaults: Mapping[str, Any]
 
 
 def registered_keys(log: ReplicationLog, collection: str) -> tuple[str, ...]:
@@ -203,12 +202,14 @@ class _Router:
         schema = (
             self.schema.get(collection or "") if isinstance(self.schema, Mapping) else self.schema
         )
-        defaults = (
-            registered_defaults(self.log, collection)
-            if self.log is not None and collection is not None
-            else {}
-        )
-        return _Table(target, keys, schema, defaults)
+        return _Table(target, keys, schema)
+
+    def defaults(self, collection: str | None) -> dict[str, Any]:
+        """The registered column defaults, read with each micro-batch (as ``typed`` reads
+        the schemas): a version registered while the query runs brings its own."""
+        if self.log is None or collection is None:
+            return {}
+        return registered_defaults(self.log, collection)
 
     def rows_of(self, batch: DataFrame, collection: str | None) -> DataFrame:
         """The micro-batch's events of ``collection``, typed by the registry (``log=``)
@@ -288,8 +289,13 @@ class _Settings:
     tombstones: bool
 
 
-def _write(
-    settings: _Settings, table: _Table, frame: DataFrame, batch_id: int, writer: str | None
+def _write(  # noqa: PLR0917 - one table's part of a micro-batch
+    settings: _Settings,
+    table: _Table,
+    defaults: Mapping[str, Any],
+    frame: DataFrame,
+    batch_id: int,
+    writer: str | None,
 ) -> None:
     """One table's events of a micro-batch, collected as they are and applied: the core
     reduces them in Arrow (a reduction in Spark, a shuffle of every column, cost three
@@ -306,7 +312,7 @@ def _write(
         storage_options=settings.storage_options,
         writer=writer,
         target_file_size=settings.target_file_size,
-        defaults=table.defaults,
+        defaults=defaults,
         tombstones=settings.tombstones,
     )
     crash_point("apply_after_delta", batch_id)
@@ -335,7 +341,8 @@ def _apply_routed(
             if already_applied(table.target, app_id, batch_id, options, writer):
                 continue  # committed before a crash: the other tables go on
             _check_key_fields(name, present[name], table.keys)
-            _write(settings, table, router.rows_of(batch, name), batch_id, writer)
+            frame = router.rows_of(batch, name)
+            _write(settings, table, router.defaults(name), frame, batch_id, writer)
     finally:
         batch.unpersist()
 
@@ -392,7 +399,8 @@ def apply_changes(
             one = router.table(collection)
             if already_applied(one.target, app_id, batch_id, storage_options, writer):
                 return  # a replay: no Spark job, nothing collected (apply_batch checks again)
-            _write(settings, one, router.rows_of(batch, collection), batch_id, writer)
+            frame = router.rows_of(batch, collection)
+            _write(settings, one, router.defaults(collection), frame, batch_id, writer)
             return
         _apply_routed(settings, router, batch, batch_id, writer)
 
