@@ -997,3 +997,19 @@ def _levels(target: str) -> dict[int, Any]:
     table = open_table(target, None)
     assert table is not None
     return {r["id"]: r["level"] for r in table.to_pyarrow_table().to_pylist()}
+
+
+def test_a_default_of_a_type_no_literal_holds_leaves_the_rows_null(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A default of a list column: no SQL literal is written for it; the batch applies and
+    the earlier rows keep NULL, with a warning naming the column."""
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    wider = change_table([(2, "b", 2, "insert")]).append_column(
+        "tags", pa.array([["x"]], pa.list_(pa.string()))
+    )
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"tags": ["new"]})
+    found = {r["id"]: r["tags"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    assert found == {1: None, 2: ["x"]}
+    assert "column 'tags'" in caplog.text

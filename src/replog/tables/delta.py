@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from replog.errors import InvalidOptionError
+from replog.errors import InvalidOptionError, SchemaChangeError
 from replog.tables import changes as rows
 from replog.tables.changes import (
     ACTION,
@@ -273,23 +273,18 @@ def _defaults_to_fill(table: DeltaTable, source: pa.Table, options: _Options) ->
         done = table.transaction_version(note["app_id"])
         if done is None or done < note["batch_id"]:
             fill[quoted(field.name)] = str(note["sql"])
-    added = [
-        pa.field(
-            name,
-            source.schema.field(name).type,
-            metadata={
-                FILL_INFO: json.dumps(
-                    {
-                        "app_id": options.app_id,
-                        "batch_id": options.batch_id,
-                        "sql": rows.sql_literal(value, source.schema.field(name).type),
-                    }
-                )
-            },
-        )
-        for name, value in (options.defaults or {}).items()
-        if value is not None and name in source.column_names and name not in schema.names
-    ]
+    added = []
+    for name, value in (options.defaults or {}).items():
+        if value is None or name not in source.column_names or name in schema.names:
+            continue
+        kind = source.schema.field(name).type
+        try:
+            sql = rows.sql_literal(value, kind)
+        except SchemaChangeError as exc:  # the rows keep NULL, as before defaults were read
+            logger.warning("apply_changes: column %r: %s; its earlier rows stay NULL", name, exc)
+            continue
+        note = {"app_id": options.app_id, "batch_id": options.batch_id, "sql": sql}
+        added.append(pa.field(name, kind, metadata={FILL_INFO: json.dumps(note)}))
     if added:
         empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
         _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
