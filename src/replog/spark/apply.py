@@ -123,6 +123,8 @@ class _Table:
     target: str
     keys: tuple[str, ...]
     schema: Schema | None
+    registered: bool = False
+    """The keys are the registry's (checked against the events' own keys)."""
 
 
 def registered_keys(log: ReplicationLog, collection: str) -> tuple[str, ...]:
@@ -202,7 +204,7 @@ class _Router:
         schema = (
             self.schema.get(collection or "") if isinstance(self.schema, Mapping) else self.schema
         )
-        return _Table(target, keys, schema)
+        return _Table(target, keys, schema, registered=given is None)
 
     def defaults(self, collection: str | None) -> dict[str, Any]:
         """The registered column defaults, read with each micro-batch (as ``typed`` reads
@@ -340,7 +342,8 @@ def _apply_routed(
             table = router.table(name)
             if already_applied(table.target, app_id, batch_id, options, writer):
                 continue  # committed before a crash: the other tables go on
-            _check_key_fields(name, present[name], table.keys)
+            if table.registered:
+                _check_key_fields(name, present[name], table.keys)
             frame = router.rows_of(batch, name)
             _write(settings, table, router.defaults(name), frame, batch_id, writer)
     finally:
