@@ -73,6 +73,7 @@ def reset_peak() -> None:
 
 
 def peak_mb() -> float:
+    """The process's peak RSS since :func:`reset_peak`, MB."""
     for line in Path("/proc/self/status").read_text().splitlines():
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
@@ -159,10 +160,14 @@ def run(table: Table, make: Callable[[Table], pa.Table], count: int) -> tuple[fl
 
 
 def one_size(count: int, batches: int, chunk: int) -> dict[str, float]:
-    """The core's figures at one table size (run in a process of its own, so that its
-    peak memory is its own)."""
+    """The core's figures at one table size. The table is loaded by a process of its own,
+    so that this one's peak memory is the batches' (and the table's log's) only."""
     with tempfile.TemporaryDirectory() as where:
-        table, rate = load(where, count, chunk, TARGET_FILE_SIZE)
+        command = [sys.executable, __file__, "--load", str(count), "--chunk", str(chunk)]
+        loaded = subprocess.run([*command, "--where", where], capture_output=True, check=True)
+        rate = float(loaded.stdout.decode().strip().splitlines()[-1])
+        table = Table(f"{where}/t{count}-{TARGET_FILE_SIZE}", count, count,
+                      batch_id=-(-count // chunk), next_id=count)  # fmt: skip
         reset_peak()
         near, near_bytes = run(table, locality, batches)
         near_peak = peak_mb()
@@ -378,7 +383,12 @@ def main() -> None:
     parser.add_argument("--layout", action="store_true")
     parser.add_argument("--spark", action="store_true")
     parser.add_argument("--one", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--load", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--where", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.load:
+        print(load(args.where, args.load, args.chunk, TARGET_FILE_SIZE)[1])
+        return
     if args.one:
         print(json.dumps(one_size(args.one, args.batches, args.chunk)))
         return
