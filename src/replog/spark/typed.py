@@ -204,7 +204,8 @@ def typed(
 
     Returns the event columns with ``data`` (the row: ``after``, or ``before`` for a
     delete), ``after`` and ``before`` as structs of the union of every registered version
-    (a column a later version added is null in earlier rows).
+    (a column a later version added is null in earlier rows, or the later version's
+    ``default`` when it gives one: PostgreSQL's ``ADD COLUMN ... DEFAULT``).
 
     Raises:
         InvalidOptionError: no schema of ``collection`` is registered.
