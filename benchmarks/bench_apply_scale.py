@@ -322,50 +322,56 @@ def spark_side(sizes: list[int], batches: int, chunk: int) -> None:
     with tempfile.TemporaryDirectory() as where:
         warm = apply_changes(f"{where}/warm", ["id"], app_id="bench", schema=SCHEMA)
         timed(events((0, chunk), "insert", 0), lambda f: warm(f, 0))  # JVM, Python workers
-        for count in sizes:
+        state: dict[int, dict[str, Any]] = {}
+        for count in sizes:  # load every size first: the batches then alternate sizes,
             apply = apply_changes(f"{where}/s{count}", ["id"], app_id="bench", schema=SCHEMA)
             loading = []
             for number, first in enumerate(range(0, count, chunk)):
                 span = (first, min(first + chunk, count))
                 seconds = timed(events(span, "insert", 0), lambda f, n=number, a=apply: a(f, n))
                 loading.append((span[1] - span[0]) / seconds)
-            load_rate = statistics.median(loading)
             parquet = f"{where}/p{count}"
             start = time.perf_counter()
             events((0, count), "insert", 0).selectExpr(
                 "from_json(cast(data as string), '" + SCHEMA + "') as r"
             ).select("r.*").write.parquet(parquet)
-            parquet_rate = count / (time.perf_counter() - start)
-            batch_id, sequence = number + 1, count
-            near, far = [], []
-            for _ in range(batches):
-                for keys, into in ((rng.choice(np.arange(count - RECENT, count), BATCH), near),
-                                   (rng.choice(count, BATCH), far)):  # fmt: skip
+            state[count] = {
+                "apply": apply, "batch_id": number + 1, "sequence": count, "near": [],
+                "far": [], "load": statistics.median(loading), "parquet": parquet,
+                "parquet_rate": count / (time.perf_counter() - start),
+            }  # fmt: skip
+        for _ in range(batches):  # so that a busy minute of the machine hits every size
+            for count in sizes:
+                one = state[count]
+                for keys, into in ((rng.choice(np.arange(count - RECENT, count), BATCH), "near"),
+                                   (rng.choice(count, BATCH), "far")):  # fmt: skip
                     ids = spark.createDataFrame([(int(k),) for k in np.unique(keys)], "id long")
-                    into.append(
-                        timed(
-                            events(ids, "update", sequence), lambda f, b=batch_id, a=apply: a(f, b)
-                        )
+                    frame = events(ids, "update", one["sequence"])
+                    one[into].append(
+                        timed(frame, lambda f, b=one["batch_id"], a=one["apply"]: a(f, b))
                     )
-                    batch_id += 1
-                    sequence += BATCH
+                    one["batch_id"] += 1
+                    one["sequence"] += BATCH
+        for count in sizes:
+            one = state[count]
             ids = spark.createDataFrame([(int(k),) for k in rng.choice(count, BATCH)], "id long")
             update = (
-                events(ids, "update", sequence)
+                events(ids, "update", one["sequence"])
                 .selectExpr("from_json(cast(data as string), '" + SCHEMA + "') as r")
                 .select("r.*")
             )
 
-            def rewrite(frame: DataFrame, source: str = parquet) -> None:
+            def rewrite(frame: DataFrame, source: str = one["parquet"]) -> None:
                 table = spark.read.parquet(source)
                 kept = table.join(frame, "id", "left_anti")
                 kept.unionByName(frame).write.mode("overwrite").parquet(source + "-next")
 
             full = timed(update, rewrite)
-            figures[count] = statistics.median(near)
+            figures[count] = statistics.median(one["near"])
             print(
-                f"| {count:,} | {load_rate:,.0f} | {parquet_rate:,.0f} | "
-                f"{statistics.median(near):.2f} | {statistics.median(far):.2f} | {full:.2f} |"
+                f"| {count:,} | {one['load']:,.0f} | {one['parquet_rate']:,.0f} | "
+                f"{statistics.median(one['near']):.2f} | {statistics.median(one['far']):.2f} | "
+                f"{full:.2f} |"
             )
     sizes = sorted(figures)
     ratio = figures[sizes[-1]] / figures[sizes[0]]
