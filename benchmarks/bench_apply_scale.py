@@ -116,9 +116,11 @@ class Table:
         return seconds, sum(size for path, size in before.items() if path not in after)
 
 
-def load(where: str, count: int, chunk: int, file_size: int | None) -> tuple[Table, float]:
+def load(
+    where: str, count: int, chunk: int, file_size: int | None, name: str = "t"
+) -> tuple[Table, float]:
     """A table of ``count`` rows loaded in chunks; rows/s of the load."""
-    target = f"{where}/t{count}-{file_size}"
+    target = f"{where}/{name}{count}-{file_size}"
     start = time.perf_counter()
     for number, first in enumerate(range(0, count, chunk)):
         ids = np.arange(first, min(first + chunk, count))
@@ -245,11 +247,18 @@ def layout(count: int, batches: int, chunk: int) -> None:
                 f"| target file size {size >> 20} MiB | {len(files(table.target))} | "
                 f"{near:.2f} ({near_bytes / 1e6:.0f}) | {far:.2f} ({far_bytes / 1e6:.0f}) |"
             )
-        table, _ = load(where, count, chunk, TARGET_FILE_SIZE)
-        run(table, with_inserts, 20)
+        table, _ = load(where, count, chunk, TARGET_FILE_SIZE, name="mixed")
+        run(table, uniform, 1)
         near, near_bytes = run(table, locality, batches)
         print(
-            f"| {TARGET_FILE_SIZE >> 20} MiB after 20 batches with inserts | "
+            f"| {TARGET_FILE_SIZE >> 20} MiB after one random batch (every file rewritten, "
+            f"the merge's output files mix key ranges) | {len(files(table.target))} | "
+            f"{near:.2f} ({near_bytes / 1e6:.0f}) | - |"
+        )
+        run(table, with_inserts, 10)
+        near, near_bytes = run(table, locality, batches)
+        print(
+            f"| {TARGET_FILE_SIZE >> 20} MiB after 10 more batches with inserts | "
             f"{len(files(table.target))} | {near:.2f} ({near_bytes / 1e6:.0f}) | - |"
         )
         delta = open_table(table.target, None)
@@ -340,11 +349,18 @@ def spark_side(sizes: list[int], batches: int, chunk: int) -> None:
                 "far": [], "load": statistics.median(loading), "parquet": parquet,
                 "parquet_rate": count / (time.perf_counter() - start),
             }  # fmt: skip
-        for _ in range(batches):  # so that a busy minute of the machine hits every size
-            for count in sizes:
-                one = state[count]
-                for keys, into in ((rng.choice(np.arange(count - RECENT, count), BATCH), "near"),
-                                   (rng.choice(count, BATCH), "far")):  # fmt: skip
+        # the batches alternate sizes, so that a busy minute of the machine hits every size
+        # alike; the locality batches first (a random batch rewrites every file, and the
+        # merge's output files mix key ranges: see the layout table)
+        for into in ("near", "far"):
+            for _ in range(batches):
+                for count in sizes:
+                    one = state[count]
+                    keys = (
+                        rng.choice(np.arange(count - RECENT, count), BATCH)
+                        if into == "near"
+                        else rng.choice(count, BATCH)
+                    )
                     ids = spark.createDataFrame([(int(k),) for k in np.unique(keys)], "id long")
                     frame = events(ids, "update", one["sequence"])
                     one[into].append(
