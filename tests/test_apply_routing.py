@@ -163,6 +163,10 @@ def test_keys_that_are_not_the_events_keys_are_refused(spark: Any, tmp_path: Pat
     apply = apply_changes(str(tmp_path / "{collection}"), app_id="r", log=log.url)
     with pytest.raises(Exception, match=r"keyed by \['id'\] but its events' keys name"):
         run(spark, log, tmp_path / "chk", apply)
+    unrouted = micro_batch(spark, [event("shop.orders", {"id": 1}, "insert", {"id": 1}) | {
+        "shard": 0, "sequence": 0}])  # fmt: skip
+    with pytest.raises(InvalidOptionError, match="events without a collection"):
+        apply_changes(str(tmp_path / "{collection}"), ["id"], app_id="r")(unrouted, 0)
     with pytest.raises(InvalidOptionError, match="collection= is for one table"):
         apply_changes(str(tmp_path / "{collection}"), app_id="r", collection="a")
 

@@ -336,7 +336,13 @@ def _apply_routed(
             r["collection"]: r["key"]
             for r in batch.groupBy("collection").agg(F.first("key").alias("key")).collect()
         }
-        for name in sorted(c for c in present if c is not None):
+        if None in present:
+            raise InvalidOptionError(
+                f"apply_changes: the micro-batch holds events without a collection (key "
+                f"{str(present[None])[:200]!r}): a mapping or template target routes by "
+                f"collection, so they would be lost (nothing was written for this batch)"
+            )
+        for name in sorted(present):
             if named is not None and name not in named:
                 continue
             table = router.table(name)
