@@ -24,7 +24,7 @@ from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
 from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.tables import changes as rows
-from replog.tables.delta import apply_batch, open_table
+from replog.tables.delta import apply_batch, open_table, tombstones_location
 
 SCHEMA = "id long, name string, n long"
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -336,11 +336,11 @@ def test_replayed_and_older_micro_batches_are_ignored(spark: Any, tmp_path: Path
     apply(first, 1)
     assert table_state(target) == state
     # a replaced checkpoint: batch ids start again under a new app_id. No live row goes
-    # back to an older version; a deleted key may come back until the delete is replayed.
+    # back to an older version, and no deleted key comes back (its tombstone's position)
     replaced = apply_changes(target, "id", app_id="q2", schema=SCHEMA)
     replaced(first, 0)
     midway = table_state(target)
-    assert {k: midway[k] for k in state} == state
+    assert midway == state
     replaced(second, 1)
     assert table_state(target) == state == expected_state(events)
 
@@ -725,3 +725,291 @@ def test_spark_refuses_a_log_of_several_collections_without_collection(
     assert table_state(str(tmp_path / "orders")) == {
         k: {"id": k, "name": f"orders{k}", "n": k} for k in range(3)
     }
+
+
+# -- cost: appends for new keys, merges pruned by the key range ------------------------------
+
+
+def test_a_snapshot_of_new_keys_is_appended_and_an_overlapping_batch_merged(
+    tmp_path: Path,
+) -> None:
+    """A snapshot loaded in chunks: a chunk whose keys lie outside every file's key range
+    is appended (no merge reads the table); one that overlaps is merged, and a key it
+    holds again is updated, never doubled."""
+    target = str(tmp_path / "t")
+    first = apply_batch(
+        target, change_table([(k, f"a{k}", k, "insert") for k in range(0, 100)]), ["id"],
+        app_id="q", batch_id=0,
+    )  # fmt: skip
+    assert first.metrics == {"num_target_rows_inserted": 100}
+    second = apply_batch(
+        target, change_table([(k, f"b{k}", k, "insert") for k in range(100, 200)]), ["id"],
+        app_id="q", batch_id=1,
+    )  # fmt: skip
+    assert second.metrics.get("appended") is True
+    third = apply_batch(
+        target, change_table([(k, f"c{k}", 1000 + k, "insert") for k in (150, 250, 5)]), ["id"],
+        app_id="q", batch_id=2,
+    )  # fmt: skip
+    assert "appended" not in third.metrics
+    state = table_state(target)
+    assert len(state) == 201
+    assert (state[5]["name"], state[150]["name"], state[250]["name"]) == ("c5", "c150", "c250")
+    table = open_table(target, None)
+    assert table is not None and table.transaction_version("q") == 2
+
+
+def keyed_batch(items: list[tuple[str, int, str, int, str]]) -> pa.Table:
+    """Changes of a composite (text, int) key: (region, id, name, sequence, operation)."""
+    return pa.table(
+        {
+            "region": pa.array([i[0] for i in items], pa.string()),
+            "id": pa.array([i[1] for i in items], pa.int64()),
+            "name": [i[2] for i in items],
+            rows.SHARD: pa.array([0] * len(items), pa.int32()),
+            rows.SEQUENCE: pa.array([i[3] for i in items], pa.int64()),
+            rows.OPERATION: [i[4] for i in items],
+            rows.TIMESTAMP: pa.array([T0] * len(items), pa.timestamp("us", tz="UTC")),
+        }
+    )
+
+
+@pytest.mark.parametrize("file_size", [None, 2048])
+def test_pruned_merges_of_text_and_composite_keys_never_miss_a_row(
+    tmp_path: Path, file_size: int | None
+) -> None:
+    """Random inserts, updates and deletes of a (text, int) key whose texts share a prefix
+    longer than a statistic keeps (200 characters), in tiny files (many file ranges to
+    prune by), some batches new keys only (appended): the table equals a fold of the log,
+    one row per key."""
+    rng = random.Random(5)
+    prefix = "p" * 200
+    regions = [f"{prefix}{c}" for c in "abcdé€"] + ["", "z"]
+    target = str(tmp_path / "t")
+    model: dict[tuple[str, int], str] = {}
+    sequence = 0
+    fresh = 1000
+    for batch_id in range(25):
+        items = []
+        for _ in range(rng.randrange(1, 30)):
+            sequence += 1
+            if batch_id % 5 == 4:  # a chunk of new keys only, above every key so far
+                fresh += 1
+                key = ("zz", fresh)
+            else:
+                key = (rng.choice(regions), rng.randrange(8))
+            op = "delete" if key in model and rng.random() < 0.25 else "update"
+            items.append((*key, f"n{sequence}", sequence, op))
+            if op == "delete":
+                model.pop(key, None)
+            else:
+                model[key] = f"n{sequence}"
+        apply_batch(
+            target, keyed_batch(items), ["region", "id"], app_id="q", batch_id=batch_id,
+            target_file_size=file_size,
+        )  # fmt: skip
+        table = open_table(target, None)
+        assert table is not None
+        found = table.to_pyarrow_table().to_pylist()
+        assert len(found) == len({(r["region"], r["id"]) for r in found}), "one row per key"
+        assert {(r["region"], r["id"]): r["name"] for r in found} == model
+    if file_size is not None:
+        assert len(table.file_uris()) > 3  # several files: the merges had ranges to prune by
+
+
+# -- a key changed by an update: the create takes the old key's unsent values ---------------
+
+
+def moved(batch: pa.Table, old_keys: list[str | None]) -> pa.Table:
+    return batch.append_column(rows.OLD_KEY, pa.array(old_keys, pa.string()))
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_changed_key_takes_the_old_keys_unsent_value(tmp_path: Path, mode: str) -> None:
+    """An update of a row's primary key is a delete of the old key (its old image holds the
+    key only) and a create of the new one that did not send its unchanged TOASTed column
+    (``metadata.old_key`` names the old key). The create takes the old key's value: from
+    the table's row, or from the old key's changes earlier in the batch; never the
+    placeholder."""
+    target = str(tmp_path / "t")
+    first = with_body(change_table([(1, "a", 1, "insert"), (7, "g", 2, "insert")]), ["long", "g"])
+    apply_batch(target, moved(first, [None, None]), ["id"], app_id="q", batch_id=0, mode=mode)
+    second = with_body(
+        change_table(
+            [
+                (1, "a", 3, "delete"),  # the old image: the key only
+                (2, "a", 4, "insert"),  # id 1 -> 2: body from the table's row of 1
+                (7, "g2", 5, "update"),
+                (7, "g2", 6, "delete"),
+                (8, "g2", 7, "insert"),  # id 7 -> 8: body from 7's update in this batch
+                (8, "g3", 8, "update"),  # still not sent: 8's body, taken from 7
+            ]
+        ),
+        [None, TOASTED, "g-body", None, TOASTED, TOASTED],
+    )
+    second = moved(second, [None, '{"id": 1}', None, None, '{"id":7}', None])
+    apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {2: ("a", "long"), 8: ("g3", "g-body")}
+    assert not [r for r in found if r["body"] == TOASTED]
+    assert rows.OLD_KEY not in table.schema().to_arrow().names  # type: ignore[attr-defined]
+
+
+# -- deleted keys keep their position (tombstones) ------------------------------------------
+
+
+def test_a_deleted_key_never_comes_back_from_an_older_change(tmp_path: Path) -> None:
+    """A checkpoint replaced under a new app_id replays the log from the start: the
+    delete's position, kept in the tombstone table beside the target, stops the key's
+    older insert and update; a newer insert brings the key back."""
+    target = str(tmp_path / "t")
+    history = [
+        change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert")]),
+        change_table([(1, "a2", 3, "update"), (1, "a2", 4, "delete")]),
+    ]
+    for number, batch in enumerate(history):
+        apply_batch(target, batch, ["id"], app_id="q", batch_id=number)
+    assert set(table_state(target)) == {2}
+    for number, batch in enumerate(history[:1]):  # the new checkpoint, midway
+        apply_batch(target, batch, ["id"], app_id="q2", batch_id=number)
+        assert set(table_state(target)) == {2}, "the deleted key came back"
+    graves = open_table(tombstones_location(target), None)
+    assert graves is not None
+    assert graves.to_pyarrow_table().select(["id", rows.SEQUENCE]).to_pylist() == [
+        {"id": 1, rows.SEQUENCE: 4}
+    ]
+    apply_batch(target, change_table([(1, "again", 9, "insert")]), ["id"], app_id="q2", batch_id=1)
+    assert table_state(target)[1]["name"] == "again"
+
+
+def test_a_crash_between_the_tombstones_and_the_table_commit_replays_the_delete(
+    tmp_path: Path,
+) -> None:
+    """The tombstones are committed first: a crash before the table's commit leaves a
+    tombstone of a delete not yet applied; the replayed batch (same app_id and batch id)
+    still deletes the row."""
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    delete = change_table([(1, "a", 2, "delete")])
+    from replog.tables import delta
+
+    real = delta._write
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("killed before the table's commit")
+
+    delta._write = crash  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            apply_batch(target, delete, ["id"], app_id="q", batch_id=1)
+    finally:
+        delta._write = real  # type: ignore[assignment]
+    assert set(table_state(target)) == {1}
+    assert open_table(tombstones_location(target), None) is not None
+    apply_batch(target, delete, ["id"], app_id="q", batch_id=1)
+    assert table_state(target) == {}
+
+
+# -- column defaults: rows written before a column existed read its default -----------------
+
+
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_rows_before_a_column_with_a_default_get_the_default(tmp_path: Path, mode: str) -> None:
+    """ADD COLUMN ... DEFAULT: the batch that first carries the column gives the table's
+    rows that no change of it touches the default (scd2: the current versions only), of
+    each type; a row a change touches takes the change's value."""
+    target = str(tmp_path / "t")
+    first = change_table([(1, "a", 1, "insert"), (2, "b", 2, "insert"), (3, "c", 3, "insert")])
+    apply_batch(target, first, ["id"], app_id="q", batch_id=0, mode=mode)
+    apply_batch(
+        target, change_table([(3, "c2", 4, "update")]), ["id"], app_id="q", batch_id=1, mode=mode
+    )
+    defaults = {
+        "level": 7,
+        "note": "it's new",
+        "total": Decimal("1.50"),
+        "since": datetime(2024, 5, 6, 7, 8, 9, 123456, tzinfo=timezone.utc),
+        "flag": True,
+    }
+    # 1: an older change (a replay) matches the row but does not replace it
+    wider = change_table([(2, "b2", 5, "update"), (4, "d", 6, "insert"), (1, "old", 0, "update")])
+    for name, value in defaults.items():
+        kind = pa.decimal128(12, 2) if name == "total" else None
+        wider = wider.append_column(name, pa.array([None, value, None], kind))
+    wider = wider.set_column(
+        wider.schema.get_field_index("since"), "since",
+        wider.column("since").cast(pa.timestamp("us", tz="UTC")),
+    )  # fmt: skip
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=2, mode=mode, defaults=defaults)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table().to_pylist()
+    current = {r["id"]: r for r in found if r.get(rows.CURRENT, True)}
+    for key in (1, 3, 4):  # untouched rows, and the change that holds the value
+        assert {n: current[key][n] for n in defaults} == defaults, key
+    assert {n: current[2][n] for n in defaults} == dict.fromkeys(defaults)  # the change's
+    if mode == "scd2":  # a version closed before the column existed keeps NULL; one
+        closed = {r["name"]: r["level"] for r in found if not r[rows.CURRENT]}
+        assert closed == {"c": None, "b": 7}  # current until this batch held the default
+    # a later batch leaves the column alone
+    apply_batch(
+        target, wider.slice(0, 1), ["id"], app_id="q", batch_id=3, mode=mode, defaults=defaults
+    )
+    assert {r["id"]: r["name"] for r in found if r.get(rows.CURRENT, True)}[1] == "a"
+    after = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert {r["id"]: r["level"] for r in after if r.get(rows.CURRENT, True)}[1] == 7
+
+
+def test_a_crash_after_a_defaulted_column_was_added_fills_it_on_the_replay(
+    tmp_path: Path,
+) -> None:
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    wider = change_table([(2, "b", 2, "insert")]).append_column("level", pa.array([3]))
+    from replog.tables import delta
+
+    real = delta._merge
+
+    def crash(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("killed before the merge's commit")
+
+    delta._merge = crash  # type: ignore[assignment]
+    try:
+        with pytest.raises(RuntimeError, match="killed"):
+            apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"level": 9})
+    finally:
+        delta._merge = real  # type: ignore[assignment]
+    table = open_table(target, None)
+    assert table is not None and "level" in table.schema().to_arrow().names  # type: ignore[attr-defined]
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"level": 9})
+    assert {k: v for k, v in _levels(target).items()} == {1: 9, 2: 3}
+    later = change_table([(1, "a", 5, "update")])
+    later = later.append_column("level", pa.array([None], pa.int64()))
+    # filled once: a later batch's untouched rows keep what they hold
+    apply_batch(target, later, ["id"], app_id="q", batch_id=2, defaults={"level": 9})
+    assert _levels(target) == {1: None, 2: 3}
+
+
+def _levels(target: str) -> dict[int, Any]:
+    table = open_table(target, None)
+    assert table is not None
+    return {r["id"]: r["level"] for r in table.to_pyarrow_table().to_pylist()}
+
+
+def test_a_default_of_a_type_no_literal_holds_leaves_the_rows_null(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A default of a list column: no SQL literal is written for it; the batch applies and
+    the earlier rows keep NULL, with a warning naming the column."""
+    target = str(tmp_path / "t")
+    apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
+    wider = change_table([(2, "b", 2, "insert")]).append_column(
+        "tags", pa.array([["x"]], pa.list_(pa.string()))
+    )
+    apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"tags": ["new"]})
+    found = {r["id"]: r["tags"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    assert found == {1: None, 2: ["x"]}
+    assert "column 'tags'" in caplog.text

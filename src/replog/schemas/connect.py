@@ -146,6 +146,9 @@ class Column:
     numeric: bool = False
     """A decimal of ``replog capture`` (``decimal.format: NUMERIC``): a string is a value
     no decimal holds (``NaN``), not base64."""
+    default: Any = None
+    """The schema's ``default`` (its stored JSON form): what a row written before the
+    column existed reads (PostgreSQL's ``ADD COLUMN ... DEFAULT``); None: NULL."""
 
     @property
     def structured(self) -> bool:
@@ -195,7 +198,18 @@ def _decimal_column(
     return Column(field, arrow, kind, DECIMAL, optional, scale, numeric=numeric)
 
 
-def column(schema: Mapping[str, Any], name: str | None = None) -> Column:  # noqa: PLR0911
+def column(schema: Mapping[str, Any], name: str | None = None) -> Column:
+    """The column a Connect (field) schema describes, with its ``default``.
+
+    Raises:
+        InvalidEventError: the schema names no known Connect type.
+    """
+    found = _column(schema, name)
+    default = schema.get("default")
+    return found if default is None else replace(found, default=default)
+
+
+def _column(schema: Mapping[str, Any], name: str | None = None) -> Column:  # noqa: PLR0911
     """The column a Connect (field) schema describes.
 
     Raises:

@@ -15,25 +15,22 @@ Debezium. Both run the core mapping of :mod:`replog.debezium` in Python UDFs: pa
 keep their exact text.
 
 ``apply_changes`` returns a ``foreachBatch`` function that merges the source's changes
-into a Delta table exactly once (:mod:`replog.tables.delta`).
+into Delta tables exactly once (:mod:`replog.spark.apply`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
-from pyspark import SparkContext
 from pyspark.sql import Column, DataFrame, Row
 from pyspark.sql import functions as F
-from pyspark.sql.types import StringType, StructType, TimestampType
+from pyspark.sql.types import StructType
 
 from replog import debezium
-from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
+from replog.spark.apply import apply_changes
 from replog.spark.typed import typed
-from replog.tables import changes as rows
-from replog.tables.delta import already_applied, apply_batch
 
 __all__ = ["apply_changes", "from_debezium", "parse_payload", "to_debezium", "typed"]
 
@@ -265,161 +262,3 @@ def parse_payload(
         return F.from_json(source.cast("string"), schema)  # from_json refuses
     given = {str(name): str(value) for name, value in options.items()}
     return F.from_json(source.cast("string"), schema, given)
-
-
-_EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
-
-
-def _changes(batch: DataFrame, keys: tuple[str, ...], schema: StructType | str | None) -> DataFrame:
-    """The source's rows as a batch of changes: ``data``'s fields plus the bookkeeping
-    columns of :mod:`replog.tables.changes`."""
-    absent = [c for c in _EVENT_COLUMNS if c not in batch.columns]
-    if absent:
-        raise InvalidOptionError(
-            f"apply_changes: the micro-batch lacks the replog source's columns {absent} "
-            f"(columns: {batch.columns})"
-        )
-    payload = batch.schema["data"].dataType
-    if isinstance(payload, StructType):
-        row = F.col("data")  # typed already (parse_payload, typed)
-    elif schema is None:
-        raise InvalidOptionError(
-            "apply_changes: 'data' is a JSON payload: give schema= (a DDL string or a "
-            "StructType of the row) or type it first (parse_payload)"
-        )
-    else:
-        row = parse_payload("data", schema, {"mode": "FAILFAST"})
-    frame = batch.select(
-        row.alias("__row"),
-        F.col("shard").alias(rows.SHARD),
-        F.col("sequence").alias(rows.SEQUENCE),
-        F.col("operation").alias(rows.OPERATION),
-        F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
-        _unsent(batch).alias(rows.UNSENT),
-        (
-            F.col("collection") if "collection" in batch.columns else F.lit(None).cast("string")
-        ).alias(rows.COLLECTION),
-    )
-    fields = frame.schema["__row"].dataType
-    assert isinstance(fields, StructType)
-    rows.check_columns(fields.names, keys)
-    return frame.select("__row.*", *rows.CHANGE_COLUMNS, rows.UNSENT, rows.COLLECTION)
-
-
-def _unsent(batch: DataFrame) -> Column:
-    """The columns each event did not send (``metadata.unavailable``, as ``replog capture
-    postgres`` lists unchanged TOASTed columns): an empty list when it names none."""
-    if "metadata" not in batch.columns:
-        return F.array().cast("array<string>")
-    listed = F.get_json_object(F.col("metadata").cast("string"), "$.unavailable")
-    return F.coalesce(F.from_json(listed, "array<string>"), F.array().cast("array<string>"))
-
-
-def _latest_per_key(frame: DataFrame, keys: tuple[str, ...]) -> DataFrame:
-    """The last change per key (by position), as the driver collects it for scd1. A column
-    the last change did not send (Debezium's placeholder text for an unchanged TOASTed
-    column, or named in ``metadata.unavailable``) takes the key's last value that was sent
-    (the core takes the table's when the batch has none, and keeps the column in
-    :data:`~replog.tables.changes.UNSENT`: :func:`replog.tables.delta.apply_batch`)."""
-    position = [F.col(c) for c in rows.POSITION]
-    unsent = F.col(rows.UNSENT)
-    values = [
-        field
-        for field in frame.schema.fields
-        if field.name not in keys and not field.name.startswith("__")
-    ]
-    aggregates, sent_any = [], []
-    for number, field in enumerate(values):
-        value = F.col(field.name)
-        sent = ~F.array_contains(unsent, F.lit(field.name))
-        if isinstance(field.dataType, StringType):
-            sent = sent & ~value.eqNullSafe(F.lit(rows.UNAVAILABLE))
-        aggregates.append(F.max_by(value, F.struct(sent, *position)).alias(f"__sent{number}"))
-        aggregates.append(F.max(sent).alias(f"__any{number}"))
-        sent_any.append(F.when(~F.col(f"__any{number}"), F.lit(field.name)))
-    reduced = frame.groupBy(*keys, rows.COLLECTION).agg(  # two collections' keys both kept
-        F.max_by(F.struct(*frame.columns), F.struct(*position)).alias("__last"), *aggregates
-    )
-    index = {field.name: number for number, field in enumerate(values)}
-    return reduced.select(
-        *[
-            F.col(f"__sent{index[name]}").alias(name)
-            if name in index
-            else F.array_compact(F.array(*sent_any)).cast("array<string>").alias(name)
-            if name == rows.UNSENT
-            else F.col("__last").getField(name).alias(name)
-            for name in frame.columns
-        ]
-    )
-
-
-def _query_id() -> str | None:
-    """The id of the streaming query running this ``foreachBatch`` call: its checkpoint
-    keeps it, so a replaced checkpoint reusing an ``app_id`` is refused rather than its
-    batches skipped as applied. None outside a query, and with Spark Connect (no context
-    in this process: the check is off)."""
-    context = SparkContext._active_spark_context
-    return None if context is None else context.getLocalProperty("sql.streaming.queryId")
-
-
-def apply_changes(
-    target: str,
-    keys: Sequence[str] | str,
-    *,
-    app_id: str,
-    mode: str = "scd1",
-    schema: StructType | str | None = None,
-    collection: str | None = None,
-    storage_options: dict[str, str] | None = None,
-) -> Callable[[DataFrame, int], None]:
-    """A ``foreachBatch`` function that applies the replog source's changes to the Delta
-    table at ``target``, exactly once::
-
-        (spark.readStream.format("replog").load(url)
-           .writeStream.foreachBatch(apply_changes("/tables/orders", ["id"], app_id="orders",
-                                                   schema="id long, total decimal(38, 9)"))
-           .option("checkpointLocation", chk).start())
-
-    The row is ``data`` (typed by ``schema``, or a struct already); ``keys`` are its key
-    columns. ``mode="scd1"`` keeps the latest row per key (deletes remove it); ``"scd2"``
-    keeps every version (``__valid_from``, ``__valid_to``, ``__current``). Each micro-batch
-    is one Delta commit carrying ``(app_id, batch_id)``: a replayed batch is skipped
-    before any of it is computed or collected. Give a new checkpoint a new ``app_id``.
-    ``collection`` keeps that collection's events only.
-    The micro-batch is reduced in Spark (latest per key for scd1) and then collected to
-    the driver: its memory is bounded by the source's ``maxEventsPerTrigger``.
-    ``storage_options`` are delta-rs's (``AWS_ENDPOINT_URL``, ...).
-    """
-    wanted = rows.check_keys(keys)
-    rows.check_mode(mode)
-    if not isinstance(app_id, str) or not app_id:
-        raise InvalidOptionError(
-            f"apply_changes: app_id must be a non-empty string, got {app_id!r}"
-        )
-    if isinstance(schema, StructType):
-        rows.check_columns(schema.names, wanted)
-
-    def apply(batch: DataFrame, batch_id: int) -> None:
-        writer = _query_id()
-        if already_applied(target, app_id, batch_id, storage_options, writer):
-            return  # a replay: no Spark job, nothing collected (apply_batch checks again)
-        if collection is not None:
-            batch = batch.where(F.col("collection") == F.lit(collection))
-        frame = _changes(batch, wanted, schema)
-        if mode == "scd1":  # reduced in Spark: the driver gets one change per key
-            frame = _latest_per_key(frame, wanted)
-        changes = frame.toArrow()
-        crash_point("apply_before_delta", batch_id)
-        apply_batch(
-            target,
-            changes,
-            wanted,
-            app_id=app_id,
-            batch_id=batch_id,
-            mode=mode,
-            storage_options=storage_options,
-            writer=writer,
-        )
-        crash_point("apply_after_delta", batch_id)
-
-    return apply

@@ -22,6 +22,7 @@ dates, times and timestamps are ``try_cast``: NULL for ``infinity``, never a fai
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -376,7 +377,8 @@ def typed(
 
     Returns the event columns with ``data`` (the row: ``after``, or ``before`` for a
     delete), ``after`` and ``before`` as structs of the union of every registered version
-    (a column a later version added is null in earlier rows).
+    (a column a later version added is null in earlier rows, or the later version's
+    ``default`` when it gives one: PostgreSQL's ``ADD COLUMN ... DEFAULT``).
 
     Raises:
         InvalidOptionError: no schema of ``collection`` is registered.
@@ -406,12 +408,40 @@ def typed(
     rows = frame.where(F.col("collection") == F.lit(collection))
     after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
     known = _known_versions(frame, collection, [version.digest for version in found])
+    filled = _defaults(frame, found, columns)
     return rows.select(
         *[F.col(name) for name in frame.columns if name not in ("data", "before")],
-        known(typed_payload(F.col("data"), columns)).alias("data"),
-        known(typed_payload(after, columns)).alias("after"),
-        known(typed_payload(F.col("before"), columns)).alias("before"),
+        known(filled(typed_payload(F.col("data"), columns))).alias("data"),
+        known(filled(typed_payload(after, columns))).alias("after"),
+        known(filled(typed_payload(F.col("before"), columns))).alias("before"),
     )
+
+
+def _defaults(
+    frame: DataFrame, found: Sequence[registry.SchemaVersion], columns: Sequence[connect.Column]
+) -> Callable[[Column], Column]:
+    """A typed payload of an event whose schema version (``metadata.schema``) lacks a
+    column that a later version gives a ``default`` reads the default: the row was written
+    before the column existed (PostgreSQL's ``ADD COLUMN ... DEFAULT``), and holds it."""
+    if "metadata" not in frame.columns:
+        return lambda payload: payload
+    version = F.get_json_object(F.col("metadata").cast("string"), "$.schema")
+    fills = []
+    for c in columns:
+        if c.default is None:
+            continue
+        lacking = [v.digest for v in found if c.name not in {x.name for x in v.columns()}]
+        if lacking:
+            wire = StructType([StructField(c.name, wire_type(c))])
+            parsed = F.from_json(F.lit(json.dumps({c.name: c.default})), wire)
+            fills.append((c.name, version.isin(*lacking), _convert(c, parsed[c.name])))
+
+    def filled(payload: Column) -> Column:
+        for name, before_column, value in fills:
+            payload = payload.withField(name, F.when(before_column, value).otherwise(payload[name]))
+        return payload
+
+    return filled
 
 
 def _known_versions(

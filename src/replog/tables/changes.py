@@ -11,7 +11,10 @@ two positions the same way everywhere (in a batch and against the table).
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
+from datetime import timezone
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -69,7 +72,7 @@ def check_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
             f"apply_changes: keys {missing} are not columns of the changes' rows "
             f"(columns: {[c for c in columns if c not in CHANGE_COLUMNS]})"
         )
-    bookkeeping = (*CHANGE_COLUMNS, UNSENT, COLLECTION)
+    bookkeeping = (*CHANGE_COLUMNS, UNSENT, COLLECTION, OLD_KEY)
     clashing = [c for c in columns if c.startswith("__") and c not in bookkeeping]
     if clashing:
         raise InvalidOptionError(
@@ -141,9 +144,12 @@ def newer_sql(source: str = "s", target: str = "t") -> str:
     )
 
 
-def after_positions(changes: pa.Table, positions: pa.Table, keys: Sequence[str]) -> pa.Table:
+def after_positions(
+    changes: pa.Table, positions: pa.Table, keys: Sequence[str], *, inclusive: bool = False
+) -> pa.Table:
     """The changes newer than their key's position in ``positions`` (keys + position,
-    one row per key); keys absent from ``positions`` keep all their changes."""
+    one row per key; ``inclusive``: or at it); keys absent from ``positions`` keep all
+    their changes."""
     if changes.num_rows == 0 or positions.num_rows == 0:
         return changes
     seen = positions.select([*keys, *POSITION]).rename_columns(
@@ -156,7 +162,10 @@ def after_positions(changes: pa.Table, positions: pa.Table, keys: Sequence[str])
         pc.is_null(seen_shard),
         pc.or_kleene(
             pc.greater(shard, seen_shard),
-            pc.and_kleene(pc.equal(shard, seen_shard), pc.greater(sequence, seen_sequence)),
+            pc.and_kleene(
+                pc.equal(shard, seen_shard),
+                (pc.greater_equal if inclusive else pc.greater)(sequence, seen_sequence),
+            ),
         ),
     )
     return joined.filter(newer).drop_columns(["__seen_shard", "__seen_sequence"])
@@ -176,7 +185,8 @@ def _is_text(kind: pa.DataType) -> bool:
 UNSENT = "__unavailable"
 """Optional bookkeeping column: per change, the names of the columns it did not send
 (``metadata.unavailable`` of a captured event), whatever their type; a typed value there
-(NULL for a numeric, bytes decoded from the placeholder text) is not the column's."""
+(NULL for a numeric, bytes decoded from the placeholder text) is not the column's. When
+given, it is taken as complete: a delete's values count where it does not name them."""
 
 
 def placeholders(changes: pa.Table, keys: Sequence[str]) -> dict[str, np.ndarray]:
@@ -208,12 +218,24 @@ Marks = dict[str, np.ndarray]
 """Per column, which rows of a batch hold no value of their own (:func:`placeholders`)."""
 
 
+OLD_KEY = "__old_key"
+"""Optional bookkeeping column: on the create of a key that an update changed (capture's
+``metadata.old_key``), the old key as the event's key text (``{"id":1}``): a column the
+create did not send (an unchanged TOASTed value) takes the old key's value."""
+
+
 def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, Marks]:
     """``changes`` with each value not sent (:func:`placeholders`) replaced by the value of
     the same column in the key's previous change of the batch (in log order), and the
-    marks of those left (a key's first change: the table holds its value,
-    :func:`fill_from_rows`). The rows come back sorted by key and position when any
-    change did not send a column."""
+    marks of those left. A delete sends no value (its row is an old image, often the key
+    only) unless :data:`UNSENT` is given (then it says what each change did not send: the
+    Spark layer lists a raw delete's every column, and a delete its reduction made holds
+    the key's last values sent), and a key's values start again at an insert: what came
+    before it belongs to an earlier life of the key. A row left is filled from elsewhere
+    by the caller: from the table's row of its key (:func:`fill_from_rows`) or, where its
+    life began with the create of a changed key, from the old key's (:data:`OLD_KEY`,
+    which comes back set on every row of that life). The rows come back sorted by key and
+    position when any change did not send a column."""
     marks = placeholders(changes, keys)
     if not marks:
         return changes, marks
@@ -229,10 +251,21 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
     index = np.arange(ordered.num_rows, dtype=np.int64)
     same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
     starts = np.concatenate([[True], ~same_next[:-1]])
+    operation = ordered.column(OPERATION)
+    starts |= pc.fill_null(pc.equal(operation, "insert"), False).to_numpy(zero_copy_only=False)
+    deletes = pc.fill_null(pc.equal(operation, DELETE), False).to_numpy(zero_copy_only=False)
+    if UNSENT in ordered.column_names:  # it names what each change did not send, deletes too
+        deletes = np.zeros(ordered.num_rows, dtype=bool)
+    if OLD_KEY in ordered.column_names:
+        old_key = ordered.column(OLD_KEY)
+        starts |= pc.is_valid(old_key).to_numpy(zero_copy_only=False)
     group_start = np.maximum.accumulate(np.where(starts, index, 0))
+    if OLD_KEY in ordered.column_names:  # each row of a life: the old key it began with
+        position = ordered.schema.get_field_index(OLD_KEY)
+        ordered = ordered.set_column(position, OLD_KEY, old_key.take(pa.array(group_start)))
     left = {}
     for name, unordered in marks.items():
-        marked = unordered[order]
+        marked = unordered[order] | deletes
         # the last row at or before each row that holds a value (not the placeholder)
         last_value = np.maximum.accumulate(np.where(marked, -1, index))
         found = marked & (last_value >= group_start)
@@ -246,13 +279,15 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
 
 def fill_from_rows(
     changes: pa.Table, marks: Marks, stored: pa.Table, keys: Sequence[str]
-) -> pa.Table:
+) -> tuple[pa.Table, np.ndarray]:
     """``changes`` with each value ``marks`` names replaced by the key's value in
-    ``stored`` (the table's rows: keys and columns, one row per key); keys or columns
-    ``stored`` lacks keep what the change holds."""
+    ``stored`` (the table's rows: keys and columns, one row per key), and which rows
+    ``stored`` holds a row for; keys or columns ``stored`` lacks keep what the change
+    holds."""
     columns = [name for name in marks if name in stored.column_names]
+    held = np.zeros(changes.num_rows, dtype=bool)
     if not columns or stored.num_rows == 0:
-        return changes
+        return changes, held
     stored = stored.select([*keys, *columns])
     for key in keys:  # joined on the changes' key types (a table's int32 id, int64 changes)
         position = stored.schema.get_field_index(key)
@@ -275,7 +310,21 @@ def fill_from_rows(
         take = np.where(marks[name] & (match >= 0), changes.num_rows + match, index)
         position = changes.schema.get_field_index(name)
         changes = changes.set_column(position, name, values.take(pa.array(take)))
-    return changes
+    return changes, match >= 0
+
+
+def parse_keys(texts: pa.Array, keys: Sequence[str], schema: pa.Schema) -> pa.Table | None:
+    """Event keys (their JSON text, ``{"id":1}``) as key columns of ``schema``'s types;
+    None when one does not parse or a value does not fit its column."""
+    values: dict[str, list[Any]] = {k: [] for k in keys}
+    try:
+        for text in texts.to_pylist():
+            found = json.loads(text)
+            for k in keys:
+                values[k].append(found[k])
+        return pa.table({k: pa.array(values[k]).cast(schema.field(k).type) for k in keys})
+    except (TypeError, KeyError, ValueError, pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
 
 
 def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:
@@ -391,6 +440,37 @@ def _lossless(original: pa.ChunkedArray, cast: pa.ChunkedArray) -> bool:
     back = cast.cast(original.type)
     same = pc.or_kleene(pc.equal(back, original), pc.and_(pc.is_nan(back), pc.is_nan(original)))
     return pc.all(same).as_py() is not False
+
+
+def sql_literal(value: Any, kind: pa.DataType) -> str:  # noqa: PLR0911 - one per type
+    """``value`` (of Arrow type ``kind``) as a delta-rs (DataFusion) SQL expression of
+    that type.
+
+    Raises:
+        SchemaChangeError: no literal of this type is written (nested types, NaN).
+    """
+    if value is None:
+        return "NULL"
+    if pa.types.is_boolean(kind):
+        return "TRUE" if value else "FALSE"
+    if pa.types.is_integer(kind):
+        return f"CAST({int(value)} AS BIGINT)"
+    if pa.types.is_floating(kind) and np.isfinite(value):
+        return f"CAST('{float(value)!r}' AS DOUBLE)"
+    if pa.types.is_decimal(kind):
+        return f"CAST('{value}' AS DECIMAL({kind.precision}, {kind.scale}))"
+    if _is_text(kind):
+        return "'" + str(value).replace("'", "''") + "'"
+    if pa.types.is_date(kind):
+        return f"CAST('{value.isoformat()}' AS DATE)"
+    if pa.types.is_timestamp(kind):
+        stamp = pa.scalar(value, kind).cast(pa.timestamp("us", tz=kind.tz)).as_py()
+        if kind.tz is not None:
+            stamp = stamp.astimezone(timezone.utc).replace(tzinfo=None)
+        return f"CAST('{stamp.isoformat()}' AS TIMESTAMP)"
+    raise SchemaChangeError(
+        str(kind), f"a default of type {kind} ({value!r}) cannot be written into the table's rows"
+    )
 
 
 def quoted(name: str) -> str:

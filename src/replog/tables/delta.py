@@ -14,6 +14,7 @@ replaced checkpoint) cannot roll a row back.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -24,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from replog.errors import InvalidOptionError
+from replog.errors import InvalidOptionError, SchemaChangeError
 from replog.tables import changes as rows
 from replog.tables.changes import (
     ACTION,
@@ -73,6 +74,11 @@ def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTabl
         return None
     return table
 
+
+TARGET_FILE_SIZE_KEY = "delta.targetFileSize"
+TARGET_FILE_SIZE = 32 * 1024 * 1024
+"""The ``delta.targetFileSize`` of the tables apply_changes creates (delta-rs's default
+is 100 MiB): the bytes a merge rewrites for one changed key (BENCHMARKS.md)."""
 
 APP_ID_INFO = "replog.appId"
 WRITER_INFO = "replog.writer"
@@ -152,6 +158,9 @@ def apply_batch(
     mode: str = "scd1",
     storage_options: dict[str, str] | None = None,
     writer: str | None = None,
+    target_file_size: int | None = TARGET_FILE_SIZE,
+    defaults: Mapping[str, Any] | None = None,
+    tombstones: bool = True,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -164,6 +173,18 @@ def apply_batch(
     ``writer`` names who numbers the batch ids (``apply_changes``: the streaming query's
     id, which its checkpoint keeps); it is recorded with the commit, and a batch id that
     another writer committed under ``app_id`` is an error rather than a skip.
+
+    ``target_file_size`` (bytes) is the ``delta.targetFileSize`` of a table this batch
+    creates: a merge rewrites each file holding a changed key whole (delta-rs writes no
+    deletion vectors), so it bounds what one change costs (docs/CDC.md, "Cost").
+
+    ``defaults`` (column -> value) are the values that rows written before a column
+    existed read (PostgreSQL's ``ADD COLUMN ... DEFAULT``): when a batch adds such a
+    column, the table's rows (scd2: its current versions) get it.
+
+    ``tombstones`` (scd1): each deleted key's position is kept beside the table
+    (:func:`tombstones_location`), so an older change of a deleted key (a replay under
+    a new ``app_id``) never brings it back.
     """
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
@@ -183,21 +204,17 @@ def apply_batch(
     plan = _MODES[mode]
     changes = _keys_as_in(table, changes, keys)
     changes = _fill_unavailable(table, changes, keys)
-    if rows.UNSENT in changes.column_names:
-        changes = changes.drop_columns([rows.UNSENT])
+    changes = changes.drop_columns(
+        [c for c in (rows.UNSENT, rows.OLD_KEY) if c in changes.column_names]
+    )
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
-    if source.num_rows == 0:  # scd2: every change at or before its key's row
-        metrics: dict[str, Any] = {}
-    elif table is None:
-        initial = source.filter(plan.initial).drop_columns([plan.marker])
-        metrics = _create(target, initial, commit, storage_options)
-    else:
+    options = _Options(app_id, batch_id, storage_options, target_file_size, defaults)
+    if table is not None:  # an incompatible type is refused before anything is written
         source = rows.align(source, table_schema(table))
-        values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
-        on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
-        predicate, clauses = plan.rules(on, values)
-        metrics = _merge(table, source, predicate, clauses, commit)
+    if mode == "scd1" and tombstones:
+        source = _after_tombstones(target, source, keys, options)
+    metrics = _write(target, table, source, keys, plan=plan, commit=commit, options=options)
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
@@ -207,26 +224,203 @@ def apply_batch(
     return Applied(batch_id, False, changes.num_rows, version, metrics)
 
 
-def _create(
-    target: str, data: pa.Table, commit: Any, storage_options: dict[str, str] | None
+def _write(
+    target: str,
+    table: DeltaTable | None,
+    source: pa.Table,
+    keys: Sequence[str],
+    *,
+    plan: _Mode,
+    commit: Any,
+    options: _Options,
 ) -> dict[str, Any]:
+    """Write a batch's merge source in one commit: the rows of a new table, an append of
+    rows whose keys no file can hold, else a merge (which also gives the rows already in
+    the table a new column's default: :func:`_defaults_to_fill`)."""
+    if source.num_rows == 0:  # scd2: every change at or before its key's row
+        return {}
+    if table is None:
+        initial = source.filter(plan.initial).drop_columns([plan.marker])
+        return _create(target, initial, commit, options)
+    source = rows.align(source, table_schema(table))
+    fill = _defaults_to_fill(table, source, options)
+    if not fill and _no_key_held(table, source, keys):  # a snapshot's chunk of new keys
+        return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
+    values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
+    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+    predicate, clauses = plan.rules(on, values, fill)
+    return _merge(table, source, predicate, clauses, commit)
+
+
+FILL_INFO = "replog.fill"
+"""Field metadata of a column added with a default: ``{"app_id", "batch_id", "sql"}``, the
+batch whose merge gives the table's earlier rows the default (SQL ``sql``)."""
+
+
+def _defaults_to_fill(table: DeltaTable, source: pa.Table, options: _Options) -> dict[str, str]:
+    """Column -> SQL default for the rows already in ``table``: the columns ``source``
+    adds that have a default, and those a batch added without its merge committing (a
+    crash between the two commits). A column with a default is first added on its own,
+    its field metadata naming the batch that fills it (delta-rs leaves a column a merge
+    adds NULL in rows no source row matched, whatever a clause sets)."""
+    schema = table_schema(table)
+    fill: dict[str, str] = {}
+    for field in schema:
+        pending = (field.metadata or {}).get(FILL_INFO.encode())
+        if pending is None:
+            continue
+        note = json.loads(pending)
+        done = table.transaction_version(note["app_id"])
+        if done is None or done < note["batch_id"]:
+            fill[quoted(field.name)] = str(note["sql"])
+    added = []
+    for name, value in (options.defaults or {}).items():
+        if value is None or name not in source.column_names or name in schema.names:
+            continue
+        kind = source.schema.field(name).type
+        try:
+            sql = rows.sql_literal(value, kind)
+        except SchemaChangeError as exc:  # the rows keep NULL, as before defaults were read
+            logger.warning("apply_changes: column %r: %s; its earlier rows stay NULL", name, exc)
+            continue
+        note = {"app_id": options.app_id, "batch_id": options.batch_id, "sql": sql}
+        added.append(pa.field(name, kind, metadata={FILL_INFO: json.dumps(note)}))
+    if added:
+        empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
+        _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
+        table.update_incremental()
+        for field in added:
+            fill[quoted(field.name)] = json.loads(field.metadata[FILL_INFO.encode()])["sql"]
+        logger.info("apply_changes: columns %s added, defaults filled", [f.name for f in added])
+    return fill
+
+
+def _create(target: str, data: pa.Table, commit: Any, options: _Options) -> dict[str, Any]:
     # Nullable columns, whatever the source said: a later batch (or schema evolution)
     # must not fail a NOT NULL check on columns it lacks, and a merge into NOT NULL
     # columns (as Spark gives shard and sequence) failed delta-rs 1.6's null check on
     # rows it only copied (seen with SCD2's close updates).
     data = data.cast(pa.schema([field.with_nullable(True) for field in data.schema]))
+    size = options.target_file_size
+    configuration = {} if size is None else {TARGET_FILE_SIZE_KEY: str(size)}
     _deltalake().write_deltalake(
-        target, data, mode="error", commit_properties=commit, storage_options=storage_options
+        target,
+        data,
+        mode="error",
+        configuration=configuration,
+        commit_properties=commit,
+        storage_options=options.storage_options,
     )
     return {"num_target_rows_inserted": data.num_rows}
 
 
-class Clause(NamedTuple):
-    """One clause of a merge: ``delete`` or ``update`` a matched row, or ``insert`` a
-    source row no row matched; when ``condition`` holds (None: always), setting
-    ``values`` (column -> SQL expression)."""
+def _append(table: DeltaTable, data: pa.Table, commit: Any) -> dict[str, Any]:
+    """Append ``data`` (rows of keys the table does not hold) in one commit."""
+    _deltalake().write_deltalake(
+        table, data, mode="append", schema_mode="merge", commit_properties=commit
+    )
+    return {"num_target_rows_inserted": data.num_rows, "appended": True}
 
-    when: Literal["delete", "update", "insert"]
+
+def _no_key_held(table: DeltaTable, source: pa.Table, keys: Sequence[str]) -> bool:
+    """Whether no file of ``table`` can hold a key of ``source``: the range of the first
+    key column in the batch lies outside every file's range of it (the file statistics
+    the merge itself prunes by). Integer and text keys only; a file without statistics
+    for the column counts as holding every key."""
+    key = keys[0]
+    kind = source.schema.field(key).type
+    if not (
+        pa.types.is_integer(kind) or pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    ):
+        return False
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return True
+    low_name, high_name = f"min.{key}", f"max.{key}"
+    if low_name not in files.column_names or high_name not in files.column_names:
+        return False
+    lows, highs = files.column(low_name), files.column(high_name)
+    if lows.null_count or highs.null_count:
+        return False
+    span = pc.min_max(source.column(key))
+    low, high = span["min"].as_py(), span["max"].as_py()
+    overlaps = pc.and_(
+        pc.less_equal(lows, pa.scalar(high, lows.type)),
+        pc.greater_equal(highs, pa.scalar(low, highs.type)),
+    )
+    return not pc.any(overlaps).as_py()
+
+
+@dataclass(frozen=True)
+class _Options:
+    """What a batch's writes need besides its rows."""
+
+    app_id: str
+    batch_id: int
+    storage_options: dict[str, str] | None
+    target_file_size: int | None
+    defaults: Mapping[str, Any] | None
+
+
+TOMBSTONES = "_replog_tombstones"
+
+
+def tombstones_location(target: str) -> str:
+    """Where scd1 keeps deleted keys' positions: a Delta table of keys and positions in
+    the target's folder (a name starting ``_``, which readers of the target and
+    ``VACUUM`` leave alone)."""
+    return f"{target.rstrip('/')}/{TOMBSTONES}"
+
+
+def _after_tombstones(
+    target: str, source: pa.Table, keys: Sequence[str], options: _Options
+) -> pa.Table:
+    """``source`` (scd1: the latest change per key) without the changes older than their
+    key's delete, and the batch's deletes recorded, in their own commit carrying the
+    batch's transaction, before the table's: a crash between the two leaves tombstones
+    of deletes not yet applied, which a change at the tombstone's own position (the
+    delete replayed) still passes."""
+    location = tombstones_location(target)
+    graves = open_table(location, options.storage_options)
+    if graves is not None and source.num_rows:
+        seen = _stored_rows(graves, source, keys, POSITION)
+        for key in keys:
+            seen = seen.set_column(
+                seen.schema.get_field_index(key), key,
+                seen.column(key).cast(source.schema.field(key).type),
+            )  # fmt: skip
+        source = rows.after_positions(source, seen, keys, inclusive=True)
+    deletes = source.filter(pc.field(OPERATION) == DELETE).select([*keys, *POSITION])
+    if deletes.num_rows == 0:
+        return source
+    if (
+        graves is not None
+        and (graves.transaction_version(options.app_id) or -1) >= options.batch_id
+    ):
+        return source  # recorded before a crash
+    commit = _commit(options.app_id, options.batch_id, None)
+    deletes = deletes.cast(pa.schema([f.with_nullable(True) for f in deletes.schema]))
+    if graves is None:
+        _deltalake().write_deltalake(
+            location, deletes, mode="error", commit_properties=commit,
+            storage_options=options.storage_options,
+        )  # fmt: skip
+        return source
+    values = {quoted(c): f"s.{quoted(c)}" for c in deletes.column_names}
+    on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
+    _merge(
+        graves, rows.align(deletes, table_schema(graves)), on,
+        [Clause("update", rows.newer_sql(), values), Clause("insert", None, values)], commit,
+    )  # fmt: skip
+    return source
+
+
+class Clause(NamedTuple):
+    """One clause of a merge: ``delete`` or ``update`` a matched row, ``insert`` a source
+    row no row matched, or update a row no source row matched (``unmatched``); when
+    ``condition`` holds (None: always), setting ``values`` (column -> SQL expression)."""
+
+    when: Literal["delete", "update", "insert", "unmatched"]
     condition: str | None
     values: Mapping[str, str]
 
@@ -241,6 +435,9 @@ def _merge(
         source_alias="s",
         target_alias="t",
         merge_schema=True,
+        # the source in memory (one micro-batch): delta-rs then prunes the table's files by
+        # the source's key range (a streamed source reads every file of the table)
+        streamed_exec=False,
         commit_properties=commit,
     )
     for clause in clauses:
@@ -248,6 +445,8 @@ def _merge(
             merger = merger.when_matched_delete(clause.condition)
         elif clause.when == "update":
             merger = merger.when_matched_update(dict(clause.values), clause.condition)
+        elif clause.when == "unmatched":
+            merger = merger.when_not_matched_by_source_update(dict(clause.values), clause.condition)
         else:
             merger = merger.when_not_matched_insert(dict(clause.values), clause.condition)
     metrics: dict[str, Any] = merger.execute()
@@ -259,15 +458,21 @@ def _scd1_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str
     return rows.latest_per_key(changes, keys).drop_columns([TIMESTAMP])
 
 
-def _scd1_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
-    """A key's latest change replaces or deletes its row, if newer than the row."""
+def _scd1_rules(
+    on: str, values: Mapping[str, str], fill: Mapping[str, str]
+) -> tuple[str, list[Clause]]:
+    """A key's latest change replaces or deletes its row, if newer than the row; ``fill``
+    (column -> SQL value) sets a new column's default in the rows no change replaces."""
     newer = rows.newer_sql()
     is_delete = f"s.{OPERATION} = '{DELETE}'"
-    return on, [
+    clauses = [
         Clause("delete", f"{is_delete} AND {newer}", {}),
         Clause("update", f"NOT ({is_delete}) AND {newer}", values),
         Clause("insert", f"NOT ({is_delete})", values),
     ]
+    if fill:
+        clauses += [Clause("update", None, fill), Clause("unmatched", None, fill)]
+    return on, clauses
 
 
 def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -288,19 +493,91 @@ def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]
 def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     """``changes`` with each value not sent (Debezium's placeholder for an unchanged TOASTed
     column, or a column :data:`~replog.tables.changes.UNSENT` names) replaced by the key's
-    value: from its previous change in the batch, else from the table's (current) row. A
-    key the table does not hold keeps what the change holds: its value is not known."""
+    value: from its previous change in the batch, else from the table's (current) row; the
+    create of a changed key (:data:`~replog.tables.changes.OLD_KEY`) takes the old key's
+    value instead. A key the table does not hold keeps what the change holds: its value is
+    not known."""
     changes, marks = rows.fill_unavailable(changes, keys)
-    if table is None or not marks:
+    if not marks:
         return changes
-    schema = table_schema(table)
-    columns = [name for name in marks if name in schema.names]
+    current_only = table is not None and CURRENT in table_schema(table).names
+    deletes = pc.fill_null(pc.equal(changes.column(OPERATION), DELETE), False).to_numpy(
+        zero_copy_only=False
+    )
+    moved = np.zeros(changes.num_rows, dtype=bool)
+    if rows.OLD_KEY in changes.column_names:
+        moved = pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
+        changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
+    if table is None:
+        return changes
+    # a delete needs no value; a changed key's own row (if any) is of an earlier life
+    own = {name: marked & ~deletes & ~moved for name, marked in marks.items()}
+    own = {name: marked for name, marked in own.items() if marked.any()}
+    columns = [name for name in own if name in table_schema(table).names]
     if not columns:
         return changes
-    marked = changes.filter(pa.array(np.logical_or.reduce(list(marks.values()))))
-    # scd2: the version a change follows is the current one
-    stored = _stored_rows(table, marked, keys, columns, current_only=CURRENT in schema.names)
-    return rows.fill_from_rows(changes, marks, stored, keys)
+    marked_rows = changes.filter(pa.array(np.logical_or.reduce([own[c] for c in columns])))
+    stored = _stored_rows(table, marked_rows, keys, columns, current_only=current_only)
+    return rows.fill_from_rows(changes, own, stored, keys)[0]
+
+
+def _fill_from_old_keys(
+    table: DeltaTable | None,
+    changes: pa.Table,
+    marks: rows.Marks,
+    keys: Sequence[str],
+    sources: np.ndarray,
+) -> tuple[pa.Table, rows.Marks]:
+    """Fill the values a changed key's create did not send (its rows are marked, and carry
+    :data:`~replog.tables.changes.OLD_KEY`) with the old key's: its delete in the batch
+    (``sources``: the deletes, which the batch fill gave the key's last value sent), else
+    the table's row of the old key. Returns the changes and the marks still left."""
+    deletes_ops = pc.fill_null(pc.equal(changes.column(OPERATION), DELETE), False)
+    waiting = np.logical_or.reduce(list(marks.values())) & ~deletes_ops.to_numpy(
+        zero_copy_only=False
+    )
+    waiting &= pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
+    needing = np.flatnonzero(waiting)
+    if not len(needing):
+        return changes, marks
+    old = rows.parse_keys(changes.column(rows.OLD_KEY).take(needing), keys, changes.schema)
+    if old is None:
+        logger.warning("apply_changes: an old key (metadata.old_key) does not parse: %s", keys)
+        return changes, marks
+    columns = list(marks)
+    proxy = old
+    for name in columns:
+        proxy = proxy.append_column(name, changes.column(name).take(needing))
+    proxy_marks = {name: marks[name][needing] for name in columns}
+    # the old key's delete in the batch (its last one), holding the key's last value sent
+    candidates = np.flatnonzero(sources)
+    if len(candidates):
+        deleted = changes.take(candidates).append_column(
+            "__candidate", pa.array(candidates, pa.int64())
+        )
+        last = rows.latest_per_key(deleted, keys)
+        chosen = last.column("__candidate").to_numpy()
+        for name in columns:
+            known = last.filter(pa.array(~marks[name][chosen])).select([*keys, name])
+            proxy, held = rows.fill_from_rows(proxy, {name: proxy_marks[name]}, known, keys)
+            proxy_marks[name] = proxy_marks[name] & ~held
+    if table is not None and any(m.any() for m in proxy_marks.values()):
+        current_only = CURRENT in table_schema(table).names
+        present = [name for name in columns if name in table_schema(table).names]
+        stored = _stored_rows(table, proxy, keys, present, current_only=current_only)
+        proxy, held = rows.fill_from_rows(proxy, proxy_marks, stored, keys)
+        proxy_marks = {name: m & ~held if name in present else m for name, m in proxy_marks.items()}
+    for name in columns:
+        full = changes.column(name).combine_chunks()
+        take = np.arange(changes.num_rows, dtype=np.int64)
+        values = pa.concat_arrays([full, proxy.column(name).combine_chunks().cast(full.type)])
+        take[needing] = changes.num_rows + np.arange(len(needing))
+        changes = changes.set_column(
+            changes.schema.get_field_index(name), name, values.take(pa.array(take))
+        )
+        marks[name] = marks[name].copy()
+        marks[name][needing] = proxy_marks[name]
+    return changes, marks
 
 
 def _stored_rows(
@@ -314,10 +591,25 @@ def _stored_rows(
     """The table's ``keys`` and ``columns`` of the rows whose first key column is one of
     the changes' (a superset of their keys' rows, narrowed by the caller's join), read with
     that filter pushed down to the files' statistics."""
-    wanted = ds.field(keys[0]).isin(pc.unique(changes.column(keys[0])))
+    dataset = table.to_pyarrow_dataset()
+    kind = dataset.schema.field(keys[0]).type
+    values = pc.unique(changes.column(keys[0])).cast(kind)
+    wanted = ds.field(keys[0]).isin(values)
     if current_only:
         wanted = wanted & (ds.field(CURRENT) == True)  # noqa: E712 - an expression
-    return table.to_pyarrow_dataset().to_table(columns=[*keys, *columns], filter=wanted)
+    # the files by their statistics (the Delta log's), then the rows in memory: a filter
+    # pushed into the files' row groups fails on text a merge wrote as string_view
+    files = list(dataset.get_fragments(filter=wanted))
+    if not files:
+        return dataset.schema.empty_table().select([*keys, *columns])
+    chosen = ds.FileSystemDataset(
+        files, schema=dataset.schema, format=dataset.format, filesystem=dataset.filesystem
+    )
+    read = chosen.to_table(columns=[*keys, *columns, *([CURRENT] if current_only else [])])
+    keep = pc.is_in(read.column(keys[0]).cast(kind), value_set=values)
+    if current_only:
+        keep = pc.and_kleene(keep, pc.equal(read.column(CURRENT), True))
+    return read.filter(keep).select([*keys, *columns])
 
 
 def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -340,12 +632,19 @@ def _scd2_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str
     return rows.scd2_rows(changes, keys)
 
 
-def _scd2_rules(on: str, values: Mapping[str, str]) -> tuple[str, list[Clause]]:
-    """A ``close`` row ends its key's current version; ``insert`` rows add versions."""
-    return f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'", [
-        Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false"}),
+def _scd2_rules(
+    on: str, values: Mapping[str, str], fill: Mapping[str, str]
+) -> tuple[str, list[Clause]]:
+    """A ``close`` row ends its key's current version; ``insert`` rows add versions;
+    ``fill`` sets a new column's default in the current versions (a closed one ended
+    before the column existed)."""
+    clauses = [
+        Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false", **fill}),
         Clause("insert", f"s.{ACTION} = 'insert'", values),
     ]
+    if fill:
+        clauses.append(Clause("unmatched", f"t.{CURRENT}", fill))
+    return f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'", clauses
 
 
 @dataclass(frozen=True)
@@ -357,7 +656,7 @@ class _Mode:
     source: Callable[[DeltaTable | None, pa.Table, Sequence[str]], pa.Table]
     marker: str
     initial: pc.Expression
-    rules: Callable[[str, Mapping[str, str]], tuple[str, list[Clause]]]
+    rules: Callable[[str, Mapping[str, str], Mapping[str, str]], tuple[str, list[Clause]]]
 
 
 _MODES = {
