@@ -19,17 +19,25 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "replog"
 
 LAYERS = [
-    ["errors", "timeutil", "names", "crashpoints"],
+    ["errors", "timeutil", "names", "crashpoints", "about"],
     ["storage"],
     ["format"],
     ["core"],
-    ["log", "merges", "appender"],
+    ["merges", "reading"],
+    ["committing"],
+    ["writing"],
+    ["maintenance"],
+    ["log", "appender"],
     ["checkpoints", "offsets"],
     ["schemas"],
     ["planning", "ops", "ingest", "debezium", "tables", "capture"],
-    ["cli", "spark", "__init__"],
+    ["cli", "spark"],
+    ["__init__"],
 ]
-"""From the bottom: a part may import parts of its own layer or below, never above."""
+"""From the bottom: a part may import parts of its own layer or below, never above. A log
+object's rooms each have a floor of their own, so their arrows run one way: reading <-
+committing <- writing <- maintenance <- log (the face). The package's ``__init__`` is the
+top: it imports the rest, and nothing imports it (``about`` says what the package is)."""
 
 
 def part_of(module: str) -> str | None:
@@ -54,7 +62,7 @@ def imports() -> dict[str, set[str]]:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 names = [node.module]
-                if node.module == "replog":  # from replog import merges (or __version__)
+                if node.module == "replog":  # from replog import merges (or a name of __init__)
                     names = [
                         f"replog.{alias.name}"
                         if (SOURCE / alias.name).is_dir() or (SOURCE / f"{alias.name}.py").exists()

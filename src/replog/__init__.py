@@ -4,7 +4,9 @@ The layers, from the bottom::
 
     storage/      fsspec locations, atomic put-if-absent per backend, retries, fault injection
     format/       the storage format: events, segments, commits, state, history (FORMAT.md)
-    log.py        ReplicationLog, the facade writers and readers use
+    reading.py, writing.py (committing.py), maintenance.py
+                  a log's reads, its commits, its merges and expiry
+    log.py        ReplicationLog, the face writers and readers use over those three
     checkpoints/  consumers' offsets and sinks' commit protocol, in checkpoint manifests
     ops/          status, verify, retention, compaction, garbage and recovery
     ingest.py, debezium.py, offsets.py, planning.py   ingestion, CDC mapping, positions, planning
@@ -16,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator, Mapping
 from typing import TYPE_CHECKING, Any
 
+from replog.about import __version__ as __version__
 from replog.appender import GroupAppender
 from replog.errors import ReplogError
 from replog.format.commits import CommitRecord, Transaction
@@ -39,7 +42,6 @@ __all__ = [
     "read",
     "register",
 ]
-__version__ = "0.5.0"
 
 
 def create_log(url: str, shards: int = 8, **storage_options: Any) -> ReplicationLog:

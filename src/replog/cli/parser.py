@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable
 from typing import NoReturn
 
-from replog import __version__
+from replog.about import __version__
 from replog.capture.options import (
     DEFAULT_CHUNK_ROWS,
     DEFAULT_MAX_CHANGES,

@@ -12,7 +12,10 @@ from __future__ import annotations
 import importlib
 import logging
 import pkgutil
+import sys
 from typing import TYPE_CHECKING
+
+from replog.about import PACKAGE, PACKAGE_DIR
 
 if TYPE_CHECKING:
     from pyspark.sql import SparkSession
@@ -21,10 +24,7 @@ logger = logging.getLogger(__name__)
 
 
 def _installed_in_site_packages() -> bool:
-    import replog  # noqa: PLC0415
-
-    location = getattr(replog, "__file__", "") or ""
-    return "site-packages" in location or "dist-packages" in location
+    return "site-packages" in PACKAGE_DIR or "dist-packages" in PACKAGE_DIR
 
 
 def register(spark: SparkSession, *, by_value: bool | None = None) -> None:
@@ -36,17 +36,17 @@ def register(spark: SparkSession, *, by_value: bool | None = None) -> None:
     """
     from pyspark import cloudpickle  # noqa: PLC0415
 
-    import replog  # noqa: PLC0415
     from replog.spark.sink import ReplogSinkDataSource  # noqa: PLC0415
     from replog.spark.source import ReplogDataSource  # noqa: PLC0415
 
     if by_value is None:
         by_value = not _installed_in_site_packages()
     if by_value:
-        for module_info in pkgutil.walk_packages(replog.__path__, prefix="replog."):
+        for module_info in pkgutil.walk_packages([PACKAGE_DIR], prefix=f"{PACKAGE}."):
             module = importlib.import_module(module_info.name)
             cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
-        cloudpickle.register_pickle_by_value(replog)  # type: ignore[no-untyped-call]
+        package = sys.modules[PACKAGE]  # imported already: this module is inside it
+        cloudpickle.register_pickle_by_value(package)  # type: ignore[no-untyped-call]
     spark.dataSource.register(ReplogDataSource)
     spark.dataSource.register(ReplogSinkDataSource)
     logger.info("registered formats replog and replog-sink (by value: %s)", by_value)
