@@ -33,14 +33,14 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections.abc import Callable
 from contextlib import ExitStack
 from typing import Any
 
 import psycopg
 
-from replog.capture.events import UNAVAILABLE, Event, EventColumns, EventMaker
+from replog.capture.batch import Batch
+from replog.capture.events import UNAVAILABLE, EventMaker
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.pgoutput import (
     Commit,
@@ -52,11 +52,10 @@ from replog.capture.pgoutput import (
     lsn_to_text,
 )
 from replog.capture.progress import CaptureProgress
-from replog.capture.resets import deletes, live_keys
+from replog.capture.resets import DroppedTables, EndBefore
 from replog.capture.snapshot import (
     ADDED,
     INITIAL,
-    RECREATED,
     REQUESTED,
     Chunk,
     ChunkReader,
@@ -73,13 +72,10 @@ from replog.capture.source import (
 )
 from replog.capture.stream import DeferredKeys, Relations
 from replog.capture.workers import RangeReaders
-from replog.core import leases, staging
+from replog.core import leases
 from replog.crashpoints import crash_point
 from replog.errors import CaptureError, SourcePositionError, TransactionOrderError
-from replog.format.commits import CommitRecord, Transaction
-from replog.format.gc import StagingStart
-from replog.format.leases import Lease
-from replog.format.segments import StagedSegment
+from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.schemas import registry
 from replog.timeutil import now_ms
@@ -89,103 +85,6 @@ logger = logging.getLogger(__name__)
 __all__ = ["UNAVAILABLE", "PostgresCapture", "capture", "server_positions"]
 
 ProgressCallback = Callable[[CaptureProgress], None]
-TABLE_CHECK_S = 1.0
-"""How often a capture looks in the catalog for captured tables dropped and created again."""
-
-
-class _EndBefore(Exception):  # noqa: N818 - control flow inside this module, never escapes
-    """The batch must end before the transaction at ``commit_lsn``: the rows of a dropped
-    table are deleted first (:mod:`~replog.capture.resets`)."""
-
-    def __init__(self, commit_lsn: int) -> None:
-        super().__init__(commit_lsn)
-        self.commit_lsn = commit_lsn
-
-
-class Batch:
-    """The events of whole source transactions, to be committed at once: held as columns,
-    and staged as segment files (under a staging lease) each time many gathered, so a
-    transaction of millions of changes costs the memory of ``stage_events`` events."""
-
-    def __init__(self, log: ReplicationLog, owner: str, stage_events: int) -> None:
-        self.log = log
-        self.owner = owner
-        self.stage_events = stage_events
-        self.held = EventColumns()
-        self.staged: list[StagedSegment] = []
-        self.lease: Lease | None = None
-        self.since: StagingStart | None = None
-        self.events = 0
-        self.transactions = 0
-        self.position = 0
-        """The end LSN of its last whole transaction (0: none yet)."""
-        self.chunk: Chunk | None = None
-        """The snapshot chunk whose rows it carries."""
-        self.captured = 0
-        """Transactions it holds events of (the others the log held already)."""
-        self.last_commit_ms: int | None = None
-        self.resets: list[str] = []
-        """Tables whose dropped predecessor's rows it deletes (at its head)."""
-
-    def add(self, events: list[Event]) -> None:
-        self.held.add(events)
-        self.events += len(events)
-        self._stage_if_many()
-
-    def add_chunk(self, chunk: Chunk) -> None:
-        """The read events of a snapshot chunk (its rows the window left)."""
-        rows = list(chunk.events.values())
-        self.held.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata, rows)
-        self.events += len(rows)
-        self.chunk = chunk
-        self._stage_if_many()
-
-    def _stage_if_many(self) -> None:
-        if len(self.held) >= self.stage_events:
-            if self.lease is None:
-                self.lease = leases.acquire(self.log.storage, self.owner)
-            self._stage()
-
-    def _stage(self) -> None:
-        if self.since is None:
-            self.since = StagingStart(self.log.refresh().version, now_ms())
-        self.staged.extend(self.log.stage(self.held.table()))
-        self.held.clear()
-        crash_point("capture_staged")
-
-    def commit(self, transaction: Transaction) -> CommitRecord | None:
-        """Commit every event as one commit recording ``transaction``; None if the log
-        holds it already. Also with no events: the position moves on."""
-        if len(self.held):
-            self._stage()
-        with staging.committing(self.log.storage, self.staged) as attempt:
-            record = self.log.commit_staged(
-                self.staged,
-                writer=transaction.writer(),
-                attempt=attempt,
-                since=self.since,
-                lease=self.lease,
-                follows=transaction.follows,
-            )
-        if record is None:
-            self.log.discard_staged(self.staged)
-        elif self.staged:
-            self.log.maintain()
-        return record
-
-    def release(self) -> None:
-        """Give the staging lease back (after a commit, or a failure: ``recover`` then
-        collects what was staged and never committed)."""
-        if self.lease is not None:
-            leases.release_quietly(self.log.storage, self.lease)
-            self.lease = None
-
-    def abandon(self) -> None:
-        """Before its commit was tried: delete what was staged (no commit can name it)."""
-        if self.staged:
-            self.log.discard_staged(self.staged)
-            self.staged = []
-        self.release()
 
 
 class PostgresCapture:
@@ -220,22 +119,19 @@ class PostgresCapture:
         self.relations = Relations(self.source, options, self.progress, self._joined)
         self.deferred = DeferredKeys()
         self.chunks = ChunkReader(self.source, self.events, options.snapshot_chunk_rows)
+        self.dropped = DroppedTables(
+            self.source, self.relations, self.events, log, self._owe_snapshot
+        )
         self.plan: SnapshotPlan | None = None
         self._plan_changed = False
         self.chunk: Chunk | None = None
         self._resources = ExitStack()
         self._reader: psycopg.Connection[Any] | None = None
         self._registered: set[str] = set()
-        self._end_before: int | None = None
-        """End the next batch before the transaction at this position (a reset first)."""
-        self._ready: dict[str, list[Event]] = {}
-        """Deletes of dropped tables' rows, for the head of the next batch, by table."""
-        self._tables_checked = 0.0
         self._snapshotted = False
         """A snapshot was owed during this run (for SnapshotCompleted)."""
         self._txn: SourceTransaction | None = None
         """The transaction being read."""
-        self._drops_noted: set[str] = set()
         self._logged = 0
         """The position the log holds as far as this capture knows (0: none): each commit
         must follow it, so a second capture of the slot cannot commit over this one's."""
@@ -257,7 +153,7 @@ class PostgresCapture:
         self.progress.position = position
         self._snapshotted = self._snapshot_owed()
         while not self.stop.is_set():
-            self._check_tables()
+            self.dropped.check()
             self._next_chunk()
             captured = self._capture_batch()
             self._report(idle=not captured)
@@ -340,13 +236,9 @@ class PostgresCapture:
             self._plan_changed = True
         self.plan = plan
         self._plan_changed |= plan.resolve(logged)
-        known = plan.tables
-        for name, reset in plan.resets.items():
-            self.relations.gone[int(reset["old_oid"] or 0)] = name
-        for table in list(self.source.tables.values()):
-            if known.get(table.qualified, table.oid) != table.oid:
-                self._recreated(table.qualified, known[table.qualified])
-            elif table in added or table.qualified not in known:
+        self.dropped.start(plan)  # replaced while no capture ran: a snapshot owed already
+        for table in self.source.tables.values():
+            if table in added or table.qualified not in plan.tables:
                 self._owe_snapshot(table, ADDED)
         self._save_plan()
         if confirmed < logged:  # killed after a commit, before the advance
@@ -372,6 +264,7 @@ class PostgresCapture:
         self.source.ensure_publication()
         position = slot[2] if slot is not None else self.source.create_slot()
         self.plan = SnapshotPlan(self.options.slot, self.log.log_id, tables=self._table_ids())
+        self.dropped.start(self.plan)
         if self.options.snapshot == "initial":
             for table in self.source.tables.values():
                 self.plan.enqueue(table, INITIAL, self.source.estimated_rows(table))
@@ -402,6 +295,8 @@ class PostgresCapture:
         self._owe_snapshot(table, ADDED)
 
     def _save_plan(self) -> None:
+        self._plan_changed |= self.dropped.changed
+        self.dropped.changed = False
         if self.plan is not None and self._plan_changed:
             self.plan.tables = self._table_ids()
             self.plan.save(self.log.storage)
@@ -423,7 +318,7 @@ class PostgresCapture:
             self._plan_changed = True
             return
         if self.source.current_oids([owed.table])[owed.table] != table.oid:
-            self._check_tables(now=True)  # dropped (and maybe created again) meanwhile
+            self.dropped.check(now=True)  # dropped (and maybe created again) meanwhile
             return
         if not owed.started_ms:
             owed.started_ms = now_ms()
@@ -450,7 +345,7 @@ class PostgresCapture:
             chunk.low_seen = True
             return
         assert self._txn is not None
-        self._deleted_first(chunk.table, batch, self._txn.commit_lsn)
+        self.dropped.first(chunk.table, batch, self._txn.commit_lsn)
         batch.add_chunk(chunk)
         self.chunk = None
 
@@ -478,70 +373,6 @@ class PostgresCapture:
                 continue
             self._owe_snapshot(table, REQUESTED)
 
-    # -- tables dropped and created again ---------------------------------------------
-
-    def _check_tables(self, *, now: bool = False) -> None:
-        """Look in the catalog (once a second) for captured tables dropped, or dropped and
-        created again: nothing in the stream says so, and with capture's own publication
-        the new table is not even published (the drop took it out)."""
-        clock = time.monotonic()
-        if not now and clock - self._tables_checked < TABLE_CHECK_S:
-            return
-        self._tables_checked = clock
-        current = self.source.current_oids(list(self.source.tables))
-        for name, oid in current.items():
-            known = self.source.tables[name].oid
-            if oid == known:
-                continue
-            if oid is None:
-                if name not in self._drops_noted:
-                    self._drops_noted.add(name)
-                    logger.warning(
-                        "captured table %s was dropped: tables built from the log keep its "
-                        "rows (a table created again under its name replaces them)",
-                        name,
-                    )
-                continue
-            self._drops_noted.discard(name)
-            self._recreated(name, known)
-
-    def _recreated(self, name: str, old_oid: int) -> None:
-        """Table ``name`` is a new table (the one with id ``old_oid`` was dropped): its
-        predecessor's rows are deleted before its first event, it is published (capture's
-        own publication) after its identity was checked, and its rows are snapshotted."""
-        assert self.plan is not None
-        if name in self.plan.resets:
-            return
-        self.plan.resets[name] = {"old_oid": old_oid, "done_at": None}
-        self.relations.gone[old_oid] = name
-        self._plan_changed = True
-        table = self.source.table_with_oid(self.source.current_oids([name])[name] or 0)
-        if table is None:
-            table = self.source.add_table(name)  # its identity checked before publishing
-        if self.source.own_publication:
-            self.source.add_to_publication(table)
-        elif not self.source.is_published(table):
-            logger.warning(
-                "%s was dropped and created again, and publication %s no longer publishes "
-                "it: ALTER PUBLICATION %s ADD TABLE %s, or its changes are not captured",
-                name,
-                self.source.publication,
-                self.source.publication,
-                name,
-            )
-        self._owe_snapshot(table, RECREATED)
-        self._save_plan()
-
-    def _deleted_first(self, table: Table, batch: Batch, commit_lsn: int) -> None:
-        """Before the first event of a table that replaced a dropped one: the dropped
-        table's rows must be deleted first, at the head of this batch; if they are not
-        there yet, end the batch before this transaction (:class:`_EndBefore`)."""
-        reset = self.plan.resets.get(table.qualified) if self.plan is not None else None
-        if reset is None or reset.get("done_at") is not None or table.oid == reset["old_oid"]:
-            return
-        if table.qualified not in batch.resets:
-            raise _EndBefore(commit_lsn)
-
     # -- streaming -----------------------------------------------------------------------
 
     def _capture_batch(self) -> bool:
@@ -551,20 +382,18 @@ class PostgresCapture:
         position = self.progress.position
         batch = Batch(self.log, self._lease_owner, self.options.stage_events)
         try:
-            for name, made in self._ready.items():
-                batch.add(made)
-                batch.resets.append(name)
+            self.dropped.head(batch)
             self._read_batch(batch, position)
-        except _EndBefore as early:
+        except EndBefore as early:
             batch.abandon()
-            self._end_before = early.commit_lsn
+            self.dropped.end_before = early.commit_lsn
             return True
         except BaseException:
             batch.abandon()
             raise
         if not batch.transactions:
             batch.abandon()
-            return self._prepare_resets(position)
+            return self.dropped.prepare(position)
         last = batch.position
         if last > position:
             try:
@@ -576,7 +405,7 @@ class PostgresCapture:
                 self._commit(batch, last)
             finally:
                 batch.release()
-        self._ready = {}
+        self.dropped.ready = {}
         crash_point("capture_committed")
         self.source.advance(last)
         if self.plan is not None and self.plan.resolve(max(position, last)):
@@ -588,7 +417,7 @@ class PostgresCapture:
         if batch.last_commit_ms is not None:
             self.progress.last_commit_ms = batch.last_commit_ms
             self.progress.lag_ms = max(now_ms() - batch.last_commit_ms, 0)
-        self._prepare_resets(max(position, last))
+        self.dropped.prepare(max(position, last))
         return True
 
     def _note_for_plan(self, batch: Batch, position: int) -> None:
@@ -600,40 +429,8 @@ class PostgresCapture:
         if batch.chunk is not None:
             self.plan.pending = batch.chunk.pending(position)
             self._plan_changed = True
-        for name in batch.resets:
-            self.plan.resets[name]["done_at"] = position
-            self._plan_changed = True
+        self.dropped.done(batch, position)
         self._save_plan()
-
-    def _prepare_resets(self, position: int) -> bool:
-        """Once a batch ended before a new table's first event, every event of the
-        dropped one is in the log: read its live keys and make their deletes, for the
-        head of the next batch. Whether there were any to make."""
-        if self._end_before is None or self.plan is None:
-            return False
-        self._end_before = None
-        self._ready = {}
-        for name, reset in self.plan.resets.items():
-            if reset.get("done_at") is not None:
-                continue
-            table = self.source.tables[name]
-            keys = live_keys(self.log, name)
-            logger.warning(
-                "%s was dropped and created again: deleting the %d rows of the dropped table "
-                "(id %s) from the log before the new table's first event",
-                name,
-                len(keys),
-                reset["old_oid"],
-            )
-            self._ready[name] = deletes(
-                self.events,
-                table,
-                keys,
-                old_oid=int(reset["old_oid"] or 0),
-                ts_ms=now_ms(),
-                position=position,
-            )
-        return True
 
     def _read_batch(self, batch: Batch, position: int) -> None:  # noqa: C901 - per message kind
         """Fill ``batch`` with whole transactions from the slot (a high watermark ends it)."""
@@ -644,7 +441,8 @@ class PostgresCapture:
         for lsn, message in self.source.peek_stream(self.options.max_changes):
             item = self.decoder.feed(lsn, message)
             if isinstance(item, SourceTransaction):
-                if self._end_before is not None and item.commit_lsn >= self._end_before:
+                end_before = self.dropped.end_before
+                if end_before is not None and item.commit_lsn >= end_before:
                     break  # the deletes of a dropped table's rows come first
                 txn, order = item, 1
                 self._txn = item
@@ -683,8 +481,8 @@ class PostgresCapture:
             return order
         table = mapped.table
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
-            self._recreated(table.qualified, mapped.replaced)
-        self._deleted_first(table, batch, txn.commit_lsn)
+            self.dropped.replaced(table.qualified, mapped.replaced)
+        self.dropped.first(table, batch, txn.commit_lsn)
         made = self.events.changes(table, mapped.change, txn, order, ts_ms)
         chunk = self.chunk
         if chunk is not None and chunk.table.oid == table.oid:
