@@ -64,6 +64,8 @@ bench: $(STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	$(PY) benchmarks/bench_capture.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_apply.py
+	$(SPARK_PY) benchmarks/bench_apply_scale.py
+	$(SPARK_PY) benchmarks/bench_apply_routing.py
 	$(PY) benchmarks/bench_redelivery.py
 	$(PY) benchmarks/fault_runs.py
 	$(PY) benchmarks/compact_under_load.py
