@@ -14,7 +14,7 @@ from support.capture import captured, query, run, sql
 from support.logcheck import check_log
 
 from replog.capture.options import CaptureOptions
-from replog.capture.postgres import PostgresCapture, capture
+from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
 from replog.capture.progress import CaptureProgress
 from replog.errors import CaptureError, SourceConfigError
 from replog.format import jsontext
@@ -550,25 +550,36 @@ def test_a_deferrable_key_shifted_in_one_statement_ends_as_in_the_source(
     assert sorted(_latest(url)) == ['{"id":11}', '{"id":2}', '{"id":3}']
 
 
-def test_a_key_update_names_the_old_key_on_the_create(pg_dsn: str, tmp_path: Path) -> None:
-    """A primary-key UPDATE whose TOASTed column did not change: the create of the new key
-    cannot carry that value; it names the old key, whose row holds it (apply_changes
-    fills it from there)."""
+def test_a_key_update_with_an_unchanged_toasted_column_carries_its_value(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """A primary-key UPDATE whose TOASTed column did not change: the server sends neither
+    that value nor (default identity) the old row. The create of the new key reads it
+    from the row as the table holds it (``fetched``) and names the old key; a row gone by
+    then keeps Debezium's placeholder (listed ``unavailable``), and its delete follows."""
     url = str(tmp_path / "log")
-    big = "(SELECT string_agg(md5(random()::text), '') FROM generate_series(1, 400))"
+    big = "(SELECT string_agg(md5(g::text), '') FROM generate_series(1, 400) g)"
     sql(
         pg_dsn,
         "CREATE TABLE docs (id int PRIMARY KEY, body text)",
-        f"INSERT INTO docs VALUES (1, {big})",
+        f"INSERT INTO docs VALUES (1, {big}), (5, {big})",
     )
     run(pg_dsn, url, tables=("docs",))
-    sql(pg_dsn, "UPDATE docs SET id = 2")
+    [(body,)] = query(pg_dsn, "SELECT body FROM docs WHERE id = 1")
+    sql(
+        pg_dsn,
+        "UPDATE docs SET id = 2 WHERE id = 1",
+        "UPDATE docs SET id = 6 WHERE id = 5",
+        "DELETE FROM docs WHERE id = 6",
+    )
     run(pg_dsn, url, tables=("docs",))
-    delete, create = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
-    assert (delete["op"], create["op"]) == ("d", "c")
-    assert create["metadata"]["old_key"] == '{"id":1}'
-    assert delete["metadata"]["new_key"] == '{"id":2}'
-    assert create["metadata"]["unavailable"] == ["body"]
+    d1, c2, d5, c6, d6 = [e for e in captured(ReplicationLog.open(url)) if e["op"] != "r"]
+    assert [e["op"] for e in (d1, c2, d5, c6, d6)] == ["d", "c", "d", "c", "d"]
+    assert c2["metadata"]["old_key"] == '{"id":1}' and d1["metadata"]["new_key"] == '{"id":2}'
+    assert json.loads(c2["data"])["body"] == body and c2["metadata"]["fetched"] == ["body"]
+    assert "unavailable" not in c2["metadata"]
+    assert json.loads(c6["data"])["body"] == UNAVAILABLE  # the row was gone
+    assert c6["metadata"]["unavailable"] == ["body"] and "fetched" not in c6["metadata"]
 
 
 def test_a_numeric_key_retyped_keeps_its_key(pg_dsn: str, tmp_path: Path) -> None:

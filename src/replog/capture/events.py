@@ -120,6 +120,11 @@ def schema_value(value: Any) -> Any:
     return value
 
 
+Fetch = Callable[[Table, Sequence[str | None], Sequence[str]], "dict[str, str | None] | None"]
+"""(table, its key columns' text, columns) -> those columns' text in the row with that key
+now, or None if there is none."""
+
+
 class Event(NamedTuple):
     """One change event, its payloads and metadata as JSON text."""
 
@@ -221,7 +226,11 @@ class Shape:
 class EventMaker:
     """Change events of captured tables, with the schemas they name."""
 
-    def __init__(self, database: str, slot: str, types: TypeLookup) -> None:
+    def __init__(
+        self, database: str, slot: str, types: TypeLookup, fetch: Fetch | None = None
+    ) -> None:
+        self.fetch = fetch
+        """Reads columns of a row as the table holds it now (see :meth:`changes`)."""
         self.reader = ValueReader()
         self.database = database
         self.slot = slot
@@ -425,6 +434,30 @@ class EventMaker:
             found[key] = Read(event_id(prefix + key), key, "{" + data + "}")
         return found
 
+    def _fetched(
+        self, table: Table, shape: Shape, change: RowChange, unavailable: list[str]
+    ) -> tuple[str, list[str], list[str]]:
+        """The create of a changed key with values the server did not send (unchanged
+        TOASTed columns: the old row, under the default identity, is its key only): those
+        values read from the row as the table holds it now, the one place they still are.
+        A later change of the row comes after this event anyway, so the row's last state
+        is the source's. (row JSON, columns still unsent, columns read)."""
+        assert self.fetch is not None and change.new is not None
+        positions = shape.key_positions or ()
+        sent = [change.new[i] for i in positions]
+        key = [value for value in sent if not isinstance(value, Unchanged)]
+        if len(key) != len(sent):  # a key column unchanged and not sent: no row to ask for
+            return self._row(shape, change.new)[0], unavailable, []
+        found = self.fetch(table, key, unavailable)
+        if found is None:  # deleted since: a later event of the stream deletes it too
+            return self._row(shape, change.new)[0], unavailable, []
+        values = [
+            found.get(name) if isinstance(value, Unchanged) else value
+            for name, value in zip(shape.names, change.new, strict=False)
+        ]
+        after, still = self._row(shape, values)
+        return after, still, [name for name in unavailable if name not in still]
+
     def changes(
         self, table: Table, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int
     ) -> list[Event]:
@@ -462,9 +495,14 @@ class EventMaker:
         parts: list[tuple[str, str | None, str | None, str, dict[str, Any]]]
         parts = [(change.op, after, before, key, {})]
         if change.op == "u" and old_key is not None and old_key != key:
+            marks: dict[str, Any] = {"old_key": old_key}
+            if unavailable and self.fetch is not None:
+                after, unavailable, fetched = self._fetched(table, shape, change, unavailable)
+                if fetched:
+                    marks["fetched"] = fetched
             parts = [
                 ("d", None, before, old_key, {"new_key": key}),
-                ("c", after, None, key, {"old_key": old_key}),
+                ("c", after, None, key, marks),
             ]
         events = []
         source = self.source_block(table, txn.commit_ms, "false", txn.xid, change.lsn)

@@ -114,7 +114,9 @@ class PostgresCapture:
         except BaseException:
             self.source.close()
             raise
-        self.events = EventMaker(self.source.database, options.slot, self.source.pg_type)
+        self.events = EventMaker(
+            self.source.database, options.slot, self.source.pg_type, self.source.current_values
+        )
         self.decoder = Decoder()
         self.relations = Relations(self.source, options, self.progress, self._joined)
         self.deferred = DeferredKeys()

@@ -357,7 +357,6 @@ class ChunkReader:
         self.maker = maker
         self.chunk_rows = chunk_rows
         self.workers = workers
-        self._key_types: dict[int, list[str]] = {}
         self._leaves: dict[int, list[tuple[int, str]]] = {}
 
     def read(self, snapshot: TableSnapshot, table: Table, connection: Any) -> Chunk:
@@ -377,20 +376,6 @@ class ChunkReader:
         high = self.source.emit_message(WATERMARK_PREFIX, _mark(mark, "high"))
         return Chunk(snapshot, table, mark, low, high, events, after, leaf, block, finished)
 
-    def key_type_names(self, table: Table, connection: Any) -> list[str]:
-        found = self._key_types.get(table.oid)
-        if found is None:
-            types = dict(
-                connection.execute(
-                    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-                    " WHERE attrelid = %s AND attnum > 0",
-                    (table.oid,),
-                ).fetchall()
-            )
-            found = [types[name] for name in table.key]
-            self._key_types[table.oid] = found
-        return found
-
     def _select(self, table: Table, relation: sql.Composable) -> sql.Composed:
         columns = sql.SQL(", ").join(sql.Identifier(name) for name, _, _ in table.columns)
         return sql.SQL("SELECT {} FROM {}").format(columns, relation)
@@ -398,7 +383,7 @@ class ChunkReader:
     def _bound(self, table: Table, connection: Any) -> sql.Composed:
         return sql.SQL(", ").join(
             sql.SQL("%s::{}").format(sql.SQL(type_name))
-            for type_name in self.key_type_names(table, connection)
+            for type_name in self.source.key_types(table)
         )
 
     def key_range(

@@ -145,6 +145,7 @@ class PostgresSource:
         self._by_oid: dict[int, Table] = {}
         self._types: dict[int, PgType] = {}
         self._roots: dict[int, int | None] = {}
+        self._key_types: dict[int, list[str]] = {}
 
     def close(self) -> None:
         self.connection.close()
@@ -520,6 +521,38 @@ class PostgresSource:
             found = PgType(type_oid)
         self._types[type_oid] = found
         return found
+
+    def key_types(self, table: Table) -> list[str]:
+        """The SQL types of ``table``'s key columns, in key order (to compare key text)."""
+        found = self._key_types.get(table.oid)
+        if found is None:
+            types = dict(
+                self._all(
+                    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
+                    " WHERE attrelid = %s AND attnum > 0",
+                    (table.oid,),
+                )
+            )
+            found = [types[name] for name in table.key]
+            self._key_types[table.oid] = found
+        return found
+
+    def current_values(
+        self, table: Table, key: Sequence[str | None], columns: Sequence[str]
+    ) -> dict[str, str | None] | None:
+        """``columns`` of the row whose key columns' text is ``key``, as the table holds it
+        now (each value its output text); None if no row has that key."""
+        bound = sql.SQL(", ").join(
+            sql.SQL("%s::{}").format(sql.SQL(kind)) for kind in self.key_types(table)
+        )
+        query = sql.SQL("SELECT {} FROM {} WHERE ({}) = ({})").format(
+            sql.SQL(", ").join(sql.Identifier(name) for name in columns),
+            sql.Identifier(table.schema, table.name),
+            sql.SQL(", ").join(sql.Identifier(name) for name in table.key),
+            bound,
+        )
+        rows = text_rows(self.connection, query, list(key))
+        return dict(zip(columns, rows[0], strict=True)) if rows else None
 
     def estimated_rows(self, table: Table) -> int:
         """The planner's estimate of the table's rows (``pg_class.reltuples``, over a
