@@ -772,6 +772,25 @@ class ReplicationLog:
                 base = self.storage.read_optional(commit_path(state.version))
             history.check_base(self.storage, state, base)
         except history.BaseMissing:
+            # Gone since the put, or before it? A commit that landed on the history and
+            # whose base expired after it must be neither taken back nor made again.
+            first = self._landed_first(record)
+            if first:
+                logger.info(
+                    "%s: commit %d landed on the log's history; its base %d expired since",
+                    self.url,
+                    record.version,
+                    state.version,
+                )
+                return True
+            if first is None:
+                self._state = None
+                raise CommitOutcomeUnknownError(
+                    f"{self.url}: commit {record.version} landed, and its base (commit "
+                    f"{state.version}) is gone: retention deleted it, before or after the "
+                    f"put, which cannot be told; the commit was kept ('replog read' tells "
+                    f"whether its events are in the log)"
+                ) from None
             logger.warning(
                 "%s: commit %d landed in a range retention deleted (this writer's state was "
                 "older than the retention); deleting it and committing again",
@@ -790,6 +809,23 @@ class ReplicationLog:
                 f"the log's history failed: {exc}"
             ) from exc
         return True
+
+    def _landed_first(self, record: CommitRecord) -> bool | None:
+        """:func:`history.landed_first`; if the record went too (retention expired it
+        after this writer slept past the retention), whether its files are live in the
+        log as it is now (no other writer's state can name them). A storage failure makes
+        it unknown (None)."""
+        try:
+            first = history.landed_first(self.storage, record, self.descriptor.snapshot_interval)
+            if first is None and record.add:
+                fresh = history.load_state(self.storage, self.descriptor)
+                if all(fresh.is_live(segment) for segment in record.add):
+                    return True
+            return first
+        except (ReplogError, OSError) as exc:
+            logger.warning("%s: could not tell where commit %d landed: %s", self.url,
+                           record.version, exc)  # fmt: skip
+            return None
 
     def _take_back(self, record: CommitRecord) -> None:
         """Delete ``record``'s commit, put where it does not belong (nothing reads it: it

@@ -167,6 +167,41 @@ def check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
         raise BaseMissing(state.version)
 
 
+def landed_first(storage: Storage, record: CommitRecord, table_interval: int) -> bool | None:
+    """After ``record`` landed at version v + 1 and commit v was then found gone
+    (:class:`BaseMissing`): whether the record landed on the log's history and commit v
+    expired after it (True), or it filled a slot retention had emptied before its put
+    (False: it must be taken back); None if that cannot be told (the record is gone too).
+
+    Retention deletes commits oldest first, each only for a table at or after it, by a
+    writer at least S (the table interval) versions past that table, never the writer
+    of v + 1 (which has not expired anything yet). So:
+
+    * landed first: the expiring writer committed v + 2 or later on the record: commit
+      v + 2 exists, and a header v + 1 (if v + 1 is a table) is missing or the record's;
+    * filled an emptied slot: a table c >= v + 1 was expired. If c > v + 1, commit v + 2
+      went with it; if c = v + 1 (so v + 1 is a table), header v + 1 is still there, the
+      state of the other commit v + 1 (its token is not the record's).
+
+    No clock, the storage's included, enters this."""
+    data = storage.read_optional(commit_path(record.version))
+    if data is None or _base_members(data) != (record.log_id, record.token):
+        return None  # gone too: expired since, or deleted by an expiry that ran late
+    if not storage.exists(commit_path(record.version + 1)):
+        return False
+    if record.version % table_interval:
+        return True
+    relative = header_path(record.version)
+    header = storage.read_optional(relative)
+    try:
+        token = None if header is None else SnapshotHeader.from_bytes(header, relative).token
+    except (CorruptionError, UnsupportedFormatError):
+        return None
+    if header is not None and not token:
+        return None  # a header without a token (written by replog 0.4) tells nothing
+    return header is None or token == record.token
+
+
 def catch_up(
     storage: Storage,
     state: LogState,

@@ -1,0 +1,214 @@
+"""An adversarial review of issue 32's fixes (clocks, threads, operators misbehaving).
+
+Each test here failed on the code it attacks; a test of a hole left open is marked
+``xfail(strict=True)`` with the reason.
+
+Time passes without sleeping: every clock replog reads (the writers' wall clocks, the
+monotonic clock and the storage's file times) is the real one plus
+:attr:`Virtual.offset_s`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from support.logcheck import check_log
+from support.storages import as_class
+
+from replog.format.commits import commit_path
+from replog.log import ReplicationLog
+from replog.storage import Storage
+from replog.timeutil import use_clock
+
+MINUTE_S = 60.0
+
+
+class Virtual:
+    """Time the test moves forward: every clock below adds :attr:`offset_s`."""
+
+    offset_s = 0.0
+
+    @classmethod
+    def clock(cls, skew_minutes: float = 0.0) -> Callable[[], float]:
+        return lambda: time.time() + cls.offset_s + skew_minutes * MINUTE_S
+
+    @classmethod
+    def monotonic(cls) -> float:
+        return time.monotonic() + cls.offset_s
+
+
+STAMPS: dict[str, float] = {}
+
+
+class Aged(Storage):
+    """Storage whose file times move with the test's time."""
+
+    def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+        super()._create_once(path, data, durability)
+        STAMPS[path] = Virtual.offset_s
+
+    def _modified_once(self, path: str) -> int | None:
+        stamp = super()._modified_once(path)
+        return None if stamp is None else stamp + int(STAMPS.get(path, 0.0) * 1000)
+
+
+@pytest.fixture(autouse=True)
+def _virtual_time() -> Any:
+    Virtual.offset_s = 0.0
+    STAMPS.clear()
+    yield
+    Virtual.offset_s = 0.0
+    STAMPS.clear()
+
+
+def opened(url: str, cls: type[Storage] = Aged, options: Any = None) -> ReplicationLog:
+    log = ReplicationLog.open(url, auto_compact=False, storage_options=options)
+    log.storage = as_class(log.storage, cls)
+    return log
+
+
+def append(log: ReplicationLog, tag: str, skew_minutes: float = 0.0, n: int = 3) -> int:
+    with use_clock(Virtual.clock(skew_minutes), Virtual.monotonic):
+        record = log.append(
+            [{"key": f"{tag}-{i}", "event_id": f"{tag}-{i}", "data": {}} for i in range(n)]
+        )
+    assert record is not None
+    return record.version
+
+
+def event_ids(url: str, options: Any = None) -> list[str]:
+    reader = ReplicationLog.open(url, storage_options=options)
+    return [str(i) for i in reader.read_all().column("event_id").to_pylist()]
+
+
+# -- 1. the writer's after-commit check -------------------------------------------------------
+
+
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_commit_that_landed_is_not_taken_back_when_expiry_deletes_its_base_after(
+    tmp_path: Path, where: str, request: pytest.FixtureRequest
+) -> None:
+    """No clock misbehaves. The log was idle for longer than the retention (commit 10,
+    a table, is 25 minutes old; retention 20). W appends: it finds slot 11 free, and
+    its put of commit 11 lands. Before W checks its base (commit 10 is old by W's wall
+    clock, so it checks), B commits 12..20 on top of W's commit and expires below table
+    20: header 10 is 25 minutes old, so commits 1..10 go.
+
+    W then found commit 10 gone and took its commit for one put into a slot retention
+    had emptied: it deleted commit 11 (on which B had built) and appended its rows again
+    at version 21. Every event of W was then read twice."""
+    s3 = request.getfixturevalue("s3") if where == "s3" else None
+    url = str(tmp_path / "log") if s3 is None else s3.url("log")
+    options = None if s3 is None else s3.storage_options
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False, storage_options=options)  # fmt: skip
+    a, b = opened(url, options=options), opened(url, options=options)
+    for n in range(1, 11):
+        append(a, f"a{n}")  # commits 1..10 (table 10)
+    Virtual.offset_s += 25 * MINUTE_S  # the log is idle for 25 minutes
+
+    class OthersRaceOn(Aged):
+        raced = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            super()._create_once(path, data, durability)
+            if path.endswith(commit_path(11)) and not type(self).raced:
+                type(self).raced = True  # W's commit 11 landed; B goes on before W checks
+                for n in range(12, 21):
+                    append(b, f"b{n}")
+                b.flush()  # B's expiry (table 20) deletes commits 1..10
+                assert not b.storage.exists(commit_path(10))
+
+    w = opened(url, OthersRaceOn, options)
+    told = append(w, "w")
+    assert OthersRaceOn.raced
+    ids = event_ids(url, options)
+    assert sorted(i for i in ids if i.startswith("w-")) == ["w-0", "w-1", "w-2"], (
+        f"W was told version {told}"
+    )
+    check_log(ReplicationLog.open(url, storage_options=options))
+
+
+def test_a_compaction_that_landed_keeps_its_files_when_expiry_deletes_its_base_after(
+    tmp_path: Path,
+) -> None:
+    """The same race with an operator's compaction as W: its commit 11 landed, B built
+    on it and expired commits 1..10 before the compaction checked its base. The
+    compaction took its commit back, planned again, found its sources gone (its own
+    landed commit had removed them) and deleted its merged files: files the log's live
+    segments name (every read failed)."""
+    from replog.ops.compaction import compact
+    from replog.ops.verify import verify
+
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False)  # fmt: skip
+    a, b = opened(url), opened(url)
+    for n in range(1, 11):
+        append(a, f"a{n}")
+    Virtual.offset_s += 25 * MINUTE_S
+
+    class OthersRaceOn(Aged):
+        raced = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            super()._create_once(path, data, durability)
+            if path.endswith(commit_path(11)) and not type(self).raced:
+                type(self).raced = True
+                for n in range(12, 21):
+                    append(b, f"b{n}")
+                b.flush()
+                assert not b.storage.exists(commit_path(10))
+
+    w = opened(url, OthersRaceOn)
+    with use_clock(Virtual.clock(), Virtual.monotonic):
+        compact(w)
+    assert OthersRaceOn.raced
+    final = ReplicationLog.open(url)
+    report = verify(final)
+    assert report.ok, report.problems
+    ids = event_ids(url)
+    assert len(ids) == len(set(ids)) == 3 * 19
+
+
+def test_a_writer_paused_after_its_put_for_longer_than_the_retention_is_told_committed(
+    tmp_path: Path,
+) -> None:
+    """W's put of commit 13 lands, then W's machine sleeps for 25 minutes (retention
+    20). Meanwhile B commits 14..40 on top of it and expires below table 20: commits
+    1..20 go, W's own commit 13 with them. W then found commit 12 gone and took its
+    commit for one that filled an emptied slot: it appended its rows again (doubled).
+    Its rows are in the log (in table 20): it must say so."""
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False)  # fmt: skip
+    a, b = opened(url), opened(url)
+    for n in range(1, 13):
+        append(a, f"a{n}")
+
+    class SleepsAfterItsPut(Aged):
+        slept = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            super()._create_once(path, data, durability)
+            if path.endswith(commit_path(13)) and not type(self).slept:
+                type(self).slept = True
+                for n in range(14, 31):
+                    append(b, f"b{n}")
+                Virtual.offset_s += 25 * MINUTE_S  # W's machine sleeps
+                for n in range(31, 41):
+                    append(b, f"b{n}")
+                b.flush()
+                assert not b.storage.exists(commit_path(13))
+
+    w = opened(url, SleepsAfterItsPut)
+    told = append(w, "w")
+    assert SleepsAfterItsPut.slept
+    assert told == 13
+    ids = event_ids(url)
+    assert sorted(i for i in ids if i.startswith("w-")) == ["w-0", "w-1", "w-2"]
+    check_log(ReplicationLog.open(url))
