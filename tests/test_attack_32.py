@@ -212,3 +212,30 @@ def test_a_writer_paused_after_its_put_for_longer_than_the_retention_is_told_com
     ids = event_ids(url)
     assert sorted(i for i in ids if i.startswith("w-")) == ["w-0", "w-1", "w-2"]
     check_log(ReplicationLog.open(url))
+
+
+# -- 2. threads -----------------------------------------------------------------------------
+
+
+def test_a_cancelled_future_in_a_group_leaves_no_caller_of_that_group_waiting(
+    tmp_path: Path,
+) -> None:
+    """A caller gives up on its append and cancels its future (``asyncio.wrap_future``
+    under a timeout does that) while it waits in the queue. The sender committed the
+    group, then ``set_result`` on the cancelled future raised ``InvalidStateError``: the
+    sender died, and every later caller of that group, whose events were committed,
+    waited forever."""
+    from replog.appender import GroupAppender
+
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2)
+    appender = GroupAppender(ReplicationLog.open(url), linger_ms=3_600_000)
+    gives_up = appender.submit([{"key": "a", "event_id": "a", "data": {}}])
+    waits = appender.submit([{"key": "b", "event_id": "b", "data": {}}])
+    assert gives_up.cancel()
+    appender.close()  # the group is sent now
+    assert waits.done(), "the caller would wait forever"
+    record = waits.result()
+    assert record is not None
+    ids = event_ids(url)
+    assert ids.count("b") == 1 and "a" not in ids  # cancelled before it was sent
