@@ -239,3 +239,85 @@ def test_a_cancelled_future_in_a_group_leaves_no_caller_of_that_group_waiting(
     assert record is not None
     ids = event_ids(url)
     assert ids.count("b") == 1 and "a" not in ids  # cancelled before it was sent
+
+
+# -- 4. capture's staged transactions against recover ---------------------------------------
+
+
+def test_a_new_capture_run_cannot_hand_a_live_runs_staged_files_to_recover(
+    tmp_path: Path,
+) -> None:
+    """Run 1 of slot s1 stages a large transaction under a staging lease, 30 minutes
+    long, and begins its commit (recover's mark is in, its lease checks out, its files
+    exist). Then it freezes, long enough for PostgreSQL to drop its connection; run 2
+    starts and releases run 1's lease as a dead run's, and a `recover --grace 10m` scans.
+    Run 1's put then lands, and recover deletes its files: the commit names deleted
+    files (every read fails). A dead run's lease must wind down, not vanish."""
+    import threading
+    from types import SimpleNamespace
+
+    from replog.capture.events import Event
+    from replog.capture.options import capture_app_id
+    from replog.capture.postgres import Batch, PostgresCapture
+    from replog.format.commits import Transaction
+    from replog.ops.recovery import recover
+    from replog.ops.verify import verify
+
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 1)
+    owner = "replog capture of slot s1"
+    at_put, go = threading.Event(), threading.Event()
+
+    class Run1(Aged):
+        armed = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            if type(self).armed and "/commits/" in path:
+                type(self).armed = False
+                at_put.set()
+                go.wait()
+            super()._create_once(path, data, durability)
+
+    run1 = opened(url, Run1)
+    batch = Batch(run1, owner, stage_events=2)
+    with use_clock(Virtual.clock(), Virtual.monotonic):
+        batch.add([Event(f"e{i}", 1_764_000_000_000, "insert", "public.t", f"k{i}", "{}",
+                         None, "{}") for i in range(4)])  # fmt: skip
+    assert batch.lease is not None and batch.staged
+    Virtual.offset_s += 30 * MINUTE_S
+    run1_done: list[Any] = []
+
+    def commit_run1() -> None:
+        with use_clock(Virtual.clock(), Virtual.monotonic):
+            run1_done.append(batch.commit(Transaction(capture_app_id("s1"), 100, follows=0)))
+
+    committing = threading.Thread(target=commit_run1)
+
+    class Collector(Aged):
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            super()._create_once(path, data, durability)
+            if "/commits/" in path and not committing.is_alive() and not run1_done:
+                Run1.armed = True  # recover's mark is in: run 1 commits, and freezes
+                committing.start()
+                assert at_put.wait(30)
+                run2 = opened(url)
+                PostgresCapture._release_dead_leases(  # run 2 starts
+                    SimpleNamespace(log=run2, _lease_owner=owner)  # type: ignore[arg-type]
+                )
+
+        def _delete_once(self, path: str) -> None:
+            if "/shards/" in path and committing.is_alive():
+                go.set()  # run 1 wakes and puts its commit
+                committing.join()
+            super()._delete_once(path)
+
+    collector = opened(url, Collector)
+    with use_clock(Virtual.clock(), Virtual.monotonic):
+        recover(collector, grace_ms=10 * 60_000)
+    go.set()
+    if committing.is_alive():
+        committing.join()
+    assert run1_done and run1_done[0] is not None  # run 1's commit landed
+    report = verify(ReplicationLog.open(url))
+    assert report.ok, f"a live commit's files were collected: {report.problems}"
+    assert sorted(event_ids(url)) == [f"e{i}" for i in range(4)]
