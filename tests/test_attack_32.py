@@ -31,6 +31,8 @@ class Virtual:
     """Time the test moves forward: every clock below adds :attr:`offset_s`."""
 
     offset_s = 0.0
+    storage_step_s = 0.0
+    """How far the storage's clock stepped ahead of everyone else's (file times only)."""
 
     @classmethod
     def clock(cls, skew_minutes: float = 0.0) -> Callable[[], float]:
@@ -49,7 +51,7 @@ class Aged(Storage):
 
     def _create_once(self, path: str, data: bytes, durability: Any) -> None:
         super()._create_once(path, data, durability)
-        STAMPS[path] = Virtual.offset_s
+        STAMPS[path] = Virtual.offset_s + Virtual.storage_step_s
 
     def _modified_once(self, path: str) -> int | None:
         stamp = super()._modified_once(path)
@@ -58,10 +60,10 @@ class Aged(Storage):
 
 @pytest.fixture(autouse=True)
 def _virtual_time() -> Any:
-    Virtual.offset_s = 0.0
+    Virtual.offset_s = Virtual.storage_step_s = 0.0
     STAMPS.clear()
     yield
-    Virtual.offset_s = 0.0
+    Virtual.offset_s = Virtual.storage_step_s = 0.0
     STAMPS.clear()
 
 
@@ -211,6 +213,45 @@ def test_a_writer_paused_after_its_put_for_longer_than_the_retention_is_told_com
     assert told == 13
     ids = event_ids(url)
     assert sorted(i for i in ids if i.startswith("w-")) == ["w-0", "w-1", "w-2"]
+    check_log(ReplicationLog.open(url))
+
+
+def test_a_storage_clock_that_steps_forward_does_not_empty_a_slot_a_writer_is_about_to_fill(
+    tmp_path: Path,
+) -> None:
+    """Every writer's clock is right; the storage's clock (an S3-compatible server, an
+    NFS server) steps 30 minutes forward, as NTP does to a clock that fell behind. W
+    reads the log at version 9 and pauses a moment before its put of version 10;
+    meanwhile B commits 10..19, the storage's clock steps, and E commits 20: by file
+    times header 10 is 30 minutes old (retention 20), so E expired commits 1..10. W,
+    rightly finding that no time passed, skipped its check and filled slot 10: its
+    append, acknowledged at version 10, was never read. Expiry judged by one clock that
+    no other clock checks: by the writers' clocks header 10 was seconds old."""
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False)  # fmt: skip
+    a, b, e = opened(url), opened(url), opened(url)
+    for n in range(1, 10):
+        append(a, f"a{n}")
+
+    class Pauses(Aged):
+        paused = False
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            if path.endswith(commit_path(10)) and not type(self).paused:
+                type(self).paused = True
+                for n in range(10, 20):
+                    append(b, f"b{n}")
+                Virtual.storage_step_s += 30 * MINUTE_S  # the storage's clock steps
+                append(e, "e20")
+                e.flush()
+            super()._create_once(path, data, durability)
+
+    w = opened(url, Pauses)
+    told = append(w, "w")
+    assert Pauses.paused
+    ids = event_ids(url)
+    assert {"w-0", "w-1", "w-2"} <= set(ids), f"W was told version {told}"
     check_log(ReplicationLog.open(url))
 
 

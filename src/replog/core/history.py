@@ -39,6 +39,7 @@ from replog.format.commits import (
     LogDescriptor,
     commit_path,
 )
+from replog.format.gc import CLOCK_SKEW_MS
 from replog.format.headers import ChangesEntry, SnapshotHeader
 from replog.format.lanes import (
     Lanes,
@@ -410,13 +411,28 @@ class _Ages:
         return self._storage_now
 
     def expired(self, header: SnapshotHeader, retention_ms: int) -> bool:
-        """Whether ``header`` is older than ``retention_ms``."""
+        """Whether ``header`` is older than ``retention_ms``: by storage time and by the
+        clocks, both (a clock that steps forward, the storage's as much as a writer's,
+        then delays expiry instead of emptying a slot a writer is about to fill)."""
+        by_clocks = header.timestamp_ms <= self.now_ms - retention_ms
         now = self.storage_now()
         stamp = self.storage.modified_ms(header_path(header.version)) if now is not None else None
         if now is None or stamp is None:
-            return header.timestamp_ms <= self.now_ms - retention_ms
+            return by_clocks
         slack = WHOLE_SECOND_MS if stamp % WHOLE_SECOND_MS == 0 else 0
-        return now - stamp >= retention_ms + slack
+        by_storage = now - stamp >= retention_ms + slack
+        disagree = abs((now - stamp) - (self.now_ms - header.timestamp_ms)) > CLOCK_SKEW_MS
+        if by_storage != by_clocks and disagree:
+            logger.warning(
+                "%s: header %d is %d s old by storage time but %d s by the writers' clocks: "
+                "a clock is off by more than %d minutes; not expired until both agree",
+                self.storage.url,
+                header.version,
+                (now - stamp) // 1000,
+                (self.now_ms - header.timestamp_ms) // 1000,
+                CLOCK_SKEW_MS // 60_000,
+            )
+        return by_storage and by_clocks
 
 
 EXPIRE_STEPS = 2
