@@ -216,6 +216,74 @@ def test_a_writer_paused_after_its_put_for_longer_than_the_retention_is_told_com
     check_log(ReplicationLog.open(url))
 
 
+def test_a_commit_in_an_emptied_slot_deleted_again_by_a_late_expiry_is_made_again(
+    tmp_path: Path,
+) -> None:
+    """W (a write that staged for minutes, so it checks its staged files before its
+    commit) finds slot 10 free and stalls 25 minutes in that check; meanwhile B commits
+    10..29 and E expires commits 1..20. W's put fills slot 10, and before W checks its
+    base, a writer expiring from an older version (its state came from an old header)
+    deletes commits 1..20 again, W's among them. W's commit and its base are both gone:
+    it filled an emptied slot (it cannot have expired: far less than the retention passed
+    since its put began), so W must commit again, not answer "unknown"."""
+    from replog.core import history
+    from replog.format.events import events_from_records
+    from replog.format.gc import StagingStart
+
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False)  # fmt: skip
+    a, b, e = opened(url), opened(url), opened(url)
+    for n in range(1, 10):
+        append(a, f"a{n}")
+
+    class Stalls(Aged):
+        armed = stalled = put = False
+
+        def _exists_once(self, path: str) -> bool:
+            found = super()._exists_once(path)
+            if type(self).armed and "/shards/" in path and not type(self).stalled:
+                type(self).stalled = True  # W checks its staged files, and stalls
+                for n in range(10, 30):
+                    append(b, f"b{n}")
+                Virtual.offset_s += 25 * MINUTE_S
+                append(e, "e30")
+                e.flush()
+                assert not e.storage.exists(commit_path(10))
+            return found
+
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            super()._create_once(path, data, durability)
+            if type(self).stalled and path.endswith(commit_path(10)) and not type(self).put:
+                type(self).put = True  # a late expiry from version 0 deletes 1..20 again
+                with use_clock(Virtual.clock(), Virtual.monotonic):
+                    state = e.refresh()
+                    history.expire(
+                        history.LogSnapshots(e.storage, e.descriptor),
+                        version=state.version,
+                        retained_from=0,
+                        live=state.live_paths(),
+                        now_ms=Virtual.clock()() * 1000,
+                    )
+                assert not e.storage.exists(commit_path(10))
+
+    w = opened(url, Stalls)
+    rows = events_from_records(
+        [{"key": f"w-{i}", "event_id": f"w-{i}", "data": {}} for i in range(3)]
+    )
+    with use_clock(Virtual.clock(), Virtual.monotonic):
+        began = StagingStart(w.refresh(verify_within=0).version, Virtual.clock(-5)() * 1000)
+        staged = w.stage(rows)
+        assert w.refresh(verify_within=0).version == 9
+        Stalls.armed = True
+        record = w.commit_staged(staged, since=began, refreshed=True)
+    assert Stalls.put
+    assert record is not None and record.version > 30
+    ids = event_ids(url)
+    assert sorted(i for i in ids if i.startswith("w-")) == ["w-0", "w-1", "w-2"]
+    check_log(ReplicationLog.open(url))
+
+
 def test_a_storage_clock_that_steps_forward_does_not_empty_a_slot_a_writer_is_about_to_fill(
     tmp_path: Path,
 ) -> None:

@@ -727,7 +727,7 @@ class ReplicationLog:
                 logger.debug("lost the race for version %d; retrying", record.version)
                 time.sleep(random.uniform(0, min(RACE_BACKOFF_MAX_S, 0.001 * 2**tries)))
                 continue
-            if not self._landed_on_history(state, record):
+            if not self._landed_on_history(state, record, putting):
                 attempt.in_doubt = False
                 continue
             attempt.landed, attempt.in_doubt = record, False
@@ -740,7 +740,7 @@ class ReplicationLog:
             f"{self.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races"
         )
 
-    def _landed_on_history(self, state: LogState, record: CommitRecord) -> bool:
+    def _landed_on_history(self, state: LogState, record: CommitRecord, putting: float) -> bool:
         """Whether ``record``, just put at ``state.version + 1``, follows the log's history
         rather than filling a slot retention emptied (the writer stalled between finding
         the slot free and its put, while others committed past it and expiry deleted it).
@@ -774,7 +774,7 @@ class ReplicationLog:
         except history.BaseMissing:
             # Gone since the put, or before it? A commit that landed on the history and
             # whose base expired after it must be neither taken back nor made again.
-            first = self._landed_first(record)
+            first = self._landed_first(record, putting)
             if first:
                 logger.info(
                     "%s: commit %d landed on the log's history; its base %d expired since",
@@ -810,16 +810,22 @@ class ReplicationLog:
             ) from exc
         return True
 
-    def _landed_first(self, record: CommitRecord) -> bool | None:
-        """:func:`history.landed_first`; if the record went too (retention expired it
-        after this writer slept past the retention), whether its files are live in the
-        log as it is now (no other writer's state can name them). A storage failure makes
-        it unknown (None)."""
+    def _landed_first(self, record: CommitRecord, putting: float) -> bool | None:
+        """:func:`history.landed_first`. If the record went too: expired, which needs a
+        header built on it to age for the retention (by storage time and by clocks within
+        the skew), or deleted by an expiry that ran from an older version (so it filled an
+        emptied slot). Less than the retention less the skew after ``putting`` (this
+        process's monotonic clock) it cannot have expired; later, it landed first if its
+        files are live in the log as it is now (no other writer's state can name them).
+        A storage failure makes it unknown (None)."""
         try:
             first = history.landed_first(self.storage, record, self.descriptor.snapshot_interval)
-            if first is None and record.add:
+            if first is None:
+                window_ms = self.descriptor.retention_ms - CLOCK_SKEW_MS
+                if (monotonic_s() - putting) * 1000 < window_ms:
+                    return False
                 fresh = history.load_state(self.storage, self.descriptor)
-                if all(fresh.is_live(segment) for segment in record.add):
+                if record.add and all(fresh.is_live(segment) for segment in record.add):
                     return True
             return first
         except (ReplogError, OSError) as exc:
