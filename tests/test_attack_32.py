@@ -382,10 +382,9 @@ def test_a_compaction_that_runs_longer_than_an_hour_under_load_finishes(
         written[0] += 1
         n = written[0]
         with use_clock(Virtual.clock(), Virtual.monotonic):
-            producer.append(
-                [{"key": f"k{i % 50}", "data": {"n": n, "pad": "x" * (10 * n)}}
-                 for i in range(rows)]  # fmt: skip
-            )
+            rows_of = [{"key": f"k{i % 50}", "data": {"n": n, "pad": "x" * (10 * n)}}
+                       for i in range(rows)]  # fmt: skip
+            producer.append(rows_of)
         producer.flush()
 
     for _ in range(3):
