@@ -82,7 +82,7 @@ class Tally:
         with self.lock:
             getattr(self, kind).extend(ids)
             if error is not None:
-                self.errors[type(error).__name__] += 1
+                self.errors[f"{type(error).__name__}: {str(error).split(': ', 1)[-1][:90]}"] += 1
 
 
 class Notes(logging.Handler):
@@ -93,9 +93,30 @@ class Notes(logging.Handler):
     def emit(self, record: logging.LogRecord) -> None:
         text = record.getMessage()
         for what in ("landed in a range retention deleted", "landed on the log's history",
-                     "staging the append again"):  # fmt: skip
+                     "staging the append again", "could not tell where"):  # fmt: skip
             if what in text:
                 Notes.said[what] += 1
+
+
+def s3_log() -> tuple[str, dict[str, Any]]:
+    """A log URL on a moto S3 server started here, and its storage options."""
+    import os
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "testing")
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    endpoint = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(
+        Bucket="stress"
+    )
+    options = {"endpoint_url": endpoint, "key": "testing", "secret": "testing",
+               "client_kwargs": {"region_name": "us-east-1"}}  # fmt: skip
+    return "s3://stress/log", options
 
 
 def main() -> None:
@@ -108,6 +129,7 @@ def main() -> None:
     parser.add_argument("--stall-s", type=float, default=3.0)
     parser.add_argument("--stall-rate", type=float, default=0.03)
     parser.add_argument("--cancel-rate", type=float, default=0.05)
+    parser.add_argument("--s3", action="store_true", help="on a moto S3 server")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
     random.seed(args.seed)
@@ -117,13 +139,22 @@ def main() -> None:
     logging.getLogger().handlers[0].setLevel(logging.ERROR)
     Stalling.stall_s, Stalling.rate = args.stall_s, args.stall_rate
     url = str(Path(tempfile.mkdtemp(prefix="attack32-")) / "log")
-    ReplicationLog.create(url, 4, snapshot_interval=10, retention_ms=args.retention_ms)
+    options: dict[str, Any] | None = None
+    if args.s3:
+        url, options = s3_log()
+    ReplicationLog.create(
+        url, 4, snapshot_interval=10, retention_ms=args.retention_ms, storage_options=options
+    )
+
+    def open_log(**kwargs: Any) -> ReplicationLog:
+        return ReplicationLog.open(url, storage_options=options, **kwargs)
+
     stop = threading.Event()
     tally = Tally()
     operators: Counter[str] = Counter()
 
     def writer(name: str, skew_s: float) -> None:
-        log = stalling(ReplicationLog.open(url))
+        log = stalling(open_log())
         n = 0
         with use_clock(lambda: time.time() + skew_s):
             while not stop.is_set():
@@ -134,13 +165,13 @@ def main() -> None:
                     tally.note("acked", ids)
                 except CommitOutcomeUnknownError as exc:
                     tally.note("unknown", ids, exc)
-                    log = stalling(ReplicationLog.open(url))
+                    log = stalling(open_log())
                 except ReplogError as exc:
                     tally.note("failed", ids, exc)
-                    log = stalling(ReplicationLog.open(url))
+                    log = stalling(open_log())
             log.flush()
 
-    appender = GroupAppender(stalling(ReplicationLog.open(url)), linger_ms=5)
+    appender = GroupAppender(stalling(open_log()), linger_ms=5)
 
     def submitter(name: str) -> None:
         n = 0
@@ -162,7 +193,7 @@ def main() -> None:
                 tally.note("failed", ids, exc)
 
     def compactor() -> None:
-        log = ReplicationLog.open(url, auto_compact=False)
+        log = open_log(auto_compact=False)
         turn = 0
         while not stop.is_set():
             turn += 1
@@ -177,7 +208,7 @@ def main() -> None:
             stop.wait(1.0)
 
     def collector() -> None:
-        log = ReplicationLog.open(url, auto_compact=False)
+        log = open_log(auto_compact=False)
         while not stop.is_set():
             try:
                 recover(log, grace_ms=0)
@@ -202,7 +233,7 @@ def main() -> None:
     appender.close()
     elapsed = time.monotonic() - began
 
-    final = ReplicationLog.open(url)
+    final = open_log()
     counts = Counter(str(i) for i in final.read_all().column("event_id").to_pylist())
     lost = [i for i in tally.acked if counts[i] != 1 and counts[i] == 0]
     doubled = [i for i, c in counts.items() if c > 1]

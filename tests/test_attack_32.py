@@ -288,6 +288,51 @@ def test_a_commit_in_an_emptied_slot_deleted_again_by_a_late_expiry_is_made_agai
     check_log(ReplicationLog.open(url))
 
 
+def test_a_commit_left_in_an_emptied_slot_by_a_dead_writer_misleads_no_other(
+    tmp_path: Path,
+) -> None:
+    """X reads the log at version 9 and goes idle. W, also at 9, stalls 25 minutes before
+    its put of commit 10 (retention 20); meanwhile B commits 10..29 and E expires commits
+    1..20. W's put fills slot 10 and W dies before its check. X then appends: it read
+    commit 10 (W's), found no commit 11 and commit 10 still there, and put commit 11:
+    acknowledged, but every reader starts from header 30. An old commit followed by
+    nothing while the hint names a header above it is such a leftover: X now reads the
+    log from that header."""
+    from replog.storage.faults import SimulatedCrash
+
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
+                          auto_compact=False)  # fmt: skip
+    a, b, e, x, reader = (opened(url) for _ in range(5))
+    for n in range(1, 10):
+        append(a, f"a{n}")
+    with use_clock(Virtual.clock(), Virtual.monotonic):
+        assert x.refresh(verify_within=0).version == 9
+        assert reader.refresh(verify_within=0).version == 9
+
+    class StallsAndDies(Aged):
+        def _create_once(self, path: str, data: bytes, durability: Any) -> None:
+            if not path.endswith(commit_path(10)):
+                super()._create_once(path, data, durability)
+                return
+            for n in range(10, 30):
+                append(b, f"b{n}")
+            Virtual.offset_s += 25 * MINUTE_S
+            append(e, "e30")
+            e.flush()
+            super()._create_once(path, data, durability)
+            raise SimulatedCrash("W dies right after its put")
+
+    w = opened(url, StallsAndDies)
+    with pytest.raises(SimulatedCrash):
+        append(w, "w")
+    with use_clock(Virtual.clock(), Virtual.monotonic):  # a reader idle at 9 is not stuck
+        assert reader.refresh(verify_within=0).version >= 30  # at 10, where nothing follows
+    told = append(x, "x")
+    ids = event_ids(url)
+    assert {"x-0", "x-1", "x-2"} <= set(ids), f"X was told version {told}"
+
+
 def test_a_storage_clock_that_steps_forward_does_not_empty_a_slot_a_writer_is_about_to_fill(
     tmp_path: Path,
 ) -> None:

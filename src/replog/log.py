@@ -319,6 +319,7 @@ class ReplicationLog:
                 self._state,
                 limit=self.descriptor.snapshot_interval,
                 verify_within=verify_within,
+                idle_ms=self.descriptor.retention_ms - CLOCK_SKEW_MS,
             )
         except history.BaseMissing:  # retention removed what this idle state was built on
             caught_up = False

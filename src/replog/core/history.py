@@ -55,7 +55,7 @@ from replog.names import listed_versions
 from replog.storage import Storage
 from replog.storage.backends import Durability
 from replog.storage.pointer import ForwardPointer, probe_forward
-from replog.timeutil import monotonic_s
+from replog.timeutil import monotonic_s, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -203,6 +203,42 @@ def landed_first(storage: Storage, record: CommitRecord, table_interval: int) ->
     return header is None or token == record.token
 
 
+def _check_not_overtaken(storage: Storage, state: LogState) -> None:
+    """Raise :class:`BaseMissing` if a header of this log above ``state.version`` exists
+    (the hint names it): the log went past the state's commit, so that commit, found with
+    no commit after it, is not the head but one a writer put into a slot retention had
+    emptied and could not take back (it died first). Only such a commit can be old and
+    followed by nothing while headers above it exist."""
+    entry = hint(storage).read_entry()
+    if entry is None or entry.value <= state.version:
+        return
+    data = storage.read_optional(header_path(entry.value))
+    if data is None:
+        return
+    try:
+        found = SnapshotHeader.from_bytes(data, storage.path(header_path(entry.value)))
+    except (CorruptionError, UnsupportedFormatError):
+        return
+    if found.version == entry.value and found.log_id in ("", state.log_id):
+        logger.warning(
+            "%s: commit %d is followed by nothing, yet header %d exists: it is a commit put "
+            "into a slot retention had emptied (its writer died before taking it back); "
+            "reading the log from its newest header",
+            storage.url,
+            state.version,
+            entry.value,
+        )
+        raise BaseMissing(state.version)
+
+
+def _check_head(storage: Storage, state: LogState, base: bytes | None, idle_ms: int | None) -> None:
+    """:func:`check_base`, and for a state idle for ``idle_ms``,
+    :func:`_check_not_overtaken`."""
+    check_base(storage, state, base)
+    if idle_ms is not None and state.timestamp_ms <= now_ms() - idle_ms:
+        _check_not_overtaken(storage, state)
+
+
 def catch_up(
     storage: Storage,
     state: LogState,
@@ -210,6 +246,7 @@ def catch_up(
     limit: int | None = None,
     window: int = 1,
     verify_within: float | None = 0.0,
+    idle_ms: int | None = None,
 ) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
     and more may follow. On remote storage reads ``window`` commits at once, then twice as
@@ -224,7 +261,9 @@ def catch_up(
     (:func:`check_base`). On remote storage the base is read alongside the commits, so
     a deletion between the two reads can go unseen: a reader then stays behind until
     its next check, and a writer checks again after its commit lands
-    (``ReplicationLog.commit``).
+    (``ReplicationLog.commit``). A state whose commit is older than ``idle_ms`` (the
+    retention less the clock skew) by this clock is also checked not to have been
+    overtaken (:func:`_check_not_overtaken`: one more small read, on idle logs only).
     """
     parallel = storage.is_remote
     window = window if parallel else 1
@@ -253,7 +292,7 @@ def catch_up(
                     if ordered:  # read after the miss (the base is a commit applied just now)
                         base = storage.read_optional(commit_path(state.version))
                     assert not isinstance(base, CommitRecord)
-                    check_base(storage, state, base)
+                    _check_head(storage, state, base, idle_ms)
                     state.verified = (state.version, time.monotonic())
                     if ordered:
                         # The base was there after the miss, so the next commit was not
@@ -934,7 +973,8 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     races = 0
     while True:
         try:
-            if catch_up(storage, state, limit=interval, window=interval):
+            idle_ms = descriptor.retention_ms - CLOCK_SKEW_MS
+            if catch_up(storage, state, limit=interval, window=interval, idle_ms=idle_ms):
                 return state
         except BaseMissing:
             if not state.version == header > 0:
