@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.storages import as_class
+from support.storages import ClockTimes, as_class
 
 from replog.core import leases
 from replog.log import ReplicationLog
@@ -140,9 +140,11 @@ def test_merges_wait_for_a_compaction_lease_for_an_hour_at_most(
 ) -> None:
     """A compaction that died without releasing its lease holds writers' merges back for
     an hour, not for its lease's 24 hours; a lease stamped two hours in the future (a
-    compactor's clock gone wrong) is not waited for at all."""
+    compactor's clock gone wrong) is not waited for at all. (The lease file is stamped
+    when it was written, as storage would: a running compaction rewrites it.)"""
     url = str(tmp_path / "log")
     log = ReplicationLog.create(url, 2)
+    log.storage = as_class(log.storage, ClockTimes)
     with use_clock(lambda: time.time() - acquired_minutes_ago * 60):
         leases.acquire(log.storage, "compaction of the test", compaction=True)
     leases.acquire(log.storage, "a batch write")  # not a compaction: never waited for

@@ -181,9 +181,12 @@ class GroupAppender:
                 not group or events + self._queue[0].rows.num_rows <= self.max_events
             ):
                 pending = self._queue.pop(0)
-                group.append(pending)
-                events += pending.rows.num_rows
-            self._queued_events -= events
+                self._queued_events -= pending.rows.num_rows
+                # From here on its caller cannot cancel it (it will be sent); one it
+                # cancelled while queued is not sent (nor resolved: that would raise).
+                if pending.future.set_running_or_notify_cancel():
+                    group.append(pending)
+                    events += pending.rows.num_rows
             return group
 
     def _run(self) -> None:
@@ -206,7 +209,8 @@ class GroupAppender:
         """Fail every queued caller with ``exc`` (nothing of theirs was sent; the caller
         holds the lock)."""
         for pending in self._queue:
-            pending.future.set_exception(exc)
+            if pending.future.set_running_or_notify_cancel():  # else its caller cancelled it
+                pending.future.set_exception(exc)
         self._queue.clear()
         self._queued_events = 0
 

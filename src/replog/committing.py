@@ -28,6 +28,7 @@ from replog.errors import (
     CommitOutcomeUnknownError,
     LogNotFoundError,
     LogRecreatedError,
+    ReplogError,
     StorageError,
 )
 from replog.format.commits import CommitRecord, commit_path
@@ -79,7 +80,7 @@ def commit(
             logger.debug("lost the race for version %d; retrying", record.version)
             time.sleep(random.uniform(0, min(RACE_BACKOFF_MAX_S, 0.001 * 2**tries)))
             continue
-        if not _landed_on_history(log, state, record):
+        if not _landed_on_history(log, state, record, putting):
             attempt.in_doubt = False
             continue
         attempt.landed, attempt.in_doubt = record, False
@@ -92,7 +93,9 @@ def commit(
     raise CommitConflictError(f"{log.url}: gave up after {MAX_COMMIT_ATTEMPTS} lost commit races")
 
 
-def _landed_on_history(log: LogReader, state: LogState, record: CommitRecord) -> bool:
+def _landed_on_history(
+    log: LogReader, state: LogState, record: CommitRecord, putting: float
+) -> bool:
     """Whether ``record``, just put at ``state.version + 1``, follows the log's history
     rather than filling a slot retention emptied (the writer stalled between finding
     the slot free and its put, while others committed past it and expiry deleted it).
@@ -123,6 +126,25 @@ def _landed_on_history(log: LogReader, state: LogState, record: CommitRecord) ->
             base = log.storage.read_optional(commit_path(state.version))
         history.check_base(log.storage, state, base)
     except history.BaseMissing:
+        # Gone since the put, or before it? A commit that landed on the history and
+        # whose base expired after it must be neither taken back nor made again.
+        first = _landed_first(log, record, putting)
+        if first:
+            logger.info(
+                "%s: commit %d landed on the log's history; its base %d expired since",
+                log.url,
+                record.version,
+                state.version,
+            )
+            return True
+        if first is None:
+            log.forget()
+            raise CommitOutcomeUnknownError(
+                f"{log.url}: commit {record.version} landed, and its base (commit "
+                f"{state.version}) is gone: retention deleted it, before or after the "
+                f"put, which cannot be told; the commit was kept ('replog read' tells "
+                f"whether its events are in the log)"
+            ) from None
         logger.warning(
             "%s: commit %d landed in a range retention deleted (this writer's state was "
             "older than the retention); deleting it and committing again",
@@ -141,6 +163,31 @@ def _landed_on_history(log: LogReader, state: LogState, record: CommitRecord) ->
             f"the log's history failed: {exc}"
         ) from exc
     return True
+
+
+def _landed_first(log: LogReader, record: CommitRecord, putting: float) -> bool | None:
+    """:func:`history.landed_first`. If the record went too: expired, which needs a
+    header built on it to age for the retention (by storage time and by clocks within
+    the skew), or deleted by an expiry that ran from an older version (so it filled an
+    emptied slot). Less than the retention less the skew after ``putting`` (this
+    process's monotonic clock) it cannot have expired; later, it landed first if its
+    files are live in the log as it is now (no other writer's state can name them).
+    A storage failure makes it unknown (None)."""
+    try:
+        first = history.landed_first(log.storage, record, log.descriptor.snapshot_interval)
+        if first is None:
+            window_ms = log.descriptor.retention_ms - CLOCK_SKEW_MS
+            if (monotonic_s() - putting) * 1000 < window_ms:
+                return False
+            fresh = history.load_state(log.storage, log.descriptor)
+            if record.add and all(fresh.is_live(segment) for segment in record.add):
+                return True
+        return first
+    except (ReplogError, OSError) as exc:
+        logger.warning(
+            "%s: could not tell where commit %d landed: %s", log.url, record.version, exc
+        )
+        return None
 
 
 def _take_back(log: LogReader, record: CommitRecord) -> None:

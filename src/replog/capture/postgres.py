@@ -204,12 +204,18 @@ class PostgresCapture:
     def _release_dead_leases(self) -> None:
         """Staging leases of earlier runs of this slot's capture: their runs are dead (one
         capture per slot; a second one is refused at its commit), so their staged files,
-        never committed, are ``recover``'s to collect now, not in 24 hours."""
+        never committed, are ``recover``'s to collect in minutes, not in 24 hours. Not at
+        once: a run that froze (and lost its connection) may be between its commit's
+        lease check and its put (:func:`leases.wind_down`)."""
         found = leases.leases(self.log.storage)
         for lease in found.readable:
             if lease.owner == self._lease_owner:
-                logger.info("releasing staging lease %s of an earlier run", lease.lease_id)
-                leases.release_quietly(self.log.storage, lease)
+                logger.info("winding down staging lease %s of an earlier run", lease.lease_id)
+                try:
+                    leases.wind_down(self.log.storage, lease)
+                except Exception as exc:  # it then expires on its own, in a day
+                    logger.warning("could not wind down staging lease %s: %s",
+                                   lease.lease_id, exc)  # fmt: skip
 
     def _start(self) -> int:
         self._release_dead_leases()

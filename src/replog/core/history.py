@@ -39,6 +39,7 @@ from replog.format.commits import (
     LogDescriptor,
     commit_path,
 )
+from replog.format.gc import CLOCK_SKEW_MS
 from replog.format.headers import ChangesEntry, SnapshotHeader
 from replog.format.lanes import (
     Lanes,
@@ -54,7 +55,7 @@ from replog.names import listed_versions
 from replog.storage import Storage
 from replog.storage.backends import Durability
 from replog.storage.pointer import ForwardPointer, probe_forward
-from replog.timeutil import monotonic_s
+from replog.timeutil import monotonic_s, now_ms
 
 logger = logging.getLogger(__name__)
 
@@ -167,6 +168,77 @@ def check_base(storage: Storage, state: LogState, base: bytes | None) -> None:
         raise BaseMissing(state.version)
 
 
+def landed_first(storage: Storage, record: CommitRecord, table_interval: int) -> bool | None:
+    """After ``record`` landed at version v + 1 and commit v was then found gone
+    (:class:`BaseMissing`): whether the record landed on the log's history and commit v
+    expired after it (True), or it filled a slot retention had emptied before its put
+    (False: it must be taken back); None if that cannot be told (the record is gone too).
+
+    Retention deletes commits oldest first, each only for a table at or after it, by a
+    writer at least S (the table interval) versions past that table, never the writer
+    of v + 1 (which has not expired anything yet). So:
+
+    * landed first: the expiring writer committed v + 2 or later on the record: commit
+      v + 2 exists, and a header v + 1 (if v + 1 is a table) is missing or the record's;
+    * filled an emptied slot: a table c >= v + 1 was expired. If c > v + 1, commit v + 2
+      went with it; if c = v + 1 (so v + 1 is a table), header v + 1 is still there, the
+      state of the other commit v + 1 (its token is not the record's).
+
+    No clock, the storage's included, enters this."""
+    data = storage.read_optional(commit_path(record.version))
+    if data is None or _base_members(data) != (record.log_id, record.token):
+        return None  # gone too: expired since, or deleted by an expiry that ran late
+    if not storage.exists(commit_path(record.version + 1)):
+        return False
+    if record.version % table_interval:
+        return True
+    relative = header_path(record.version)
+    header = storage.read_optional(relative)
+    try:
+        token = None if header is None else SnapshotHeader.from_bytes(header, relative).token
+    except (CorruptionError, UnsupportedFormatError):
+        return None
+    if header is not None and not token:
+        return None  # a header without a token (written by replog 0.4) tells nothing
+    return header is None or token == record.token
+
+
+def _check_not_overtaken(storage: Storage, state: LogState) -> None:
+    """Raise :class:`BaseMissing` if a header of this log above ``state.version`` exists
+    (the hint names it): the log went past the state's commit, so that commit, found with
+    no commit after it, is not the head but one a writer put into a slot retention had
+    emptied and could not take back (it died first). Only such a commit can be old and
+    followed by nothing while headers above it exist."""
+    entry = hint(storage).read_entry()
+    if entry is None or entry.value <= state.version:
+        return
+    data = storage.read_optional(header_path(entry.value))
+    if data is None:
+        return
+    try:
+        found = SnapshotHeader.from_bytes(data, storage.path(header_path(entry.value)))
+    except (CorruptionError, UnsupportedFormatError):
+        return
+    if found.version == entry.value and found.log_id in ("", state.log_id):
+        logger.warning(
+            "%s: commit %d is followed by nothing, yet header %d exists: it is a commit put "
+            "into a slot retention had emptied (its writer died before taking it back); "
+            "reading the log from its newest header",
+            storage.url,
+            state.version,
+            entry.value,
+        )
+        raise BaseMissing(state.version)
+
+
+def _check_head(storage: Storage, state: LogState, base: bytes | None, idle_ms: int | None) -> None:
+    """:func:`check_base`, and for a state idle for ``idle_ms``,
+    :func:`_check_not_overtaken`."""
+    check_base(storage, state, base)
+    if idle_ms is not None and state.timestamp_ms <= now_ms() - idle_ms:
+        _check_not_overtaken(storage, state)
+
+
 def catch_up(
     storage: Storage,
     state: LogState,
@@ -174,6 +246,7 @@ def catch_up(
     limit: int | None = None,
     window: int = 1,
     verify_within: float | None = 0.0,
+    idle_ms: int | None = None,
 ) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
     and more may follow. On remote storage reads ``window`` commits at once, then twice as
@@ -188,7 +261,9 @@ def catch_up(
     (:func:`check_base`). On remote storage the base is read alongside the commits, so
     a deletion between the two reads can go unseen: a reader then stays behind until
     its next check, and a writer checks again after its commit lands
-    (``ReplicationLog.commit``).
+    (``ReplicationLog.commit``). A state whose commit is older than ``idle_ms`` (the
+    retention less the clock skew) by this clock is also checked not to have been
+    overtaken (:func:`_check_not_overtaken`: one more small read, on idle logs only).
     """
     parallel = storage.is_remote
     window = window if parallel else 1
@@ -217,7 +292,7 @@ def catch_up(
                     if ordered:  # read after the miss (the base is a commit applied just now)
                         base = storage.read_optional(commit_path(state.version))
                     assert not isinstance(base, CommitRecord)
-                    check_base(storage, state, base)
+                    _check_head(storage, state, base, idle_ms)
                     state.verified = (state.version, time.monotonic())
                     if ordered:
                         # The base was there after the miss, so the next commit was not
@@ -375,13 +450,28 @@ class _Ages:
         return self._storage_now
 
     def expired(self, header: SnapshotHeader, retention_ms: int) -> bool:
-        """Whether ``header`` is older than ``retention_ms``."""
+        """Whether ``header`` is older than ``retention_ms``: by storage time and by the
+        clocks, both (a clock that steps forward, the storage's as much as a writer's,
+        then delays expiry instead of emptying a slot a writer is about to fill)."""
+        by_clocks = header.timestamp_ms <= self.now_ms - retention_ms
         now = self.storage_now()
         stamp = self.storage.modified_ms(header_path(header.version)) if now is not None else None
         if now is None or stamp is None:
-            return header.timestamp_ms <= self.now_ms - retention_ms
+            return by_clocks
         slack = WHOLE_SECOND_MS if stamp % WHOLE_SECOND_MS == 0 else 0
-        return now - stamp >= retention_ms + slack
+        by_storage = now - stamp >= retention_ms + slack
+        disagree = abs((now - stamp) - (self.now_ms - header.timestamp_ms)) > CLOCK_SKEW_MS
+        if by_storage != by_clocks and disagree:
+            logger.warning(
+                "%s: header %d is %d s old by storage time but %d s by the writers' clocks: "
+                "a clock is off by more than %d minutes; not expired until both agree",
+                self.storage.url,
+                header.version,
+                (now - stamp) // 1000,
+                (self.now_ms - header.timestamp_ms) // 1000,
+                CLOCK_SKEW_MS // 60_000,
+            )
+        return by_storage and by_clocks
 
 
 EXPIRE_STEPS = 2
@@ -883,7 +973,8 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     races = 0
     while True:
         try:
-            if catch_up(storage, state, limit=interval, window=interval):
+            idle_ms = descriptor.retention_ms - CLOCK_SKEW_MS
+            if catch_up(storage, state, limit=interval, window=interval, idle_ms=idle_ms):
                 return state
         except BaseMissing:
             if not state.version == header > 0:

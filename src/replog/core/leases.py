@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -27,6 +28,9 @@ from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 
+HEARTBEAT_MS = 10 * 60_000
+"""A running compaction rewrites its lease at most this often (:class:`Heartbeat`)."""
+
 
 def acquire(
     storage: Storage, owner: str, duration_ms: int = DEFAULT_LEASE_MS, *, compaction: bool = False
@@ -44,24 +48,68 @@ def acquire(
 def compaction_running(storage: Storage) -> bool:
     """Whether an operator's compaction holds a lease: one whose id begins with
     :data:`COMPACTION_PREFIX`, live, and taken less than :data:`COMPACTION_YIELD_MS` ago
-    (a compaction that died without releasing its lease holds merges back no longer).
-    Lists the leases and reads only compactions' (usually none)."""
+    or, for a compaction that runs longer, whose file was written that recently (storage
+    time: a running compaction rewrites it, :class:`Heartbeat`). One that died without
+    releasing it holds merges back for that long at most. Lists the leases and reads only
+    compactions' (usually none)."""
     now = now_ms()
     for name in storage.listdir(LEASES_DIR):
         if not name.startswith(COMPACTION_PREFIX) or is_temporary(name):
             continue
-        data = storage.read_optional(f"{LEASES_DIR}/{name}")
+        relative = f"{LEASES_DIR}/{name}"
+        data = storage.read_optional(relative)
         if data is None:
             continue
         try:
-            lease = Lease.from_bytes(data, storage.path(f"{LEASES_DIR}/{name}"))
+            lease = Lease.from_bytes(data, storage.path(relative))
         except CorruptionError:
             continue  # recover reports it; merges need not wait for it
-        # Taken within the last hour (a lease from further in the future than the clock
-        # skew is a clock gone wrong: not waited for).
-        if lease.live(now) and -CLOCK_SKEW_MS <= now - lease.acquired_ms < COMPACTION_YIELD_MS:
+        # A lease from further in the future than the clock skew is a clock gone wrong:
+        # not waited for.
+        if not lease.live(now) or now - lease.acquired_ms < -CLOCK_SKEW_MS:
+            continue
+        if now - lease.acquired_ms < COMPACTION_YIELD_MS:
+            return True
+        try:
+            beat = storage.modified_ms(relative)
+        except FileNotFoundError:  # released meanwhile
+            continue
+        if beat is not None and -CLOCK_SKEW_MS <= now - beat < COMPACTION_YIELD_MS:
             return True
     return False
+
+
+class Heartbeat:
+    """Shows that the compaction holding ``lease`` is still running: called as it makes
+    progress, it rewrites the lease file (the same bytes: only its storage time moves) at
+    most every :data:`HEARTBEAT_MS` by the holder's clock, so writers' merges keep
+    yielding to a compaction that runs longer than :data:`COMPACTION_YIELD_MS`
+    (:func:`compaction_running`). Thread-safe; :meth:`stop` before the lease is released
+    (a beat after it would write it again)."""
+
+    def __init__(self, storage: Storage, lease: Lease) -> None:
+        self.storage, self.lease = storage, lease
+        self._last = now_ms()
+        self._lock = threading.Lock()
+        self._stopped = False
+
+    def __call__(self, *_: object) -> None:
+        now = now_ms()
+        with self._lock:
+            if self._stopped or now - self._last < HEARTBEAT_MS:
+                return
+            self._last = now
+            try:
+                current = read(self.storage, self.lease)
+                if current is not None:
+                    self.storage.write(current.relative, current.to_bytes())
+            except Exception as exc:  # merges may stop yielding: the compaction may conflict
+                logger.warning("could not renew compaction lease %s: %s",
+                               self.storage.path(self.lease.relative), exc)  # fmt: skip
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped = True
 
 
 def mark(storage: Storage, lease: Lease, state: str, current: Lease | None = None) -> Lease:
@@ -113,6 +161,21 @@ def renew(storage: Storage, lease: Lease, duration_ms: int = DEFAULT_LEASE_MS) -
     renewed = dataclasses.replace(current, expires_ms=now + duration_ms)
     storage.write(renewed.relative, renewed.to_bytes())
     return renewed
+
+
+def wind_down(storage: Storage, lease: Lease) -> None:
+    """Make ``lease``, of a writer believed dead, expire within the clock skew instead of
+    releasing it: should its writer live after all, it is refused at its next check
+    (:func:`check_held`: within the skew of expiry), and if it passed that check just
+    before, ``recover`` keeps honouring the lease for the skew that check allows for,
+    rather than taking its files between the check and the put. Its files are then
+    collected in minutes, not a day."""
+    current = read(storage, lease)
+    expires = now_ms() + CLOCK_SKEW_MS
+    if current is None or current.expires_ms <= expires:
+        return
+    winding = dataclasses.replace(current, expires_ms=expires)
+    storage.write(winding.relative, winding.to_bytes())
 
 
 def release(storage: Storage, lease: Lease) -> None:

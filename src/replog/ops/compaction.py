@@ -75,17 +75,26 @@ def compact(
     """
     check_limits(target_bytes, max_events)  # before the lease: nothing written for bad input
     with leases.holding(log.storage, f"compaction of {log.url}", compaction=True) as lease:
-        for attempt in range(1, ATTEMPTS + 1):
-            merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
-            if not merges:
-                return CompactionResult((), None)
-            try:
-                record = log.merge(merges, lease=lease, progress=_events_done(merges, progress))
-                break
-            except CommitConflictError:
-                if attempt == ATTEMPTS:
-                    raise
-                logger.info("%s: a source left the log during compaction; planning again", log.url)
+        beat = leases.Heartbeat(log.storage, lease)  # merges yield however long this runs
+        try:
+            for attempt in range(1, ATTEMPTS + 1):
+                beat()
+                merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
+                if not merges:
+                    return CompactionResult((), None)
+                try:
+                    record = log.merge(
+                        merges, lease=lease, progress=_events_done(merges, progress, beat)
+                    )
+                    break
+                except CommitConflictError:
+                    if attempt == ATTEMPTS:
+                        raise
+                    logger.info(
+                        "%s: a source left the log during compaction; planning again", log.url
+                    )
+        finally:
+            beat.stop()
     logger.info(
         "compacted %s at version %s: %d segments merged into %d",
         log.url,
@@ -97,16 +106,18 @@ def compact(
 
 
 def _events_done(
-    merges: list[Merge], progress: Callable[[int, int], None] | None
-) -> Callable[[int], None] | None:
-    """A merge's per-file callback that tells ``progress`` (done, total) events."""
-    if progress is None:
-        return None
+    merges: list[Merge], progress: Callable[[int, int], None] | None, beat: leases.Heartbeat
+) -> Callable[[int], None]:
+    """A merge's per-file callback that tells ``progress`` (done, total) events, and
+    ``beat`` that the compaction is alive."""
     total = sum(source.events for merge in merges for source in merge.sources)
     done = [0]
     lock = threading.Lock()
 
     def merged(events: int) -> None:
+        beat()
+        if progress is None:
+            return
         with lock:
             done[0] += events
             progress(done[0], total)

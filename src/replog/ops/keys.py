@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +34,7 @@ from replog.errors import CommitConflictError, InvalidOptionError
 from replog.format.commits import CommitRecord
 from replog.format.events import STORED_SCHEMA
 from replog.format.gc import StagingStart
+from replog.format.leases import Lease
 from replog.format.segments import (
     HOLED_SCHEMA,
     MAX_SEGMENT_BYTES,
@@ -169,12 +170,17 @@ def check_keep_deletes_for(value: int | None) -> int | None:
 
 
 def _shard_rows(
-    log: ReplicationLog, entries: Sequence[SegmentInfo], low: int, cache: DecodedFiles
+    log: ReplicationLog,
+    entries: Sequence[SegmentInfo],
+    low: int,
+    cache: DecodedFiles,
+    beat: Callable[[], None] = lambda: None,
 ) -> tuple[pa.Table, np.ndarray]:
     """The rows of ``entries`` (one shard's, consecutive) at or above ``low``, in the
-    stored schema, and their sequences."""
+    stored schema, and their sequences; ``beat`` is called before each entry is read."""
     tables, sequences = [], []
     for entry in entries:
+        beat()
         rows = entry_rows(files.read_file(log.storage, entry, cache), entry)
         found = row_sequences(rows, entry)
         if SEQUENCE_COLUMN in rows.column_names:
@@ -194,6 +200,7 @@ def _plan_shard(
     cleaner: int,
     drop_deletes_before_ms: int | None,
     cache: DecodedFiles,
+    beat: Callable[[], None] = lambda: None,
 ) -> tuple[list[SegmentInfo], pa.Table, FilePieces, ShardCompaction] | None:
     """The entries of ``shard`` to replace, the kept rows (holed schema), the range of
     each file to write, and a summary; None when nothing would be dropped."""
@@ -205,7 +212,7 @@ def _plan_shard(
         entries.append(entry)
     if not entries:
         return None
-    rows, sequences = _shard_rows(log, entries, state.lows[shard], cache)
+    rows, sequences = _shard_rows(log, entries, state.lows[shard], cache, beat)
     keep, deletes_dropped = kept_rows(rows, drop_deletes_before_ms=drop_deletes_before_ms)
     if len(keep) == rows.num_rows:
         return None  # nothing superseded: rewriting would only add holes' bookkeeping
@@ -243,6 +250,7 @@ def _rewrite(
     *,
     drop_deletes_before_ms: int | None,
     dry_run: bool,
+    beat: Callable[[], None] = lambda: None,
 ) -> tuple[list[ShardCompaction], list[SegmentInfo], list[SegmentInfo]]:
     """Plan every shard and (unless ``dry_run``) write its kept rows: the summaries, the
     entries to remove and the entries written. If anything fails, planning a later shard
@@ -260,6 +268,7 @@ def _rewrite(
                 cleaner=points[shard],
                 drop_deletes_before_ms=drop_deletes_before_ms,
                 cache=cache,
+                beat=beat,
             )
             if planned is None:
                 continue
@@ -291,45 +300,61 @@ def compact_by_key(
     check_keep_deletes_for(keep_deletes_for_ms)
     owner = f"key compaction of {log.url}"
     with leases.holding(log.storage, owner, compaction=True) as lease:
-        for attempt in range(1, ATTEMPTS + 1):
-            state = log.refresh()
-            since = StagingStart(state.version, now_ms())
-            committed = consumers.all_committed(log)
-            points = cleaner_points(state, committed)
-            cutoff = None if keep_deletes_for_ms is None else now_ms() - keep_deletes_for_ms
-            try:
-                summaries, removed, added = _rewrite(
-                    log, state, points, drop_deletes_before_ms=cutoff, dry_run=dry_run
-                )
-                result = KeyCompactionResult(points, tuple(summaries), None, tuple(committed))
-                if dry_run or not summaries:
-                    return result
-                # A consumer registered or set back while the ranges were rewritten (which
-                # can take minutes) needs what the old cleaner points would drop: look
-                # again just before committing, and plan again if one went back.
-                again = cleaner_points(state, consumers.all_committed(log))
-                moved_back = [s.shard for s in summaries if s.last > again[s.shard]]
-                if moved_back:
-                    staging.discard(log.storage, added)
-                    raise CommitConflictError(
-                        f"{log.url}: a consumer was registered or set back on shards "
-                        f"{moved_back} during key compaction; nothing was rewritten"
-                    )
-                record = log.replace(added, removed, since, lease=lease)
-            except CommitConflictError:
-                if attempt == ATTEMPTS:
-                    raise
-                logger.info(
-                    "%s: a source or a cleaner point moved during key compaction; again", log.url
-                )
-                continue
-            logger.info(
-                "key-compacted %s at version %d: %d events -> %d (cleaner points %s)",
-                log.url,
-                record.version,
-                result.events_before,
-                result.events_after,
-                points,
+        beat = leases.Heartbeat(log.storage, lease)  # merges yield however long this runs
+        try:
+            return _compact_by_key(log, lease, beat, keep_deletes_for_ms, dry_run)
+        finally:
+            beat.stop()
+
+
+def _compact_by_key(
+    log: ReplicationLog,
+    lease: Lease,
+    beat: leases.Heartbeat,
+    keep_deletes_for_ms: int | None,
+    dry_run: bool,
+) -> KeyCompactionResult:
+    """:func:`compact_by_key` under its lease."""
+    for attempt in range(1, ATTEMPTS + 1):
+        beat()
+        state = log.refresh()
+        since = StagingStart(state.version, now_ms())
+        committed = consumers.all_committed(log)
+        points = cleaner_points(state, committed)
+        cutoff = None if keep_deletes_for_ms is None else now_ms() - keep_deletes_for_ms
+        try:
+            summaries, removed, added = _rewrite(
+                log, state, points, drop_deletes_before_ms=cutoff, dry_run=dry_run, beat=beat
             )
-            return KeyCompactionResult(points, tuple(summaries), record, tuple(committed))
+            result = KeyCompactionResult(points, tuple(summaries), None, tuple(committed))
+            if dry_run or not summaries:
+                return result
+            # A consumer registered or set back while the ranges were rewritten (which
+            # can take minutes) needs what the old cleaner points would drop: look
+            # again just before committing, and plan again if one went back.
+            again = cleaner_points(state, consumers.all_committed(log))
+            moved_back = [s.shard for s in summaries if s.last > again[s.shard]]
+            if moved_back:
+                staging.discard(log.storage, added)
+                raise CommitConflictError(
+                    f"{log.url}: a consumer was registered or set back on shards "
+                    f"{moved_back} during key compaction; nothing was rewritten"
+                )
+            record = log.replace(added, removed, since, lease=lease)
+        except CommitConflictError:
+            if attempt == ATTEMPTS:
+                raise
+            logger.info(
+                "%s: a source or a cleaner point moved during key compaction; again", log.url
+            )
+            continue
+        logger.info(
+            "key-compacted %s at version %d: %d events -> %d (cleaner points %s)",
+            log.url,
+            record.version,
+            result.events_before,
+            result.events_after,
+            points,
+        )
+        return KeyCompactionResult(points, tuple(summaries), record, tuple(committed))
     raise AssertionError("unreachable")
