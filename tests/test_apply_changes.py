@@ -198,6 +198,29 @@ def test_an_older_change_never_rolls_a_row_back(tmp_path: Path) -> None:
     assert {k: v["name"] for k, v in state.items()} == {1: "a2", 2: "b3", 3: "c"}
 
 
+def test_durations_and_times_of_day_are_stored_as_counts_of_their_unit(tmp_path: Path) -> None:
+    """Delta has no interval or time type: a PostgreSQL ``time`` (Spark's ``interval day to
+    second``, Arrow's duration) and an Arrow ``time64`` land as bigint microseconds, in
+    the batch that creates the table and in a merge into it, nested ones too."""
+    target = str(tmp_path / "t")
+    for batch_id, (ids, micros) in enumerate([([1, 2], [1_500_000, 0]), ([2, 3], [7, None])]):
+        batch = change_table([(i, f"n{i}", 10 * batch_id + i, "update") for i in ids])
+        batch = batch.append_column("took", pa.array(micros, pa.duration("us")))
+        batch = batch.append_column("at", pa.array(micros, pa.time64("us")))
+        batch = batch.append_column(
+            "laps",
+            pa.array([[m] if m is not None else [] for m in micros], pa.list_(pa.duration("us"))),
+        )
+        apply_batch(target, batch, ["id"], app_id="q", batch_id=batch_id)
+    table = open_table(target, None)
+    assert table is not None
+    found = table.to_pyarrow_table()
+    assert found.schema.field("took").type == pa.int64()
+    assert found.schema.field("laps").type.value_type == pa.int64()
+    got = {r["id"]: (r["took"], r["at"], r["laps"]) for r in found.to_pylist()}
+    assert got == {1: (1_500_000, 1_500_000, [1_500_000]), 2: (7, 7, [7]), 3: (None, None, [])}
+
+
 def test_deletes_remove_the_row(tmp_path: Path) -> None:
     target = str(tmp_path / "t")
     apply_batch(

@@ -33,7 +33,8 @@ def source_rows(dsn: str, table: str, key: str = "id") -> dict[Any, dict[str, An
         name
         for (name,) in query(
             dsn,
-            f"SELECT attname FROM pg_attribute WHERE attrelid = '{table}'::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
+            f"SELECT attname FROM pg_attribute WHERE attrelid = '{table}'::regclass"
+            " AND attnum > 0 AND NOT attisdropped ORDER BY attnum",
         )
     ]
     rows = query(dsn, f"SELECT {', '.join(names)} FROM {table}")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
-from datetime import timezone
+from datetime import date, timezone
 from typing import Any
 
 import numpy as np
@@ -112,6 +112,29 @@ def check_changes(changes: pa.Table, keys: Sequence[str]) -> None:
                 f"apply_changes: key column {key!r} is null in {changes.column(key).null_count} "
                 f"change(s): every change must carry its key in its row"
             )
+
+
+def _storable_type(kind: pa.DataType) -> pa.DataType:
+    """``kind`` as a Delta table can hold it: Delta has no duration or time-of-day type,
+    so those become ``bigint`` counts of their own unit (Debezium's own ``MicroDuration``
+    and ``MicroTime``); nested types are mapped member by member."""
+    if pa.types.is_duration(kind) or pa.types.is_time(kind):
+        return pa.int64()
+    if pa.types.is_struct(kind):
+        return pa.struct([f.with_type(_storable_type(f.type)) for f in kind])
+    if pa.types.is_list(kind) or pa.types.is_large_list(kind):
+        item = kind.value_field.with_type(_storable_type(kind.value_type))
+        return pa.list_(item) if pa.types.is_list(kind) else pa.large_list(item)
+    if pa.types.is_map(kind):
+        return pa.map_(kind.key_type, _storable_type(kind.item_type))
+    return kind
+
+
+def storable(changes: pa.Table) -> pa.Table:
+    """``changes`` with each column of a type Delta cannot hold (durations, times of
+    day, as Spark's ``interval day to second`` arrives) cast to one it can."""
+    schema = pa.schema([f.with_type(_storable_type(f.type)) for f in changes.schema])
+    return changes if schema.equals(changes.schema) else changes.cast(schema)
 
 
 def last_per_key(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
@@ -462,7 +485,7 @@ def sql_literal(value: Any, kind: pa.DataType) -> str:  # noqa: PLR0911 - one pe
     if _is_text(kind):
         return "'" + str(value).replace("'", "''") + "'"
     if pa.types.is_date(kind):
-        return f"CAST('{value.isoformat()}' AS DATE)"
+        return f"CAST('{_day(value, kind).isoformat()}' AS DATE)"
     if pa.types.is_timestamp(kind):
         stamp = pa.scalar(value, kind).cast(pa.timestamp("us", tz=kind.tz)).as_py()
         if kind.tz is not None:
@@ -471,6 +494,17 @@ def sql_literal(value: Any, kind: pa.DataType) -> str:  # noqa: PLR0911 - one pe
     raise SchemaChangeError(
         str(kind), f"a default of type {kind} ({value!r}) cannot be written into the table's rows"
     )
+
+
+def _day(value: Any, kind: pa.DataType) -> date:
+    """A date, or days since 1970-01-01 (as ``connect`` decodes a date), as a ``date``."""
+    try:
+        day: date = pa.scalar(value, kind).as_py()
+    except (ValueError, OverflowError, pa.ArrowException) as exc:
+        raise SchemaChangeError(
+            str(kind), f"a default date {value!r} is outside what a table's rows can hold"
+        ) from exc
+    return day
 
 
 def quoted(name: str) -> str:

@@ -194,6 +194,7 @@ def apply_batch(
         raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
     rows.check_changes(changes, keys)
     rows.check_one_collection(changes)
+    changes = rows.storable(changes)
     if rows.COLLECTION in changes.column_names:
         changes = changes.drop_columns([rows.COLLECTION])
     table = open_table(target, storage_options)
