@@ -22,6 +22,7 @@ from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.spark import workers
 from replog.storage import Storage
+from replog.storage.faults import FaultInjector, FaultRates, FaultyStorage
 
 
 def events(count: int, keys: int = 97, pad: int = 200) -> pa.Table:
@@ -163,3 +164,16 @@ def test_settle_leaves_other_processes_alone(monkeypatch: pytest.MonkeyPatch) ->
     assert not workers.in_spark_worker()  # pytest's __main__
     workers.settle()
     assert gc.get_freeze_count() == 0
+
+
+@pytest.mark.parametrize("fault", ["retried_create", "lost_response"])
+def test_files_whose_writes_landed_unseen_are_staged_once(tmp_path: Path, fault: str) -> None:
+    """Every create answers as if it failed after landing: each file is read back and
+    found to hold exactly what was written (the bytes compared, high bits included)."""
+    log = ReplicationLog.create(str(tmp_path / "log"), 4)
+    injector = FaultInjector(seed=3, rates=FaultRates.only(**{fault: 1.0}))
+    blind = ReplicationLog.from_storage(FaultyStorage.wrap(log.storage, injector))
+    staged = fed_in_batches(blind, events(20_000), 2_000)
+    assert injector.faults and len({s.path for s in staged}) == 4
+    log.commit_staged(staged)
+    assert len(check_log(ReplicationLog.open(log.url))) == 20_000

@@ -222,8 +222,9 @@ def _describe(
 
 def _payload(storage: Storage, data: pa.Buffer) -> bytes | memoryview:
     """What to hand storage: local files take the encoded buffer as it is (no copy);
-    other backends get bytes."""
-    return memoryview(data) if storage.is_local else data.to_pybytes()
+    other backends get bytes. The view is of unsigned bytes, as ``bytes`` are (Arrow
+    exports signed ones: a view of them compares unequal to the same bytes read back)."""
+    return memoryview(data).cast("B") if storage.is_local else data.to_pybytes()
 
 
 def write_file(storage: Storage, plan: FilePlan, relative: str) -> list[StagedSegment]:
