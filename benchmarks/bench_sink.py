@@ -31,6 +31,7 @@ from typing import Any
 
 import pyarrow.parquet as pq
 from null_sink import NullSink
+from proc_cpu import load_average, tree_cpu_seconds
 from pyspark.sql import SparkSession
 from workload import bench_session, workload
 
@@ -144,8 +145,7 @@ def s3_requests_per_commit(
     results = []
 
     def fresh_process() -> None:  # a restarted driver: nothing cached
-        spark_sink._COMMITTING_LOGS.clear()
-        spark_sink._COMMITTERS.clear()
+        spark_sink.PROCESS.clear()
 
     def counted(url: str, action: Any) -> tuple[dict[str, int], float]:
         # fsspec shares one s3fs instance per set of options: this is the sink's client.
@@ -231,6 +231,7 @@ def main() -> None:
     )
     parser.add_argument("--commits", default="10,19,99,137,199,1000")
     parser.add_argument("--requests-only", action="store_true", help="only part 2 (S3 requests)")
+    parser.add_argument("--no-requests", action="store_true", help="skip part 2 (S3 requests)")
     args = parser.parse_args()
     if args.requests_only:
         print_requests(args.commits)
@@ -247,9 +248,15 @@ def main() -> None:
             "discarding Python Arrow sink (the API's floor)": "python-null",
         }
         rates: dict[str, list[float]] = {name: [] for name in sinks}
+        cpu: dict[str, list[float]] = {name: [] for name in sinks}
+        loads = [load_average()]
+        names = list(sinks)
         for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
-            for name, fmt in sinks.items():
+            # rotated, so that no sink always runs right after the same other one
+            for name in names[run % len(names) :] + names[: run % len(names)]:
+                fmt = sinks[name]
                 target = root / f"out-{fmt}"
+                before = tree_cpu_seconds()
                 seconds = run_sink(
                     spark,
                     input_dir,
@@ -258,27 +265,42 @@ def main() -> None:
                     fmt,
                     files_per_trigger=files_per_trigger,
                 )
+                used = tree_cpu_seconds() - before
                 rows = written(spark, target, fmt, args.events)
                 if rows != args.events:
                     raise SystemExit(f"{name} wrote {rows} rows, expected {args.events}")
                 if run:
                     rates[name].append(args.events / seconds)
+                    cpu[name].append(used)
+            loads.append(load_average())
         spark.stop()
         batches = INPUT_FILES // files_per_trigger
+        print(f"load average (1 min) before and after each round: {', '.join(loads)}")
         print(
             f"| sink ({args.events:,} events in {batches} micro-batches, AvailableNow, "
-            f"{args.runs} runs) | events/s, median | best | all runs |"
+            f"{args.runs} runs) | events/s, median | best | all runs | CPU s (Spark and its "
+            f"Python processes), median |"
         )
-        print("|---|---|---|---|")
+        print("|---|---|---|---|---|")
         for name, values in rates.items():
             each = ", ".join(f"{v:,.0f}" for v in values)
-            print(f"| {name} | {statistics.median(values):,.0f} | {max(values):,.0f} | {each} |")
+            print(
+                f"| {name} | {statistics.median(values):,.0f} | {max(values):,.0f} | {each} "
+                f"| {statistics.median(cpu[name]):.2f} |"
+            )
         for other in ("parquet file sink", "discarding Python Arrow sink (the API's floor)"):
             median = statistics.median(rates["replog-sink"]) / statistics.median(rates[other])
             best = max(rates["replog-sink"]) / max(rates[other])
-            print(f"| ratio replog-sink / {other} | {median:.2f} | {best:.2f} | |")
-        print()
-        print_requests(args.commits)
+            spent = statistics.median(cpu["replog-sink"]) / statistics.median(cpu[other])
+            print(f"| ratio replog-sink / {other} | {median:.2f} | {best:.2f} | | {spent:.2f} |")
+        # Each run's ratio, replog against Parquet in the same round (the spread).
+        each_run = [
+            r / p for r, p in zip(rates["replog-sink"], rates["parquet file sink"], strict=True)
+        ]
+        print(f"per-round replog/parquet: {', '.join(f'{v:.2f}' for v in each_run)}")
+        if not args.no_requests:
+            print()
+            print_requests(args.commits)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 

@@ -25,6 +25,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 from ceiling import SCHEMA_DDL, CeilingSource
+from proc_cpu import load_average, tree_cpu_seconds
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 from workload import Run, bench_session, stream_run, workload
 
@@ -127,52 +128,70 @@ def main() -> None:
             ),
         }
         results: dict[str, list[Run]] = {name: [] for name in readers}
+        cpu: dict[str, list[float]] = {name: [] for name in readers}
+        loads = [load_average()]
+        names = list(readers)
         for run in range(args.runs + 1):  # run 0 warms up the JVM and the workers
-            for name, make in readers.items():
-                result = stream_run(make(), root / "checkpoint")
+            # rotated, so that no source always runs right after the same other one
+            for name in names[run % len(names) :] + names[: run % len(names)]:
+                before = tree_cpu_seconds()
+                result = stream_run(readers[name](), root / "checkpoint")
+                used = tree_cpu_seconds() - before
                 if result.rows != args.events:
                     raise SystemExit(f"{name} read {result.rows} rows, expected {args.events}")
                 if run:
                     results[name].append(result)
+                    cpu[name].append(used)
+            loads.append(load_average())
         spark.stop()
-        print_results(results, args.events, tasks)
+        print(f"load average (1 min) before and after each round: {', '.join(loads)}")
+        print_results(results, args.events, tasks, cpu)
         print()
         print(
             "| planning: latestOffset + partitions, one new commit | cold (first call) "
             "| steady (median of 20) |"
         )
         print("|---|---|---|")
-        for commits in (int(c) for c in args.commits.split(",")):
+        for commits in (int(c) for c in args.commits.split(",") if c):
             cold, steady = planning_ms(root, commits)
             print(f"| log of {commits:,} commits | {cold:.1f} ms | {steady:.2f} ms |")
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
-def print_results(results: dict[str, list[Run]], events: int, tasks: int) -> None:
-    """Medians per source, then replog's ratios to the other two."""
+def print_results(
+    results: dict[str, list[Run]], events: int, tasks: int, cpu: dict[str, list[float]]
+) -> None:
+    """Medians per source, then replog's ratios to the other two, and each round's."""
     runs = len(next(iter(results.values())))
     whole = {n: statistics.median(events / r.seconds for r in rs) for n, rs in results.items()}
     batch = {
         n: statistics.median(events / r.batch_seconds for r in rs) for n, rs in results.items()
     }
     start = {n: statistics.median(r.to_first_batch for r in rs) for n, rs in results.items()}
+    spent = {n: statistics.median(values) for n, values in cpu.items()}
     print(
         f"| source ({events:,} events, {tasks} tasks, noop, AvailableNow, median of {runs}) "
         f"| events/s, whole query | events/s in the micro-batch | start() to first batch "
-        f"| whole-query runs |"
+        f"| CPU s (Spark and its Python processes) | whole-query runs |"
     )
-    print("|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|")
     for name, rs in results.items():
         each = ", ".join(f"{events / r.seconds:,.0f}" for r in rs)
         print(
-            f"| {name} | {whole[name]:,.0f} | {batch[name]:,.0f} | {start[name]:.2f} s | {each} |"
+            f"| {name} | {whole[name]:,.0f} | {batch[name]:,.0f} | {start[name]:.2f} s "
+            f"| {spent[name]:.2f} | {each} |"
         )
     for other in ("readStream.parquet", "pre-built-batch Python source"):
         print(
             f"| replog / {other} | {whole['replog'] / whole[other]:.2f} "
-            f"| {batch['replog'] / batch[other]:.2f} | | |"
+            f"| {batch['replog'] / batch[other]:.2f} | | {spent['replog'] / spent[other]:.2f} | |"
         )
+    rounds = zip(results["replog"], results["pre-built-batch Python source"], strict=True)
+    print(
+        "per-round replog/ceiling, whole query: "
+        + ", ".join(f"{ceiling.seconds / mine.seconds:.2f}" for mine, ceiling in rounds)
+    )
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -28,7 +29,7 @@ from replog.format.segments import (
     cuts,
     decode_segment,
     encode_batches,
-    encode_segment,
+    encode_segment_buffer,
     entry_rows,
     event_batches,
     given,
@@ -41,7 +42,7 @@ from replog.format.segments import (
 )
 from replog.storage import Storage
 from replog.storage.backends import Durability
-from replog.storage.threads import run_all
+from replog.storage.threads import run_all, submit
 
 
 def fetch(storage: Storage, segment: SegmentInfo) -> bytes:
@@ -203,29 +204,17 @@ Rows: TypeAlias = pa.Table | Iterator[pa.RecordBatch]
 hand is held; its parts then carry their event times)."""
 
 
-def write_file(
-    storage: Storage, plan: tuple[Rows, Sequence[Part]], relative: str
+def _describe(
+    rows: pa.Table | None, parts: Sequence[Part], relative: str, size: int, digest: str
 ) -> list[StagedSegment]:
-    """Write one file (not yet visible) and describe each of its parts.
-
-    The directory entry is made durable by the caller (:meth:`Storage.sync`), once for
-    all files of a commit.
-    """
-    rows, parts = plan
-    if isinstance(rows, pa.Table):
-        data = encode_segment(rows)
-    else:
-        if any(part.timestamps_ms is None for part in parts):
-            raise ValueError("rows given as batches need parts that carry their event times")
-        data = encode_batches(rows)
-    storage.put_if_absent(relative, data, durability=Durability.DEFERRED)
-    digest = sha256_hex(data)
+    """The staged segments of a written file: one per part, sizes shared by rows (event
+    times from the parts, else from ``rows``)."""
     staged = []
-    for part, share in zip(parts, shares(len(data), [p.rows for p in parts]), strict=True):
+    for part, share in zip(parts, shares(size, [p.rows for p in parts]), strict=True):
         if part.timestamps_ms is not None:
             low, high = part.timestamps_ms
         else:
-            assert isinstance(rows, pa.Table)
+            assert rows is not None
             low, high = timestamp_range_ms(rows.slice(part.offset, part.rows))
         staged.append(
             StagedSegment(
@@ -240,6 +229,33 @@ def write_file(
             )
         )
     return staged
+
+
+def _payload(storage: Storage, data: pa.Buffer) -> bytes | memoryview:
+    """What to hand storage: local files take the encoded buffer as it is (no copy);
+    other backends get bytes. The view is of unsigned bytes, as ``bytes`` are (Arrow
+    exports signed ones: a view of them compares unequal to the same bytes read back)."""
+    return memoryview(data).cast("B") if storage.is_local else data.to_pybytes()
+
+
+def write_file(
+    storage: Storage, plan: tuple[Rows, Sequence[Part]], relative: str
+) -> list[StagedSegment]:
+    """Write one file (not yet visible) and describe each of its parts.
+
+    The directory entry is made durable by the caller (:meth:`Storage.sync`), once for
+    all files of a commit.
+    """
+    rows, parts = plan
+    if isinstance(rows, pa.Table):
+        data: bytes | memoryview = _payload(storage, encode_segment_buffer(rows))
+        table: pa.Table | None = rows
+    else:
+        if any(part.timestamps_ms is None for part in parts):
+            raise ValueError("rows given as batches need parts that carry their event times")
+        data, table = encode_batches(rows), None
+    storage.put_if_absent(relative, data, durability=Durability.DEFERRED)  # type: ignore[arg-type]
+    return _describe(table, parts, relative, len(data), sha256_hex(data))
 
 
 def write_files(
@@ -290,6 +306,181 @@ def write_files(
     return [segment for staged, _ in results for segment in staged]
 
 
+class RoutedRows:
+    """Validated rows grouped by shard as they arrive, until they are staged.
+
+    Each record batch added is hashed and reordered by shard once (one ``take``) and kept
+    as one slice per shard, so a writer fed batch by batch (the Spark sink) can let go of
+    its input as it goes: it holds one copy of its rows, not two. Per-key order is kept:
+    a shard's slices are in the order their batches came, each in input order.
+    """
+
+    def __init__(self, shards: int) -> None:
+        self.shards = shards
+        self.pieces: list[list[pa.RecordBatch]] = [[] for _ in range(shards)]
+        self.rows = 0
+        self.nbytes = 0
+
+    def add(self, rows: pa.Table | pa.RecordBatch) -> None:
+        """Route ``rows`` (validated, in the stored schema) to their shards."""
+        if not rows.schema.equals(STORED_SCHEMA):
+            raise InvalidEventError(
+                "staging takes validated rows in the stored schema (from events_from_table "
+                f"or events_from_records); got columns {rows.schema.names}"
+            )
+        batches = [rows] if isinstance(rows, pa.RecordBatch) else rows.to_batches()
+        for batch in batches:
+            if batch.nbytes <= MAX_ROUTED_BYTES:
+                self._add(batch)
+                continue
+            # Reorder huge batches in slices (the reordered copy is made at once).
+            sizes = row_sizes(pa.Table.from_batches([batch]))
+            for start, stop in cuts(sizes, len(sizes), MAX_ROUTED_BYTES):
+                self._add(batch.slice(start, stop - start))
+
+    def _add(self, batch: pa.RecordBatch) -> None:
+        if batch.num_rows == 0:
+            return
+        routed, bounds, _ = route(batch, self.shards)
+        for shard in range(self.shards):
+            low, high = int(bounds[shard]), int(bounds[shard + 1])
+            if high > low:
+                self.pieces[shard].append(routed.slice(low, high - low))
+        self.rows += batch.num_rows
+        self.nbytes += routed.nbytes
+
+    def shard_rows(self, shard: int) -> pa.Table:
+        """The rows routed to ``shard``, in order (chunked as they came)."""
+        return pa.Table.from_batches(self.pieces[shard], schema=STORED_SCHEMA)
+
+
+def _contiguous(table: pa.Table) -> pa.Table:
+    """``table`` as one chunk per column (a file's record batches are then full-sized)."""
+    if all(column.num_chunks <= 1 for column in table.columns):
+        return table
+    return table.combine_chunks()
+
+
+def _rows_of(table: pa.Table, start: int, stop: int) -> pa.Table:
+    return _contiguous(table.slice(start, stop - start))
+
+
+def stage_routed(
+    storage: Storage,
+    routed: RoutedRows,
+    *,
+    max_events: int = MAX_SEGMENT_EVENTS,
+    max_bytes: int = MAX_SEGMENT_BYTES,
+    shared_bytes: int = SHARED_STAGE_BYTES,
+    written: DecodedFiles | None = None,
+) -> list[StagedSegment]:
+    """Write routed rows as staged segments, in order (the layout of :func:`stage`)."""
+    if routed.rows == 0:
+        return []
+    if routed.nbytes <= shared_bytes and routed.rows <= max_events:
+        parts, offset = [], 0
+        for shard in range(routed.shards):
+            count = sum(piece.num_rows for piece in routed.pieces[shard])
+            if count:
+                parts.append(Part(shard, offset, count))
+                offset += count
+        batches = [piece for pieces in routed.pieces for piece in pieces]
+        rows = _contiguous(pa.Table.from_batches(batches, schema=STORED_SCHEMA))
+        return write_files(storage, [(parts, functools.partial(given, rows))], written)
+    plans: list[tuple[Sequence[Part], Callable[[], pa.Table]]] = []
+    for shard in range(routed.shards):
+        if not routed.pieces[shard]:
+            continue
+        table = routed.shard_rows(shard)
+        # Sizes per row matter only when the rows may not fit in one file.
+        big = table.nbytes > max_bytes
+        sizes = row_sizes(table) if big else np.zeros(table.num_rows, dtype=np.int64)
+        for start, stop in cuts(sizes, max_events, max_bytes):
+            plans.append(
+                ([Part(shard, 0, stop - start)], functools.partial(_rows_of, table, start, stop))
+            )
+    return write_in_turn(storage, plans, written)
+
+
+def write_in_turn(
+    storage: Storage,
+    plans: Sequence[tuple[Sequence[Part], Callable[[], pa.Table]]],
+    written: DecodedFiles | None = None,
+    *,
+    threads: int = IO_THREADS,
+) -> list[StagedSegment]:
+    """Write files whose rows are in memory: built and encoded one after another in this
+    thread (each file's rows and encoding reuse the memory the previous one let go of),
+    checksummed and stored by a pool of threads (disk and network waits overlap). If any
+    file fails, every file of the call is deleted (none is committed yet) and the error
+    raised."""
+    paths = [new_file_path(parts) for parts, _ in plans]
+
+    def store(path: str, data: pa.Buffer) -> tuple[int, str]:
+        payload = _payload(storage, data)
+        storage.put_if_absent(path, payload, durability=Durability.DEFERRED)  # type: ignore[arg-type]
+        return len(payload), sha256_hex(payload)
+
+    # Per file: its parts' event-time ranges, the rows kept for ``written``, the store.
+    pending: list[tuple[list[tuple[int, int]], pa.Table | None, Future[tuple[int, str]]]] = []
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(plans)))) as pool:
+        try:
+            for (parts, rows), path in zip(plans, paths, strict=True):
+                table = rows()
+                ranges = [
+                    p.timestamps_ms or timestamp_range_ms(table.slice(p.offset, p.rows))
+                    for p in parts
+                ]
+                future = submit(pool, functools.partial(store, path, encode_segment_buffer(table)))
+                pending.append((ranges, table if written is not None else None, future))
+                del table  # its memory serves the next file's rows
+        except BaseException:
+            for _, _, future in pending:
+                future.cancel()
+            wait([future for _, _, future in pending])
+            storage.delete_many(paths)
+            raise
+        failures = [f.exception() for _, _, f in pending if f.exception() is not None]
+        if failures:
+            storage.delete_many(paths)
+            raise failures[0]  # type: ignore[misc]
+        # The directory entries, one directory per thread (a shard's files share one).
+        by_directory: dict[str, list[str]] = {}
+        for path in paths:
+            by_directory.setdefault(path.rsplit("/", 1)[0], []).append(path)
+        syncs = [
+            submit(pool, functools.partial(storage.sync, group))
+            for group in by_directory.values()
+        ]
+        wait(syncs)
+        failed = [f.exception() for f in syncs if f.exception() is not None]
+        if failed:
+            storage.delete_many(paths)
+            raise failed[0]  # type: ignore[misc]
+    staged = []
+    for (parts, _), path, (ranges, kept, future) in zip(plans, paths, pending, strict=True):
+        size, digest = future.result()
+        described = [
+            StagedSegment(
+                path=path,
+                shard=part.shard,
+                events=part.rows,
+                bytes=share,
+                sha256=digest,
+                min_timestamp_ms=low,
+                max_timestamp_ms=high,
+                offset=part.offset,
+            )
+            for part, share, (low, high) in zip(
+                parts, shares(size, [p.rows for p in parts]), ranges, strict=True
+            )
+        ]
+        if written is not None and kept is not None:
+            written.put(described[0], kept)
+        staged.extend(described)
+    return staged
+
+
 def stage(
     storage: Storage,
     shards: int,
@@ -310,29 +501,13 @@ def stage(
     """
     if table.num_rows == 0:
         return []
-    if not table.schema.equals(STORED_SCHEMA):
-        raise InvalidEventError(
-            "staging takes validated rows in the stored schema (from events_from_table or "
-            f"events_from_records); got columns {table.schema.names}"
-        )
-    if table.nbytes <= shared_bytes and table.num_rows <= max_events:
-        routed, bounds, _ = route(table, shards)
-        parts = [
-            Part(shard, int(bounds[shard]), int(bounds[shard + 1] - bounds[shard]))
-            for shard in range(shards)
-            if bounds[shard + 1] > bounds[shard]
-        ]
-        return write_files(storage, [(parts, functools.partial(given, routed))], written)
-    # Sizes per row matter only when the rows may not fit in one piece (7 ms per 125k).
-    small = table.nbytes <= min(max_bytes, MAX_ROUTED_BYTES)
-    sizes = np.zeros(table.num_rows, dtype=np.int64) if small else row_sizes(table)
-    plans: list[tuple[Sequence[Part], Callable[[], pa.Table]]] = []
-    for part_start, part_stop in cuts(sizes, len(sizes), MAX_ROUTED_BYTES):
-        routed, bounds, order = route(table.slice(part_start, part_stop - part_start), shards)
-        routed_sizes = sizes[part_start:part_stop][order]
-        for shard in range(shards):
-            low, high = int(bounds[shard]), int(bounds[shard + 1])
-            for start, stop in cuts(routed_sizes[low:high], max_events, max_bytes):
-                rows = routed.slice(low + start, stop - start)
-                plans.append(([Part(shard, 0, stop - start)], functools.partial(given, rows)))
-    return write_files(storage, plans, written)
+    routed = RoutedRows(shards)
+    routed.add(table)
+    return stage_routed(
+        storage,
+        routed,
+        max_events=max_events,
+        max_bytes=max_bytes,
+        shared_bytes=shared_bytes,
+        written=written,
+    )

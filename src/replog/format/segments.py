@@ -28,6 +28,7 @@ import pyarrow as pa
 from pyarrow import ipc
 
 from replog.errors import CorruptionError
+from replog.format.arrays import strings
 from replog.format.events import (
     OPERATIONS,
     STORED_SCHEMA,
@@ -57,7 +58,7 @@ MAX_ROUTED_BYTES = 256 * 1024 * 1024
 IO_THREADS = 8
 
 
-_OPERATIONS = pa.array(OPERATIONS)
+_OPERATIONS = strings(OPERATIONS)
 
 DENSE = -1
 """``SegmentInfo.rows`` of an entry without holes: one row per sequence of its range."""
@@ -162,20 +163,20 @@ def file_paths(segments: Iterable[StagedSegment | SegmentInfo]) -> list[str]:
 # -- encoding ----------------------------------------------------------------------------
 
 
-def sha256_hex(data: bytes) -> str:
+def sha256_hex(data: bytes | memoryview) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
-def encode_segment(table: pa.Table) -> bytes:
+def encode_segment_buffer(table: pa.Table) -> pa.Buffer:
     """Serialise stored-schema rows (with a ``sequence`` column: a holed file) as an Arrow
-    IPC file."""
+    IPC file, in the buffer Arrow wrote it to (no copy)."""
     schema = HOLED_SCHEMA if table.schema.equals(HOLED_SCHEMA) else STORED_SCHEMA
     sink = pa.BufferOutputStream()
     with ipc.new_file(
         sink, schema, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
     ) as writer:
         writer.write_table(table, max_chunksize=BATCH_ROWS)
-    return bytes(sink.getvalue())
+    return sink.getvalue()
 
 
 def encode_batches(batches: Iterable[pa.RecordBatch]) -> bytes:
@@ -371,7 +372,9 @@ def given(table: pa.Table) -> pa.Table:
     return table
 
 
-def route(table: pa.Table, shards: int) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+def route(
+    table: pa.Table | pa.RecordBatch, shards: int
+) -> tuple[pa.Table | pa.RecordBatch, np.ndarray, np.ndarray]:
     """``table``'s rows grouped by shard (stable: per-key order kept), where each shard's
     rows are (``bounds[s] .. bounds[s + 1]``), and the order that groups them."""
     shard_ids = shards_of(table.column("key"), shards)

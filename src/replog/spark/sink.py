@@ -41,7 +41,7 @@ from pyspark.sql.types import (
 from replog.checkpoints import consumers
 from replog.checkpoints.batches import BatchCommitter, BatchWrite
 from replog.checkpoints.sinks import Batch, SinkCommitter
-from replog.core import leases
+from replog.core import files, leases
 from replog.crashpoints import crash_point
 from replog.errors import InvalidEventError, InvalidOptionError, ReplogError, SinkProtocolError
 from replog.format.commits import SourcePosition
@@ -51,6 +51,7 @@ from replog.format.segments import StagedSegment
 from replog.log import ReplicationLog
 from replog.spark.offsets import SparkOffset
 from replog.spark.options import SinkOptions, plain_errors
+from replog.spark.workers import settle
 from replog.storage import Storage
 from replog.timeutil import now_ms, now_utc
 
@@ -249,29 +250,29 @@ class _Stager:
         partition = context.partitionId() if context else 0
         epoch = int(batch_id) if batch_id is not None else None
         log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
+        log.storage.require_writable()
         now = now_utc()
         staged: list[StagedSegment] = []
-        buffered: list[pa.Table] = []
-        rows = size = 0
+        routed = files.RoutedRows(log.shards)
         try:
+            # Each batch is validated and routed as it comes, and let go of: the task holds
+            # one copy of its rows (fresh memory costs page faults on every task).
             for batch in batches:
                 if batch.num_rows == 0:
                     continue
-                buffered.append(
+                routed.add(
                     events_from_table(batch, default_collection=self.options.collection, now=now)
                 )
-                rows += batch.num_rows
-                size += batch.nbytes
-                if rows >= STAGE_EVERY_ROWS or size >= STAGE_EVERY_BYTES:
-                    staged.extend(log.stage(pa.concat_tables(buffered)))
-                    buffered, rows, size = [], 0, 0
-            if buffered:
-                staged.extend(log.stage(pa.concat_tables(buffered)))
+                if routed.rows >= STAGE_EVERY_ROWS or routed.nbytes >= STAGE_EVERY_BYTES:
+                    staged.extend(files.stage_routed(log.storage, routed))
+                    routed = files.RoutedRows(log.shards)
+            staged.extend(files.stage_routed(log.storage, routed))
             if context is not None and context.attemptNumber() == 0:
                 crash_point("write_task", epoch)
         except BaseException:
             log.discard_staged(staged)  # this task's files: never in any commit message
             raise
+        settle()
         return ReplogCommitMessage(
             query_id, run_id, epoch, partition, tuple(staged), since=self.since
         )
@@ -344,6 +345,7 @@ class ReplogStreamWriter(_Stager, DataSourceStreamArrowWriter):
         committer.commit(
             dataclasses.replace(batch, sources=tuple(position for position, _ in found))
         )
+        settle()
 
     def _link(self, target: ReplicationLog, position: SourcePosition, url: str) -> None:
         """Tell the source's consumer that this sink writes what it reads (once)."""
@@ -414,6 +416,7 @@ class ReplogSinkDataSource(DataSource):
     @plain_errors
     def streamWriter(self, schema: StructType, overwrite: bool) -> ReplogStreamWriter:
         options, log = self._open(schema, streaming=True)
+        settle()
         return ReplogStreamWriter(options, log)
 
     @plain_errors

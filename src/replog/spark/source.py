@@ -53,6 +53,7 @@ from replog.planning import ReadTask
 from replog.spark.offsets import SparkOffset
 from replog.spark.options import SourceOptions, plain_errors
 from replog.spark.schema import SPARK_SCHEMA_DDL
+from replog.spark.workers import settle
 from replog.storage import Storage
 from replog.timeutil import now_ms
 
@@ -86,6 +87,7 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
         (segment, task.first, task.last) for task in partition.tasks for segment in task.segments
     ]
     yield from read_segments(partition.storage, wanted)
+    settle()
 
 
 def read_latest(partition: InputPartition) -> Iterator[pa.RecordBatch]:

@@ -48,6 +48,17 @@ def run_all(calls: Sequence[Callable[[], T]], *, threads: int) -> list[Future[T]
     return futures
 
 
+def submit(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T]:
+    """``call`` submitted to ``pool`` in a copy of the caller's context, or run in this
+    thread (a finished future) if the pool takes no more work: for work that must be
+    done, as :func:`run_all`'s."""
+    try:
+        return pool.submit(contextvars.copy_context().run, call)
+    except RuntimeError as exc:
+        logger.debug("running a call in this thread: %s", exc)
+        return _done(call)
+
+
 def start(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
     """``call`` submitted to ``pool``; None if the pool takes no more work (the
     interpreter is shutting down): for optional background work, which is then skipped.
