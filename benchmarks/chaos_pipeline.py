@@ -106,6 +106,8 @@ SINK_STEPS = ("staged", "after_pending", "after_log_commit", "after_committed")
 APPLY_STEPS = ("apply_before_delta", "apply_after_delta")
 CRASH_EXIT = 3
 """capture_faulty.py's exit code for an injected storage crash."""
+HANG_S = 900
+"""A Spark run with a crash point is killed after this long (a hang, not slowness)."""
 OWNERS = ("Ada", "Zoë Ørsted", 'Bob "the builder"', "O'Brien", "李雷", "Ana\\Maria", "  spaced  ")
 STATUSES = ("new", "paid", "shipped", "cancelled")
 REGIONS = ("eu", "us", "apac")
@@ -295,14 +297,18 @@ class Workload:
 class Mix:
     """How often each stage dies where: at a crash point (else a SIGKILL at a random
     moment within its ``kill_after``), and how often the replication restarts on a fresh
-    checkpoint. ``crash_until_fired``: every run carries a crash point until one has
-    killed the stage (so that a short run kills each stage at a protocol step)."""
+    checkpoint. A Spark stage's crash point aims at the micro-batch it runs next or one
+    of the ``epoch_spread`` after it. ``crash_until_fired``: every run carries a crash
+    point until one has killed the stage, and the chaos lasts until each stage was so
+    killed (at most three times ``--seconds``): a short run then kills each stage at a
+    protocol step however slowly Spark starts."""
 
     capture_kill_after_s: tuple[float, float] = (3, 40)
     capture_crash_point_rate: float = 0.2
     spark_kill_after_s: tuple[float, float] = (20, 120)
-    spark_crash_point_rate: float = 0.3
+    spark_crash_point_rate: float = 0.4
     fresh_checkpoint_rate: float = 0.15
+    epoch_spread: int = 2
     crash_until_fired: bool = False
 
 
@@ -312,6 +318,7 @@ SHORT_MIX = Mix(
     spark_kill_after_s=(40, 90),
     spark_crash_point_rate=0.6,
     fresh_checkpoint_rate=0.3,
+    epoch_spread=0,
     crash_until_fired=True,
 )
 
@@ -384,6 +391,8 @@ class PipelineChaos:
         self.env.pop("REPLOG_FAULT", None)
         self.ledger = workdir / "capture-faults.jsonl"
         self.workload_done = threading.Event()
+        self.fired: set[str] = set()
+        """The stages a crash point killed."""
 
     # processes
 
@@ -488,38 +497,8 @@ class PipelineChaos:
         the end (a few tries: a run may fail on a busy slot or be fenced)."""
         generation = 0
         fired = False
-        rate = stage.crash_point_rate
         while not self.stop.is_set():
-            env = dict(self.env)
-            fault = None
-            if stage.steps and (
-                (self.mix.crash_until_fired and not fired) or self.rng.random() < rate
-            ):
-                fault = self.rng.choice(stage.steps)
-                if stage.checkpoint is not None:
-                    epoch = last_batch(stage.checkpoint(generation)) + self.rng.randint(0, 2)
-                    fault = f"{fault}@{max(epoch, 0)}"
-                env["REPLOG_FAULT"] = fault
-            process = self._python(stage.command(False, generation), env)
-            self._count(self.tally.runs, stage.name)
-            kill_at = time.monotonic() + self.rng.uniform(*stage.kill_after_s)
-            while process.poll() is None and time.monotonic() < kill_at and not self.stop.is_set():
-                time.sleep(0.2)
-            code = process.poll()
-            if code is None:  # a random moment (or the stop): SIGKILL the whole group
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
-                self._count(self.tally.kills, f"{stage.name}: SIGKILL")
-            elif code == -signal.SIGKILL and fault:
-                fired = True
-                self._count(self.tally.kills, f"{stage.name}: crash point {fault.split('@')[0]}")
-            elif code == CRASH_EXIT:
-                self._count(self.tally.kills, f"{stage.name}: injected storage crash")
-            elif code != 0:
-                self._count(self.tally.failed_runs, stage.name)
-                self.stop.wait(1)
-            else:  # AvailableNow ran out of input
-                self.stop.wait(2)
+            fired |= self._chaotic_run(stage, generation, fired)
             if stage.name == "replication" and self.rng.random() < self.mix.fresh_checkpoint_rate:
                 generation += 1  # a fresh checkpoint, the same consumer and sink id
                 with self.lock:
@@ -533,6 +512,55 @@ class PipelineChaos:
             self._count(self.tally.final_failures, stage.name)
             time.sleep(3)
         stage.done.set()
+
+    def _fault(self, stage: Stage, generation: int, fired: bool) -> str | None:
+        """The crash point of the next run, if it gets one."""
+        if not stage.steps:
+            return None
+        forced = self.mix.crash_until_fired and not fired
+        if not forced and self.rng.random() >= stage.crash_point_rate:
+            return None
+        step = self.rng.choice(stage.steps)
+        if stage.checkpoint is None:
+            return step
+        epoch = next_batch(stage.checkpoint(generation))
+        return f"{step}@{epoch + self.rng.randint(0, self.mix.epoch_spread)}"
+
+    def _chaotic_run(self, stage: Stage, generation: int, fired: bool) -> bool:
+        """One run of ``stage``, killed at random or at a crash point; whether a crash
+        point killed it."""
+        env = dict(self.env)
+        fault = self._fault(stage, generation, fired)
+        if fault:
+            env["REPLOG_FAULT"] = fault
+        process = self._python(stage.command(False, generation), env)
+        self._count(self.tally.runs, stage.name)
+        if fault and stage.checkpoint is not None:
+            # it dies at its micro-batch or ends (AvailableNow): a random kill first
+            # would spare the crash point most times (a Spark start takes 30-60 s here)
+            kill_at = time.monotonic() + HANG_S
+        else:
+            kill_at = time.monotonic() + self.rng.uniform(*stage.kill_after_s)
+        while process.poll() is None and time.monotonic() < kill_at and not self.stop.is_set():
+            time.sleep(0.2)
+        code = process.poll()
+        if code is None:  # a random moment (or the stop): SIGKILL the whole group
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            self._count(self.tally.kills, f"{stage.name}: SIGKILL")
+        elif code == -signal.SIGKILL and fault:
+            self._count(self.tally.kills, f"{stage.name}: crash point {fault.split('@')[0]}")
+            with self.lock:
+                self.fired.add(stage.name)
+            return True
+        elif code == CRASH_EXIT:
+            self._count(self.tally.kills, f"{stage.name}: injected storage crash")
+        elif code != 0:
+            self._count(self.tally.failed_runs, stage.name)
+            self.stop.wait(1)
+        else:  # AvailableNow ran out of input
+            self.stop.wait(2)
+        return False
 
     def operator(self, name: str, every_s: float, commands: list[list[str]]) -> None:
         while not self.stop.wait(self.rng.uniform(every_s * 0.5, every_s * 1.5)):
@@ -611,7 +639,11 @@ class PipelineChaos:
         ]
         for thread in stages[1:] + operators:
             thread.start()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline or (
+            self.mix.crash_until_fired
+            and len(self.fired) < len(stages)
+            and time.monotonic() < started + 3 * self.seconds
+        ):
             time.sleep(1)
         chaos_s = time.monotonic() - started
         self.stop.set()
@@ -633,6 +665,7 @@ class PipelineChaos:
     def check(self) -> dict[str, Any]:
         from replog.log import ReplicationLog
         from replog.ops.verify import verify
+        from replog.schemas import registry
 
         workload = self.workload
         report: dict[str, Any] = {
@@ -654,6 +687,9 @@ class PipelineChaos:
             "doubled": sum(n - 1 for n in b_ids.values() if n > 1),
             "unknown": len(set(b_ids) - a_ids),
         }
+        report["B"]["registered_schemas"] = sum(  # replog-sink does not copy A's registry
+            len(registry.versions(logs["B"].storage, f"public.{t}")) for t in TABLES
+        )
         for name, log in logs.items():
             result = verify(log)
             report[f"verify {name}"] = "ok" if result.ok else [str(p) for p in result.problems]
@@ -731,7 +767,10 @@ class PipelineChaos:
             for key in source.keys() & built.keys()
         }
         changed = {key: diffs for key, diffs in changed.items() if diffs}
-        samples = [f"{key}: {diffs}" for key, diffs in list(changed.items())[:5]]
+        samples = [
+            f"{key}: " + "; ".join(f"{c} PG {short(w)}, Delta {short(g)}" for c, w, g in diffs)
+            for key, diffs in list(changed.items())[:5]
+        ]
         return {
             "rows": len(source),
             "delta_rows": len(built),
@@ -746,12 +785,21 @@ class PipelineChaos:
         }
 
 
-def last_batch(checkpoint: Path) -> int:
-    """The newest micro-batch id a Spark checkpoint planned (-1: none): the next run
-    replays it, or goes on with the one after."""
-    offsets = checkpoint / "offsets"
-    ids = [int(p.name) for p in offsets.iterdir() if p.name.isdigit()] if offsets.is_dir() else []
-    return max(ids, default=-1)
+def next_batch(checkpoint: Path) -> int:
+    """The micro-batch id a query on this Spark checkpoint runs next: the newest one
+    planned if it was not committed (a replay), else the one after."""
+
+    def ids(folder: str) -> list[int]:
+        path = checkpoint / folder
+        return [int(p.name) for p in path.iterdir() if p.name.isdigit()] if path.is_dir() else []
+
+    planned = max(ids("offsets"), default=-1)
+    return planned + 1 if planned in ids("commits") or planned < 0 else planned
+
+
+def short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else f"{text[:45]}...({len(text)} chars)"
 
 
 def same(want: Any, got: Any) -> bool:
