@@ -8,6 +8,7 @@ whose commit landed must not be told it failed (its caller would append it again
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import subprocess
@@ -128,3 +129,42 @@ def test_a_base_exception_in_the_sender_fails_its_callers_and_no_later_one(
     assert later.done()
     record = later.result()
     assert record is not None and record.version == 1
+
+
+def test_a_call_queued_before_its_thread_failed_to_start_runs_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``ThreadPoolExecutor.submit`` queues the work item, then starts a thread: when the
+    start fails ("can't start new thread") a thread the pool already has may still take
+    the item. run_all and submit ran it in the caller's thread as well: twice."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from replog.storage import threads
+
+    adjust = ThreadPoolExecutor._adjust_thread_count
+
+    def one_thread_only(self: ThreadPoolExecutor) -> None:
+        if self._threads:
+            raise RuntimeError("can't start new thread")
+        adjust(self)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "_adjust_thread_count", one_thread_only)
+    runs: list[int] = []
+    lock = threading.Lock()
+
+    def call(n: int) -> int:
+        time.sleep(0.01)  # the pool's one thread is busy while the next is refused
+        with lock:
+            runs.append(n)
+        return n * n
+
+    futures = threads.run_all([functools.partial(call, n) for n in range(6)], threads=4)
+    assert [f.result() for f in futures] == [n * n for n in range(6)]
+    assert sorted(runs) == list(range(6))
+    runs.clear()
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        submitted = [threads.submit(pool, functools.partial(call, n)) for n in range(4)]
+    assert [f.result() for f in submitted] == [0, 1, 4, 9]
+    assert sorted(runs) == [0, 1, 2, 3]

@@ -4,67 +4,89 @@ Once a program's main thread has returned, Python refuses new work in thread poo
 ("cannot schedule new futures after interpreter shutdown") while the program's other
 (non-daemon) threads still run, and may still append to a log. A write must not fail
 then, and above all an append whose commit landed must not be reported failed because
-some optional work after it could not be scheduled. :func:`run_all` runs the calls in
-the calling thread instead when a pool refuses them.
+some optional work after it could not be scheduled. :func:`run_all` and :func:`submit`
+run the calls in the calling thread instead when a pool refuses them.
+
+A pool can also refuse *after* queueing a call: ``submit`` queues the work item, then
+fails to start a thread ("can't start new thread"). A thread the pool already has may
+still take the item. Each call is therefore a :class:`_Task` that runs once, whichever
+thread claims it first; its own future carries the result.
 """
 
 from __future__ import annotations
 
 import contextvars
 import logging
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
 
-def _done(call: Callable[[], T]) -> Future[T]:
-    """``call`` run here, as a finished future (its result or its exception)."""
-    future: Future[T] = Future()
+class _Task(Generic[T]):
+    """A call run at most once, in a copy of its creator's context (its clocks:
+    :mod:`replog.timeutil`), whichever thread runs it first; its future holds the result
+    or the exception."""
+
+    def __init__(self, call: Callable[[], T]) -> None:
+        self._call = call
+        self._context = contextvars.copy_context()
+        self._claim = threading.Lock()
+        self.future: Future[T] = Future()
+
+    def run(self) -> None:
+        if not self._claim.acquire(blocking=False):
+            return  # another thread has it
+        if not self.future.set_running_or_notify_cancel():
+            return
+        try:
+            self.future.set_result(self._context.run(self._call))
+        except BaseException as exc:  # the caller reads it from the future, as from a pool
+            self.future.set_exception(exc)
+
+
+def _queue(pool: ThreadPoolExecutor, task: _Task[T]) -> bool:
+    """``task`` handed to ``pool``; False if the pool refused it (it may still have
+    queued it: ``task`` runs once either way)."""
     try:
-        future.set_result(call())
-    except BaseException as exc:  # the caller reads it from the future, as from a pool
-        future.set_exception(exc)
-    return future
+        pool.submit(task.run)
+    except RuntimeError as exc:
+        logger.debug("a thread pool refused work: %s", exc)
+        return False
+    return True
 
 
 def run_all(calls: Sequence[Callable[[], T]], *, threads: int) -> list[Future[T]]:
     """Run ``calls`` in up to ``threads`` threads and wait for all of them; their futures,
     in order. If no thread can be started (the interpreter is shutting down, or the
     system refuses a thread), every call not yet started runs in this thread instead.
-    Each call runs in a copy of the caller's context (its clocks: :mod:`replog.timeutil`)."""
-    futures: list[Future[T]] = []
+    Each call runs in a copy of the caller's context."""
+    tasks = [_Task(call) for call in calls]
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(calls)))) as pool:
-        for index, call in enumerate(calls):
-            try:
-                futures.append(pool.submit(contextvars.copy_context().run, call))
-            except RuntimeError as exc:  # no new threads: do the rest here
-                logger.debug("running %d calls in this thread: %s", len(calls) - index, exc)
-                futures.extend(_done(rest) for rest in calls[index:])
+        for index, task in enumerate(tasks):
+            if not _queue(pool, task):  # no new threads: do the rest here
+                for rest in tasks[index:]:
+                    rest.run()
                 break
-    return futures
+    return [task.future for task in tasks]
 
 
 def submit(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T]:
     """``call`` submitted to ``pool`` in a copy of the caller's context, or run in this
-    thread (a finished future) if the pool takes no more work: for work that must be
-    done, as :func:`run_all`'s."""
-    try:
-        return pool.submit(contextvars.copy_context().run, call)
-    except RuntimeError as exc:
-        logger.debug("running a call in this thread: %s", exc)
-        return _done(call)
+    thread if the pool takes no more work: for work that must be done."""
+    task = _Task(call)
+    if not _queue(pool, task):
+        task.run()
+    return task.future
 
 
 def start(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
-    """``call`` submitted to ``pool``; None if the pool takes no more work (the
-    interpreter is shutting down): for optional background work, which is then skipped.
-    It runs in a copy of the caller's context."""
-    try:
-        return pool.submit(contextvars.copy_context().run, call)
-    except RuntimeError as exc:
-        logger.debug("background work skipped: %s", exc)
-        return None
+    """``call`` submitted to ``pool`` in a copy of the caller's context; None if the pool
+    takes no more work (the interpreter is shutting down): for optional background work,
+    which is then skipped (or run by a thread the pool already has, once)."""
+    task = _Task(call)
+    return task.future if _queue(pool, task) else None
