@@ -168,3 +168,34 @@ def test_a_call_queued_before_its_thread_failed_to_start_runs_once(
         submitted = [threads.submit(pool, functools.partial(call, n)) for n in range(4)]
     assert [f.result() for f in submitted] == [0, 1, 4, 9]
     assert sorted(runs) == [0, 1, 2, 3]
+
+
+def test_background_work_a_pool_refused_is_skipped_for_good(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """``start`` said "skipped" (None) while the refused item stayed queued, and a thread
+    the pool already had ran it later: a second merge beside the one the caller started
+    next. Now a refused call never runs, or ``start`` returns the future of the thread
+    that took it."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from replog.storage import threads
+
+    adjust = ThreadPoolExecutor._adjust_thread_count
+
+    def one_thread_only(self: ThreadPoolExecutor) -> None:
+        if self._threads:
+            raise RuntimeError("can't start new thread")
+        adjust(self)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "_adjust_thread_count", one_thread_only)
+    gate = threading.Event()
+    ran: list[str] = []
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        first = threads.start(pool, lambda: gate.wait(5) and ran.append("first"))
+        skipped = threads.start(pool, lambda: ran.append("skipped"))
+        gate.set()
+    assert first is not None and first.result() is None
+    assert skipped is None
+    assert ran == ["first"]

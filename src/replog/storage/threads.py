@@ -38,6 +38,13 @@ class _Task(Generic[T]):
         self._claim = threading.Lock()
         self.future: Future[T] = Future()
 
+    def skip(self) -> bool:
+        """Make sure no thread runs the call; False if one has it already."""
+        if not self._claim.acquire(blocking=False):
+            return False
+        self.future.cancel()
+        return True
+
     def run(self) -> None:
         if not self._claim.acquire(blocking=False):
             return  # another thread has it
@@ -87,6 +94,9 @@ def submit(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T]:
 def start(pool: ThreadPoolExecutor, call: Callable[[], T]) -> Future[T] | None:
     """``call`` submitted to ``pool`` in a copy of the caller's context; None if the pool
     takes no more work (the interpreter is shutting down): for optional background work,
-    which is then skipped (or run by a thread the pool already has, once)."""
+    which is then skipped (unless a thread the pool already had took it at once: then its
+    future)."""
     task = _Task(call)
-    return task.future if _queue(pool, task) else None
+    if _queue(pool, task) or not task.skip():
+        return task.future
+    return None
