@@ -298,7 +298,11 @@ def write_files(
                 storage.delete(path)
             raise failures[0]  # type: ignore[misc]
         results = [future.result() for future in futures]
-    storage.sync(paths)
+    try:
+        storage.sync(paths)
+    except BaseException:
+        storage.delete_many(paths)
+        raise
     if written is not None:
         for staged, table in results:
             if table is not None:

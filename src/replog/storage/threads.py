@@ -42,8 +42,27 @@ class _Task(Generic[T]):
         """Make sure no thread runs the call; False if one has it already."""
         if not self._claim.acquire(blocking=False):
             return False
-        self.future.cancel()
+        self._cancel()
         return True
+
+    def _cancel(self) -> None:
+        """Cancel the pending future and tell its waiters (``wait`` counts a cancelled
+        future done only once notified, as an executor does)."""
+        self.future.cancel()
+        self.future.set_running_or_notify_cancel()
+
+    def dropped(self, queued: Future[None]) -> None:
+        """The pool's own future for this task ended: if the pool cancelled it
+        (``shutdown(cancel_futures=True)``) or broke before any thread ran the call,
+        this task's future ends the same way rather than waiting forever."""
+        if not queued.cancelled() and queued.exception() is None:
+            return
+        if not self._claim.acquire(blocking=False):
+            return  # a thread ran (or runs) the call: its future is resolved there
+        if queued.cancelled():
+            self._cancel()
+        else:
+            self.future.set_exception(queued.exception())
 
     def run(self) -> None:
         if not self._claim.acquire(blocking=False):
@@ -60,10 +79,11 @@ def _queue(pool: ThreadPoolExecutor, task: _Task[T]) -> bool:
     """``task`` handed to ``pool``; False if the pool refused it (it may still have
     queued it: ``task`` runs once either way)."""
     try:
-        pool.submit(task.run)
+        queued = pool.submit(task.run)
     except RuntimeError as exc:
         logger.debug("a thread pool refused work: %s", exc)
         return False
+    queued.add_done_callback(task.dropped)
     return True
 
 
