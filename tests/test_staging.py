@@ -152,9 +152,11 @@ def test_settle_freezes_a_spark_workers_objects_once(monkeypatch: pytest.MonkeyP
         workers.settle()
         frozen = gc.get_freeze_count()
         assert frozen > 1000
-        [object() for _ in range(10)]
+        kept = [[] for _ in range(100)]  # tracked objects alive at the second call
         workers.settle()
-        assert gc.get_freeze_count() == frozen
+        # Not frozen again (frozen objects freed meanwhile may lower the count).
+        assert gc.get_freeze_count() <= frozen
+        del kept
     finally:
         gc.unfreeze()
 
