@@ -131,6 +131,21 @@ def test_a_base_exception_in_the_sender_fails_its_callers_and_no_later_one(
     assert record is not None and record.version == 1
 
 
+def one_thread_per_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pool's second thread fails to start ("can't start new thread"), after
+    ``ThreadPoolExecutor.submit`` has queued the work item, as the system does."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    adjust = ThreadPoolExecutor._adjust_thread_count
+
+    def one_thread_only(self: ThreadPoolExecutor) -> None:
+        if self._threads:
+            raise RuntimeError("can't start new thread")
+        adjust(self)
+
+    monkeypatch.setattr(ThreadPoolExecutor, "_adjust_thread_count", one_thread_only)
+
+
 def test_a_call_queued_before_its_thread_failed_to_start_runs_once(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -143,14 +158,7 @@ def test_a_call_queued_before_its_thread_failed_to_start_runs_once(
 
     from replog.storage import threads
 
-    adjust = ThreadPoolExecutor._adjust_thread_count
-
-    def one_thread_only(self: ThreadPoolExecutor) -> None:
-        if self._threads:
-            raise RuntimeError("can't start new thread")
-        adjust(self)
-
-    monkeypatch.setattr(ThreadPoolExecutor, "_adjust_thread_count", one_thread_only)
+    one_thread_per_pool(monkeypatch)
     runs: list[int] = []
     lock = threading.Lock()
 
@@ -182,14 +190,7 @@ def test_background_work_a_pool_refused_is_skipped_for_good(
 
     from replog.storage import threads
 
-    adjust = ThreadPoolExecutor._adjust_thread_count
-
-    def one_thread_only(self: ThreadPoolExecutor) -> None:
-        if self._threads:
-            raise RuntimeError("can't start new thread")
-        adjust(self)
-
-    monkeypatch.setattr(ThreadPoolExecutor, "_adjust_thread_count", one_thread_only)
+    one_thread_per_pool(monkeypatch)
     gate = threading.Event()
     ran: list[str] = []
     with ThreadPoolExecutor(max_workers=2) as pool:

@@ -204,31 +204,43 @@ Rows: TypeAlias = pa.Table | Iterator[pa.RecordBatch]
 hand is held; its parts then carry their event times)."""
 
 
-def _describe(
-    rows: pa.Table | None, parts: Sequence[Part], relative: str, size: int, digest: str
-) -> list[StagedSegment]:
-    """The staged segments of a written file: one per part, sizes shared by rows (event
-    times from the parts, else from ``rows``)."""
-    staged = []
-    for part, share in zip(parts, shares(size, [p.rows for p in parts]), strict=True):
+def _time_ranges(rows: pa.Table | None, parts: Sequence[Part]) -> list[tuple[int, int]]:
+    """Each part's event-time range (ms): carried by the part, else read from ``rows``."""
+    ranges = []
+    for part in parts:
         if part.timestamps_ms is not None:
-            low, high = part.timestamps_ms
+            ranges.append(part.timestamps_ms)
+        elif rows is None:
+            raise ValueError("rows given as batches need parts that carry their event times")
         else:
-            assert rows is not None
-            low, high = timestamp_range_ms(rows.slice(part.offset, part.rows))
-        staged.append(
-            StagedSegment(
-                path=relative,
-                shard=part.shard,
-                events=part.rows,
-                bytes=share,
-                sha256=digest,
-                min_timestamp_ms=low,
-                max_timestamp_ms=high,
-                offset=part.offset,
-            )
+            ranges.append(timestamp_range_ms(rows.slice(part.offset, part.rows)))
+    return ranges
+
+
+def _describe(
+    parts: Sequence[Part],
+    ranges: Sequence[tuple[int, int]],
+    relative: str,
+    stored: tuple[int, str],
+) -> list[StagedSegment]:
+    """The staged segments of a written file (its size and digest ``stored``): one per
+    part, sizes shared by rows."""
+    size, digest = stored
+    return [
+        StagedSegment(
+            path=relative,
+            shard=part.shard,
+            events=part.rows,
+            bytes=share,
+            sha256=digest,
+            min_timestamp_ms=low,
+            max_timestamp_ms=high,
+            offset=part.offset,
         )
-    return staged
+        for part, share, (low, high) in zip(
+            parts, shares(size, [p.rows for p in parts]), ranges, strict=True
+        )
+    ]
 
 
 def _payload(storage: Storage, data: pa.Buffer) -> bytes | memoryview:
@@ -236,6 +248,12 @@ def _payload(storage: Storage, data: pa.Buffer) -> bytes | memoryview:
     other backends get bytes. The view is of unsigned bytes, as ``bytes`` are (Arrow
     exports signed ones: a view of them compares unequal to the same bytes read back)."""
     return memoryview(data).cast("B") if storage.is_local else data.to_pybytes()
+
+
+def _store(storage: Storage, relative: str, data: bytes | memoryview) -> tuple[int, str]:
+    """Create a file (not yet visible); its size and SHA-256."""
+    storage.put_if_absent(relative, data, durability=Durability.DEFERRED)  # type: ignore[arg-type]
+    return len(data), sha256_hex(data)
 
 
 def write_file(
@@ -247,15 +265,14 @@ def write_file(
     all files of a commit.
     """
     rows, parts = plan
-    if isinstance(rows, pa.Table):
-        data: bytes | memoryview = _payload(storage, encode_segment_buffer(rows))
-        table: pa.Table | None = rows
-    else:
-        if any(part.timestamps_ms is None for part in parts):
-            raise ValueError("rows given as batches need parts that carry their event times")
-        data, table = encode_batches(rows), None
-    storage.put_if_absent(relative, data, durability=Durability.DEFERRED)  # type: ignore[arg-type]
-    return _describe(table, parts, relative, len(data), sha256_hex(data))
+    table = rows if isinstance(rows, pa.Table) else None
+    ranges = _time_ranges(table, parts)
+    data = (
+        _payload(storage, encode_segment_buffer(table))
+        if table is not None
+        else encode_batches(rows)
+    )
+    return _describe(parts, ranges, relative, _store(storage, relative, data))
 
 
 def write_files(
@@ -421,9 +438,7 @@ def write_in_turn(
     paths = [new_file_path(parts) for parts, _ in plans]
 
     def store(path: str, data: pa.Buffer) -> tuple[int, str]:
-        payload = _payload(storage, data)
-        storage.put_if_absent(path, payload, durability=Durability.DEFERRED)  # type: ignore[arg-type]
-        return len(payload), sha256_hex(payload)
+        return _store(storage, path, _payload(storage, data))
 
     # Per file: its parts' event-time ranges, the rows kept for ``written``, the store.
     pending: list[tuple[list[tuple[int, int]], pa.Table | None, Future[tuple[int, str]]]] = []
@@ -431,10 +446,7 @@ def write_in_turn(
         try:
             for (parts, rows), path in zip(plans, paths, strict=True):
                 table = rows()
-                ranges = [
-                    p.timestamps_ms or timestamp_range_ms(table.slice(p.offset, p.rows))
-                    for p in parts
-                ]
+                ranges = _time_ranges(table, parts)
                 future = submit(pool, functools.partial(store, path, encode_segment_buffer(table)))
                 pending.append((ranges, table if written is not None else None, future))
                 del table  # its memory serves the next file's rows
@@ -463,22 +475,7 @@ def write_in_turn(
             raise failed[0]  # type: ignore[misc]
     staged = []
     for (parts, _), path, (ranges, kept, future) in zip(plans, paths, pending, strict=True):
-        size, digest = future.result()
-        described = [
-            StagedSegment(
-                path=path,
-                shard=part.shard,
-                events=part.rows,
-                bytes=share,
-                sha256=digest,
-                min_timestamp_ms=low,
-                max_timestamp_ms=high,
-                offset=part.offset,
-            )
-            for part, share, (low, high) in zip(
-                parts, shares(size, [p.rows for p in parts]), ranges, strict=True
-            )
-        ]
+        described = _describe(parts, ranges, path, future.result())
         if written is not None and kept is not None:
             written.put(described[0], kept)
         staged.extend(described)
