@@ -178,7 +178,12 @@ def after_positions(
     seen = positions.select([*keys, *POSITION]).rename_columns(
         [*keys, "__seen_shard", "__seen_sequence"]
     )
-    joined = changes.join(seen, list(keys), join_type="left outer", use_threads=False)
+    # Joined on keys, positions and row numbers only: Acero joins no list, struct or map
+    # column (a PostgreSQL array), and the row numbers keep the changes' order.
+    numbered = changes.select([*keys, *POSITION]).append_column(
+        _ROW_INDEX, pa.array(np.arange(changes.num_rows, dtype=np.int64))
+    )
+    joined = numbered.join(seen, list(keys), join_type="left outer", use_threads=False)
     shard, sequence = joined.column(SHARD), joined.column(SEQUENCE)
     seen_shard, seen_sequence = joined.column("__seen_shard"), joined.column("__seen_sequence")
     newer = pc.or_kleene(
@@ -191,7 +196,8 @@ def after_positions(
             ),
         ),
     )
-    return joined.filter(newer).drop_columns(["__seen_shard", "__seen_sequence"])
+    kept = joined.filter(newer).column(_ROW_INDEX)
+    return changes.take(pc.take(kept, pc.sort_indices(kept)))
 
 
 UNAVAILABLE = "__debezium_unavailable_value"
