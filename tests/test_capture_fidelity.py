@@ -510,6 +510,54 @@ def test_a_column_added_with_a_default_registers_the_value_older_rows_hold(
     assert snapshotted.schema["fields"][1]["fields"] == version.schema["fields"][1]["fields"]
 
 
+def test_a_column_added_to_a_partitioned_table_registers_its_partitions_value(
+    pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A partitioned table holds no rows and no ``attmissingval``: its partitions do. The
+    default was read from the parent alone, so Delta held NULL for every row of a
+    partitioned table written before the column (found on a real-shaped table, not by
+    the tests). Partitions whose rows hold different values register none, with a
+    warning."""
+    from replog.schemas import registry
+
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE p (id int, r text, PRIMARY KEY (r, id)) PARTITION BY LIST (r)",
+        "CREATE TABLE p_a PARTITION OF p FOR VALUES IN ('a')",
+        "CREATE TABLE p_b PARTITION OF p FOR VALUES IN ('b')",
+        "INSERT INTO p VALUES (1, 'a'), (2, 'b')",
+    )
+    run(pg_dsn, url, tables=("p",))
+    sql(
+        pg_dsn,
+        "ALTER TABLE p ADD COLUMN due date DEFAULT DATE '2030-12-31'",
+        "ALTER TABLE p ADD COLUMN n int",
+        "ALTER TABLE p_a ALTER COLUMN n SET DEFAULT 1",  # no missing value: n stays NULL
+        "ALTER TABLE p DETACH PARTITION p_a",
+        "ALTER TABLE p DETACH PARTITION p_b",
+        "ALTER TABLE p_a ADD COLUMN odd int DEFAULT 3",  # p_a's rows hold 3 ...
+        "ALTER TABLE p_b ADD COLUMN odd int DEFAULT 2",  # ... and p_b's 2
+        "ALTER TABLE p ADD COLUMN odd int",
+        "ALTER TABLE p ATTACH PARTITION p_a FOR VALUES IN ('a')",
+        "ALTER TABLE p ATTACH PARTITION p_b FOR VALUES IN ('b')",
+        "INSERT INTO p (id, r) VALUES (3, 'a')",
+    )
+    with caplog.at_level("WARNING", logger="replog.capture.source"):
+        run(pg_dsn, url, tables=("p",))
+    events = captured(ReplicationLog.open(url))
+    version = next(
+        v
+        for v in registry.versions(ReplicationLog.open(url).storage, "public.p")
+        if v.digest == events[-1]["metadata"]["schema"]
+    )
+    fields = {f["field"]: f for f in version.schema["fields"][1]["fields"]}
+    assert fields["due"]["default"] == "2030-12-31"  # io.debezium.time.IsoDate
+    assert "default" not in fields["n"]
+    assert "default" not in fields["odd"]
+    assert any("different values" in r.getMessage() for r in caplog.records)
+
+
 # -- key changes ----------------------------------------------------------------------------
 
 

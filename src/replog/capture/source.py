@@ -476,12 +476,18 @@ class PostgresSource:
         return any(set(columns) == set(key) and not_null for columns, not_null in rows)
 
     def _defaults(self, oid: int) -> tuple[tuple[str, str], ...]:
-        """The value rows written before each added column hold (its text output)."""
-        found = []
-        for name, type_name in self._all(
-            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-            " WHERE attrelid = %s AND atthasmissing AND NOT attisdropped ORDER BY attnum",
-            (oid,),
+        """The value rows written before each added column hold (its text output). A
+        partitioned table holds no rows: its partitions keep the value, each its own copy
+        (those created after the column have none)."""
+        values: dict[str, set[str]] = {}
+        for relid, name, type_name in self._all(
+            "SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod)"
+            " FROM pg_attribute a JOIN pg_attribute r ON r.attrelid = %s"
+            " AND r.attname = a.attname AND NOT r.attisdropped"
+            " WHERE (a.attrelid = %s OR a.attrelid IN"
+            " (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf))"
+            " AND a.atthasmissing AND NOT a.attisdropped ORDER BY r.attnum",
+            (oid, oid, oid),
         ):
             # attmissingval is an array of the column's type (anyarray): read back as one
             # value of the type, written by its output function.
@@ -491,10 +497,22 @@ class PostgresSource:
                     "SELECT (attmissingval::text::{}[])[1] FROM pg_attribute"
                     " WHERE attrelid = %s AND attname = %s"
                 ).format(sql.SQL(type_name)),
-                (oid, name),
+                (relid, name),
             )
             if value is not None:
-                found.append((name, value))
+                values.setdefault(name, set()).add(value)
+        found = []
+        for name, held in values.items():
+            if len(held) == 1:
+                found.append((name, held.pop()))
+            else:  # partitions whose columns came from different ALTERs
+                logger.warning(
+                    "capture: column %r of table %d holds different values in rows written "
+                    "before it, partition by partition (%s): no default is recorded for it",
+                    name,
+                    oid,
+                    sorted(held),
+                )
         return tuple(found)
 
     def pg_type(self, type_oid: int) -> PgType:
