@@ -1,10 +1,13 @@
 """PostgreSQL -> capture -> Spark -> apply_changes -> Delta, equal row by row, for what a
 real schema does: a column added with a default, a key updated with its TOASTed column
 unchanged, a partitioned table, a table dropped and created again (a real PostgreSQL,
-a real SparkSession, real Delta tables)."""
+a real SparkSession, real Delta tables); then a sales table shaped as a real one."""
 
 from __future__ import annotations
 
+import datetime as dt
+import json
+from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -84,3 +87,74 @@ def test_a_real_schema_lands_in_delta_equal_to_the_source(
         for i, r in delta_rows(str(tmp_path / "delta" / "public.orders")).items()
     }
     assert orders == {(r["region"], i): r for i, r in source_rows(pg_dsn, "orders").items()}
+
+
+SALES = ("tenant", "placed_on", "id", "status", "amount", "tags", "payload", "note", "opens",
+         "region", "due", "channel")  # fmt: skip
+
+
+def comparable(column: str, value: Any) -> Any:
+    """A value of ``sales`` as PostgreSQL (psycopg) and Delta both give it."""
+    if value is None:
+        return None
+    if column == "opens" and isinstance(value, dt.time):  # Delta: bigint µs since midnight
+        return ((value.hour * 60 + value.minute) * 60 + value.second) * 10**6 + value.microsecond
+    if column == "payload" and isinstance(value, str):  # Delta: the JSON text
+        return json.loads(value)
+    return Decimal(value) if column == "amount" else value
+
+
+def test_a_range_partitioned_table_with_a_composite_key_lands_equal(
+    spark: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Range partitions (a row moved between them), a three-column key changed with its
+    TOASTed text unchanged, an enum, a text array, jsonb, a ``time`` and three columns
+    added with defaults (text, date, int) after the snapshot. Found two losses the
+    smaller tables did not: the partitions' added-column values (the parent holds none)
+    and an array column after the first delete."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TYPE order_status AS ENUM ('new', 'paid', 'shipped')",
+        "CREATE TABLE sales (tenant int, placed_on date, id bigint, status order_status,"
+        " amount numeric(12,3), tags text[], payload jsonb, note text, opens time,"
+        " PRIMARY KEY (tenant, placed_on, id)) PARTITION BY RANGE (placed_on)",
+        "CREATE TABLE sales_2024 PARTITION OF sales"
+        " FOR VALUES FROM ('2024-01-01') TO ('2025-01-01')",
+        "CREATE TABLE sales_2025 PARTITION OF sales"
+        " FOR VALUES FROM ('2025-01-01') TO ('2026-01-01')",
+        "INSERT INTO sales SELECT g % 3, DATE '2024-03-01' + (g * 7), g, 'new', g * 1.125,"
+        " ARRAY['a', 'b''c'], jsonb_build_object('n', g, 'ü', 'x'),"
+        f" CASE WHEN g % 4 = 0 THEN {BIG} ELSE 'short' END, TIME '08:30:15.25'"
+        " FROM generate_series(1, 60) g",
+    )
+    run(pg_dsn, url, tables=("sales",))
+    sql(
+        pg_dsn,
+        "ALTER TABLE sales ADD COLUMN region text DEFAULT 'eu'",
+        "ALTER TABLE sales ADD COLUMN due date DEFAULT DATE '2030-12-31'",
+        "ALTER TABLE sales ADD COLUMN channel int DEFAULT 7",
+        "UPDATE sales SET status = 'paid', amount = amount + 1 WHERE id % 5 = 0",
+        "UPDATE sales SET id = id + 1000 WHERE id IN (4, 8, 12)",  # TOASTed note unchanged
+        "UPDATE sales SET placed_on = DATE '2025-06-01' WHERE id = 16",  # another partition
+        "DELETE FROM sales WHERE id % 7 = 0",
+        "INSERT INTO sales (tenant, placed_on, id, status, note, region, due)"
+        " VALUES (9, DATE '2025-02-02', 500, 'shipped', 'n', NULL, NULL)",
+    )
+    run(pg_dsn, url, tables=("sales",))
+    log = ReplicationLog.open(url)
+    targets = str(tmp_path / "delta" / "{collection}")
+    stream(spark, log, tmp_path / "chk", apply_changes(targets, app_id="e2e", log=log.url))
+
+    table = open_table(str(tmp_path / "delta" / "public.sales"), None)
+    assert table is not None
+    found = {
+        (r["tenant"], r["placed_on"], r["id"]): {c: comparable(c, r[c]) for c in SALES}
+        for r in table.to_pyarrow_table().to_pylist()
+    }
+    expected = {
+        row[:3]: {c: comparable(c, v) for c, v in zip(SALES, row, strict=True)}
+        for row in query(pg_dsn, f"SELECT {', '.join(SALES)} FROM sales")
+    }
+    assert found == expected
+    assert len(expected) == 52 and expected[(1, dt.date(2024, 3, 8), 1)]["due"] is not None
