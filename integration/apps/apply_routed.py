@@ -12,10 +12,8 @@ whole process group.
 
 import argparse
 import json
-import logging
-import os
 
-from pyspark.sql import SparkSession
+from spark_app import events, finish, session
 
 from replog.spark.functions import apply_changes
 
@@ -31,28 +29,11 @@ parser.add_argument("--max-events", default="2000")
 parser.add_argument("--master", default="local[1]")
 parser.add_argument("--consumer", default=None)
 args = parser.parse_args()
-# The fault hook kills this whole process group (driver, JVM, Python workers).
-os.environ["REPLOG_FAULT_PGID"] = str(os.getpgrp())
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-spark = (
-    SparkSession.builder.master(args.master)
-    .appName("replog-apply-chaos")
-    .config("spark.ui.enabled", "false")
-    .config("spark.sql.shuffle.partitions", "2")
-    .getOrCreate()
-)
-spark.sparkContext.setLogLevel("WARN")
+spark = session("replog-apply-chaos", args.master)
 fs = json.loads(args.fs_json)
-events = (
-    spark.readStream.format("replog")
-    .options(**{f"fs.{k}": str(v) for k, v in fs.items()})
-    .option("maxEventsPerTrigger", args.max_events)
-    .options(**({"consumer": args.consumer} if args.consumer else {}))
-    .load(args.log)
-)
 query = (
-    events.writeStream.foreachBatch(
+    events(spark, args.log, max_events=args.max_events, fs=fs, consumer=args.consumer)
+    .writeStream.foreachBatch(
         apply_changes(
             args.target,
             app_id=args.app_id,
@@ -65,6 +46,4 @@ query = (
     .trigger(availableNow=True)
     .start()
 )
-query.awaitTermination()
-print("BATCHES", json.dumps([p["numInputRows"] for p in query.recentProgress]))
-spark.stop()
+finish(spark, query)

@@ -6,10 +6,8 @@ Run it in its own session: the fault hook (REPLOG_FAULT) kills its whole process
 
 import argparse
 import json
-import logging
-import os
 
-from pyspark.sql import SparkSession
+from spark_app import events, finish, fs_options, session
 
 parser = argparse.ArgumentParser()
 parser.add_argument("source")
@@ -21,35 +19,15 @@ parser.add_argument("--master", default="local[2,3]")
 parser.add_argument("--sink-id", default=None)
 parser.add_argument("--consumer", default=None)
 args = parser.parse_args()
-# The fault hook kills this whole process group (driver, JVM, Python workers).
-os.environ["REPLOG_FAULT_PGID"] = str(os.getpgrp())
-logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-
-spark = (
-    SparkSession.builder.master(args.master)
-    .appName("replog-crash-test")
-    .config("spark.ui.enabled", "false")
-    .config("spark.sql.shuffle.partitions", "2")
-    .getOrCreate()
-)
-spark.sparkContext.setLogLevel("WARN")
-fs_options = {f"fs.{k}": str(v) for k, v in json.loads(args.fs_json).items()}
-events = (
-    spark.readStream.format("replog")
-    .options(**fs_options)
-    .option("maxEventsPerTrigger", args.max_events)
-    .options(**({"consumer": args.consumer} if args.consumer else {}))
-    .load(args.source)
-)
+spark = session("replog-crash-test", args.master)
+fs = json.loads(args.fs_json)
 writer = (
-    events.writeStream.format("replog-sink")
-    .options(**fs_options)
+    events(spark, args.source, max_events=args.max_events, fs=fs, consumer=args.consumer)
+    .writeStream.format("replog-sink")
+    .options(**fs_options(fs))
     .option("checkpointLocation", args.checkpoint)
     .trigger(availableNow=True)
 )
 if args.sink_id:
     writer = writer.option("sinkId", args.sink_id)
-query = writer.start(args.target)
-query.awaitTermination()
-print("BATCHES", json.dumps([p["numInputRows"] for p in query.recentProgress]))
-spark.stop()
+finish(spark, writer.start(args.target))
