@@ -154,6 +154,7 @@ def test_a_snapshot_asked_for_while_changes_race_it_is_exact(pg_dsn: str, tmp_pa
     writes.start()
     thread, stop, found = _follow(url, pg_dsn, snapshot_chunk_rows=16)
     try:
+        before = writes.transactions
         result = replog("snapshot", "postgres", pg_dsn, "--slot", "cap", "--tables", "t")
         assert result.returncode == 0, result.stderr
         capture: PostgresCapture = found["capture"]
@@ -165,6 +166,14 @@ def test_a_snapshot_asked_for_while_changes_race_it_is_exact(pg_dsn: str, tmp_pa
             found,
             "the requested snapshot",
         )
+        raced = writes.transactions - before
+        # Go on writing until 50 transactions followed the request, however fast the
+        # snapshot was: the follower must also order the changes after its last chunk.
+        _wait_for(
+            lambda: writes.error is not None or writes.transactions - before >= 50,
+            found,
+            "50 transactions",
+        )
     finally:
         writes.stop.set()
         writes.join()
@@ -172,7 +181,7 @@ def test_a_snapshot_asked_for_while_changes_race_it_is_exact(pg_dsn: str, tmp_pa
         thread.join()
     assert writes.error is None and "error" not in found, (writes.error, found.get("error"))
     run(pg_dsn, url, tables=("t",))  # what the follower had not read yet
-    assert writes.transactions > 50
+    assert raced > 0, "no transaction committed while the snapshot was asked for and read"
     reads = _check_equal_and_in_order(url, pg_dsn, "incremental")
     assert reads > ROWS // 2
     plan = SnapshotPlan.load(
