@@ -10,80 +10,32 @@ monotonic clock and the storage's file times) is the real one plus
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from support.logcheck import check_log
 from support.storages import as_class
+from support.virtual_time import (
+    MINUTE_S,
+    Aged,
+    Virtual,
+    append,
+    expire_all,
+    expiring_log,
+    opened,
+)
 
 from replog.format.commits import commit_path
 from replog.log import ReplicationLog
-from replog.storage import Storage
 from replog.timeutil import use_clock
-
-MINUTE_S = 60.0
-
-
-class Virtual:
-    """Time the test moves forward: every clock below adds :attr:`offset_s`."""
-
-    offset_s = 0.0
-    storage_step_s = 0.0
-    """How far the storage's clock stepped ahead of everyone else's (file times only)."""
-
-    @classmethod
-    def clock(cls, skew_minutes: float = 0.0) -> Callable[[], float]:
-        return lambda: time.time() + cls.offset_s + skew_minutes * MINUTE_S
-
-    @classmethod
-    def monotonic(cls) -> float:
-        return time.monotonic() + cls.offset_s
-
-
-STAMPS: dict[str, float] = {}
-
-
-class Aged(Storage):
-    """Storage whose file times move with the test's time."""
-
-    def _create_once(self, path: str, data: bytes, durability: Any) -> None:
-        super()._create_once(path, data, durability)
-        STAMPS[path] = Virtual.offset_s + Virtual.storage_step_s
-
-    def _replace_once(self, path: str, data: bytes, durability: Any) -> None:
-        super()._replace_once(path, data, durability)
-        STAMPS[path] = Virtual.offset_s + Virtual.storage_step_s
-
-    def _modified_once(self, path: str) -> int | None:
-        stamp = super()._modified_once(path)
-        return None if stamp is None else stamp + int(STAMPS.get(path, 0.0) * 1000)
 
 
 @pytest.fixture(autouse=True)
 def _virtual_time() -> Any:
-    Virtual.offset_s = Virtual.storage_step_s = 0.0
-    STAMPS.clear()
+    Virtual.reset()
     yield
-    Virtual.offset_s = Virtual.storage_step_s = 0.0
-    STAMPS.clear()
-
-
-def opened(url: str, cls: type[Storage] = Aged, options: Any = None) -> ReplicationLog:
-    log = ReplicationLog.open(url, auto_compact=False, storage_options=options)
-    log.storage = as_class(log.storage, cls)
-    return log
-
-
-def append(log: ReplicationLog, tag: str, skew_minutes: float = 0.0, n: int = 3) -> int:
-    with use_clock(Virtual.clock(skew_minutes), Virtual.monotonic):
-        record = log.append(
-            [{"key": f"{tag}-{i}", "event_id": f"{tag}-{i}", "data": {}} for i in range(n)]
-        )
-    assert record is not None
-    return record.version
+    Virtual.reset()
 
 
 def event_ids(url: str, options: Any = None) -> list[str]:
@@ -110,8 +62,7 @@ def test_a_commit_that_landed_is_not_taken_back_when_expiry_deletes_its_base_aft
     s3 = request.getfixturevalue("s3") if where == "s3" else None
     url = str(tmp_path / "log") if s3 is None else s3.url("log")
     options = None if s3 is None else s3.storage_options
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False, storage_options=options)  # fmt: skip
+    expiring_log(url, options)
     a, b = opened(url, options=options), opened(url, options=options)
     for n in range(1, 11):
         append(a, f"a{n}")  # commits 1..10 (table 10)
@@ -151,8 +102,7 @@ def test_a_compaction_that_landed_keeps_its_files_when_expiry_deletes_its_base_a
     from replog.ops.verify import verify
 
     url = str(tmp_path / "log")
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False)  # fmt: skip
+    expiring_log(url)
     a, b = opened(url), opened(url)
     for n in range(1, 11):
         append(a, f"a{n}")
@@ -190,8 +140,7 @@ def test_a_writer_paused_after_its_put_for_longer_than_the_retention_is_told_com
     commit for one that filled an emptied slot: it appended its rows again (doubled).
     Its rows are in the log (in table 20): it must say so."""
     url = str(tmp_path / "log")
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False)  # fmt: skip
+    expiring_log(url)
     a, b = opened(url), opened(url)
     for n in range(1, 13):
         append(a, f"a{n}")
@@ -230,13 +179,11 @@ def test_a_commit_in_an_emptied_slot_deleted_again_by_a_late_expiry_is_made_agai
     deletes commits 1..20 again, W's among them. W's commit and its base are both gone:
     it filled an emptied slot (it cannot have expired: far less than the retention passed
     since its put began), so W must commit again, not answer "unknown"."""
-    from replog.core import history
     from replog.format.events import events_from_records
     from replog.format.gc import StagingStart
 
     url = str(tmp_path / "log")
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False)  # fmt: skip
+    expiring_log(url)
     a, b, e = opened(url), opened(url), opened(url)
     for n in range(1, 10):
         append(a, f"a{n}")
@@ -260,15 +207,7 @@ def test_a_commit_in_an_emptied_slot_deleted_again_by_a_late_expiry_is_made_agai
             super()._create_once(path, data, durability)
             if type(self).stalled and path.endswith(commit_path(10)) and not type(self).put:
                 type(self).put = True  # a late expiry from version 0 deletes 1..20 again
-                with use_clock(Virtual.clock(), Virtual.monotonic):
-                    state = e.refresh()
-                    history.expire(
-                        history.LogSnapshots(e.storage, e.descriptor),
-                        version=state.version,
-                        retained_from=0,
-                        live=state.live_paths(),
-                        now_ms=Virtual.clock()() * 1000,
-                    )
+                expire_all(e)
                 assert not e.storage.exists(commit_path(10))
 
     w = opened(url, Stalls)
@@ -301,8 +240,7 @@ def test_a_commit_left_in_an_emptied_slot_by_a_dead_writer_misleads_no_other(
     from replog.storage.faults import SimulatedCrash
 
     url = str(tmp_path / "log")
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False)  # fmt: skip
+    expiring_log(url)
     a, b, e, x, reader = (opened(url) for _ in range(5))
     for n in range(1, 10):
         append(a, f"a{n}")
@@ -345,8 +283,7 @@ def test_a_storage_clock_that_steps_forward_does_not_empty_a_slot_a_writer_is_ab
     append, acknowledged at version 10, was never read. Expiry judged by one clock that
     no other clock checks: by the writers' clocks header 10 was seconds old."""
     url = str(tmp_path / "log")
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False)  # fmt: skip
+    expiring_log(url)
     a, b, e = opened(url), opened(url), opened(url)
     for n in range(1, 10):
         append(a, f"a{n}")

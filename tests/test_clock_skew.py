@@ -23,71 +23,28 @@ from typing import Any
 
 import pytest
 from support.logcheck import check_log
-from support.storages import as_class
+from support.virtual_time import (
+    MINUTE_S,
+    Aged,
+    AgedWithoutTimes,
+    Virtual,
+    append,
+    expire_all,
+    expiring_log,
+    opened,
+)
 
-from replog.core import history
 from replog.format.commits import commit_path
 from replog.log import ReplicationLog
 from replog.storage import Storage
 from replog.timeutil import use_clock
 
-MINUTE_S = 60.0
 
-
-class Virtual:
-    """Time that the test moves forward: every clock below adds :attr:`offset_s`."""
-
-    offset_s = 0.0
-
-    @classmethod
-    def clock(cls, skew_minutes: float) -> Callable[[], float]:
-        return lambda: time.time() + cls.offset_s + skew_minutes * MINUTE_S
-
-    @classmethod
-    def monotonic(cls) -> float:
-        return time.monotonic() + cls.offset_s
-
-
-class Aged(Storage):
-    """Storage whose file times move with the test's time (a file written when the test's
-    time is t is stamped t)."""
-
-    def _create_once(self, path: str, data: bytes, durability: Any) -> None:
-        super()._create_once(path, data, durability)
-        STAMPS[path] = Virtual.offset_s
-
-    def _modified_once(self, path: str) -> int | None:
-        stamp = super()._modified_once(path)
-        return None if stamp is None else stamp + int(STAMPS.get(path, 0.0) * 1000)
-
-
-class AgedWithoutTimes(Aged):
-    """A backend that reports no file times: expiry judges by the writers' clocks."""
-
-    def _modified_once(self, path: str) -> int | None:
-        return None
-
-
-STAMPS: dict[str, float] = {}
-
-
-def writer(url: str, cls: type[Storage], options: Any = None) -> ReplicationLog:
-    log = ReplicationLog.open(url, auto_compact=False, storage_options=options)
-    log.storage = as_class(log.storage, cls)
-    return log
-
-
-def append(
-    log: ReplicationLog,
-    skew_minutes: float,
-    tag: str,
-    monotonic: Callable[[], float] = Virtual.monotonic,
-) -> int:
-    with use_clock(Virtual.clock(skew_minutes), monotonic):
-        record = log.append([{"key": f"{tag}-{i}", "event_id": f"{tag}-{i}", "data": {}}
-                             for i in range(3)])  # fmt: skip
-    assert record is not None
-    return record.version
+@pytest.fixture(autouse=True)
+def _virtual_time() -> Any:
+    Virtual.reset()
+    yield
+    Virtual.reset()
 
 
 def run_skewed_stall(
@@ -101,15 +58,12 @@ def run_skewed_stall(
 ) -> tuple[int, list[str]]:
     """The review's interleaving; returns the version W was told and the event ids a
     process opening the log afterwards reads."""
-    Virtual.offset_s = 0.0
-    STAMPS.clear()
     url = str(tmp_path / "log") if s3 is None else s3.url("log")
     options = None if s3 is None else s3.storage_options
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False, storage_options=options)  # fmt: skip
-    a, b, e = (writer(url, storage, options) for _ in range(3))
+    expiring_log(url, options)
+    a, b, e = (opened(url, storage, options) for _ in range(3))
     for n in range(1, 10):
-        append(a, +3, f"a{n}")  # commits 1..9, stamped by A's clock (3 minutes fast)
+        append(a, f"a{n}", +3)  # commits 1..9, stamped by A's clock (3 minutes fast)
 
     class Stalls(storage):  # type: ignore[valid-type,misc]
         stalled = False
@@ -118,14 +72,14 @@ def run_skewed_stall(
             if path.endswith(commit_path(10)) and not type(self).stalled:
                 type(self).stalled = True
                 for n in range(10, 20):
-                    append(b, -3, f"b{n}")  # commits 10..19, header 10 stamped by B
+                    append(b, f"b{n}", -3)  # commits 10..19, header 10 stamped by B
                 Virtual.offset_s += minutes * MINUTE_S
-                append(e, e_skew, "e20")  # table 20; E expires what it finds old
+                append(e, "e20", e_skew)  # table 20; E expires what it finds old
                 e.flush()
             super()._create_once(path, data, durability)
 
-    w = writer(url, Stalls, options)
-    told = append(w, -3, "w", w_monotonic)
+    w = opened(url, Stalls, options)
+    told = append(w, "w", -3, monotonic=w_monotonic)
     assert Stalls.stalled
     Virtual.offset_s = 0.0
     reader = ReplicationLog.open(url, storage_options=options)
@@ -193,14 +147,11 @@ def test_a_base_read_alongside_the_miss_proves_no_order(tmp_path: Path, s3: Any)
     not, yet slot 10 was emptied, not unwritten. The writer must keep the proof it had
     (slot 10 seen free 14.5 minutes ago: too old) and check after its put, rather than
     take the miss as a fresh proof and skip the check."""
-    Virtual.offset_s = 0.0
-    STAMPS.clear()
     url, options = s3.url("log"), s3.storage_options
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=20 * 60_000,
-                          auto_compact=False, storage_options=options)  # fmt: skip
-    a, b = writer(url, AgedWithoutTimes, options), writer(url, AgedWithoutTimes, options)
+    expiring_log(url, options)
+    a, b = opened(url, AgedWithoutTimes, options), opened(url, AgedWithoutTimes, options)
     for n in range(1, 10):
-        append(a, +3, f"a{n}")
+        append(a, f"a{n}", +3)
     released = threading.Event()
     fired: list[bool] = []
 
@@ -213,27 +164,19 @@ def test_a_base_read_alongside_the_miss_proves_no_order(tmp_path: Path, s3: Any)
             data = super()._read_once(path)
             if type(self).armed and path.endswith(commit_path(9)) and not fired:
                 fired.append(True)
-                with use_clock(Virtual.clock(+3)):  # E, 3 minutes fast, expires
-                    state = b.refresh()
-                    history.expire(
-                        history.LogSnapshots(b.storage, b.descriptor),
-                        version=state.version,
-                        retained_from=0,
-                        live=state.live_paths(),
-                        now_ms=Virtual.clock(+3)() * 1000,
-                    )
+                expire_all(b, +3, monotonic=None)  # E, 3 minutes fast, expires
                 assert not b.storage.exists(commit_path(10))
                 released.set()
             return data
 
-    w = writer(url, ExpiryBetweenTheAnswers, options)
+    w = opened(url, ExpiryBetweenTheAnswers, options)
     with use_clock(Virtual.clock(-3), Virtual.monotonic):
         assert w.refresh(verify_within=0).version == 9  # slot 10 seen free now
     for n in range(10, 21):
-        append(b, -3, f"b{n}")  # commits 10..20 (table 20), header 10 stamped by B
+        append(b, f"b{n}", -3)  # commits 10..20 (table 20), header 10 stamped by B
     Virtual.offset_s += 14.5 * MINUTE_S
     ExpiryBetweenTheAnswers.armed = True
-    told = append(w, -3, "w")
+    told = append(w, "w", -3)
     assert fired
     Virtual.offset_s = 0.0
     ids = ReplicationLog.open(url, storage_options=options).read_all().column("event_id")
