@@ -53,13 +53,7 @@ def compaction_running(storage: Storage) -> bool:
     releasing it holds merges back for that long at most. Lists the leases and reads only
     compactions' (usually none)."""
     now = now_ms()
-    for name in storage.listdir(LEASES_DIR):
-        if not name.startswith(COMPACTION_PREFIX) or is_temporary(name):
-            continue
-        relative = f"{LEASES_DIR}/{name}"
-        data = storage.read_optional(relative)
-        if data is None:
-            continue
+    for relative, data in _lease_files(storage, COMPACTION_PREFIX):
         try:
             lease = Lease.from_bytes(data, storage.path(relative))
         except CorruptionError:
@@ -208,18 +202,23 @@ class FoundLeases:
     unreadable: list[UnreadableLease] = field(default_factory=list)
 
 
+def _lease_files(storage: Storage, prefix: str = "") -> Iterator[tuple[str, bytes]]:
+    """The path and bytes of each lease file named ``prefix...`` (a temporary one, a
+    lease being written, is read once it has its name; one released meanwhile is not)."""
+    for name in storage.listdir(LEASES_DIR):
+        if name.startswith(prefix) and not is_temporary(name):
+            relative = f"{LEASES_DIR}/{name}"
+            data = storage.read_optional(relative)
+            if data is not None:
+                yield relative, data
+
+
 def leases(storage: Storage) -> FoundLeases:
     """Every lease on storage, expired and unreadable ones included (lists the directory:
     for ``recover``, ``status`` and ``verify``). An unreadable one is warned about, naming
     its file, and returned as such: it may still guard a writer's files."""
     found = FoundLeases()
-    for name in storage.listdir(LEASES_DIR):
-        if is_temporary(name):  # a lease being written: read once it has its name
-            continue
-        relative = f"{LEASES_DIR}/{name}"
-        data = storage.read_optional(relative)
-        if data is None:
-            continue
+    for relative, data in _lease_files(storage):
         try:
             found.readable.append(Lease.from_bytes(data, storage.path(relative)))
         except CorruptionError as exc:
