@@ -40,6 +40,7 @@ import tempfile
 import threading
 import time
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -180,15 +181,7 @@ class Chaos:
     # processes
 
     def _python(self, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        log = (self.workdir / "process.log").open("ab")
-        return subprocess.Popen(
-            [sys.executable, *args],
-            stdout=log,
-            stderr=log,
-            env=env or self.env,
-            start_new_session=True,  # a kill takes the whole group (JVM, Python workers)
-            cwd=self.workdir,
-        )
+        return spawn_python(self.workdir, args, env or self.env)
 
     def _kill(self, process: subprocess.Popen[bytes], what: str) -> None:
         if process.poll() is None:
@@ -198,17 +191,7 @@ class Chaos:
                 self.tally.kills[what] += 1
 
     def cli(self, *args: str) -> bool:
-        fs = [item for k, v in self.options.items() for item in ("--fs-option", f"{k}={v}")]
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "replog"), *args, *fs],
-            capture_output=True,
-            check=False,
-            env=self.env,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            logger.info("replog %s failed: %s", args[0], done.stderr.decode()[-300:])
-        return done.returncode == 0
+        return run_cli(args, self.options, self.env)
 
     # roles
 
@@ -356,6 +339,38 @@ class Chaos:
             count_faults(self.workdir / f"ledger-{writer}.jsonl") for writer in APPENDERS
         )
         return report
+
+
+def spawn_python(
+    workdir: Path, args: Sequence[str], env: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    """``python args`` in ``workdir``, in a session of its own (a kill takes the whole
+    group: JVM, Python workers), its output appended to ``workdir/process.log``."""
+    with (workdir / "process.log").open("ab") as log:  # the child holds its own copy
+        return subprocess.Popen(
+            [sys.executable, *args],
+            stdout=log,
+            stderr=log,
+            env=env,
+            start_new_session=True,
+            cwd=workdir,
+        )
+
+
+def run_cli(args: Sequence[str], options: dict[str, str], env: dict[str, str]) -> bool:
+    """``replog args`` with the storage ``options``; whether it succeeded (a failure is
+    logged: chaos makes some)."""
+    fs = [item for k, v in options.items() for item in ("--fs-option", f"{k}={v}")]
+    done = subprocess.run(
+        [str(Path(sys.executable).parent / "replog"), *args, *fs],
+        capture_output=True,
+        check=False,
+        env=env,
+        timeout=600,
+    )
+    if done.returncode != 0:
+        logger.info("replog %s failed: %s", args[0], done.stderr.decode()[-300:])
+    return done.returncode == 0
 
 
 def out_of_order(rows: list[dict[str, Any]]) -> int:

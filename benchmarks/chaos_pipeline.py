@@ -44,7 +44,6 @@ import os
 import random
 import secrets
 import signal
-import subprocess
 import sys
 import tempfile
 import threading
@@ -63,7 +62,7 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from chaos import count_faults, start_moto  # noqa: E402
+from chaos import count_faults, run_cli, spawn_python, start_moto  # noqa: E402
 
 APPS = ROOT / "integration" / "apps"
 SLOT = "chaos_pipeline"
@@ -396,33 +395,9 @@ class PipelineChaos:
 
     # processes
 
-    def _python(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-        log = (self.workdir / "process.log").open("ab")
-        return subprocess.Popen(
-            [sys.executable, *args],
-            stdout=log,
-            stderr=log,
-            env=env,
-            start_new_session=True,  # a kill takes the whole group (JVM, Python workers)
-            cwd=self.workdir,
-        )
-
     def _count(self, counter: Counter[str], what: str) -> None:
         with self.lock:
             counter[what] += 1
-
-    def cli(self, *args: str) -> bool:
-        fs = [item for k, v in self.options.items() for item in ("--fs-option", f"{k}={v}")]
-        done = subprocess.run(
-            [str(Path(sys.executable).parent / "replog"), *args, *fs],
-            capture_output=True,
-            check=False,
-            env=self.env,
-            timeout=600,
-        )
-        if done.returncode != 0:
-            logger.info("replog %s failed: %s", args[0], done.stderr.decode()[-300:])
-        return done.returncode == 0
 
     # the stages
 
@@ -505,7 +480,7 @@ class PipelineChaos:
                     self.tally.fresh_checkpoints += 1
         stage.after.wait()
         for _ in range(5):
-            process = self._python(stage.command(True, generation), dict(self.env))
+            process = spawn_python(self.workdir, stage.command(True, generation), dict(self.env))
             self._count(self.tally.runs, stage.name)
             if process.wait() == 0:
                 break
@@ -533,7 +508,7 @@ class PipelineChaos:
         fault = self._fault(stage, generation, fired)
         if fault:
             env["REPLOG_FAULT"] = fault
-        process = self._python(stage.command(False, generation), env)
+        process = spawn_python(self.workdir, stage.command(False, generation), env)
         self._count(self.tally.runs, stage.name)
         if fault and stage.checkpoint is not None:
             # it dies at its micro-batch or ends (AvailableNow): a random kill first
@@ -565,7 +540,7 @@ class PipelineChaos:
     def operator(self, name: str, every_s: float, commands: list[list[str]]) -> None:
         while not self.stop.wait(self.rng.uniform(every_s * 0.5, every_s * 1.5)):
             for command in commands:
-                ok = self.cli(*command)
+                ok = run_cli(command, self.options, self.env)
                 self._count(self.tally.operations, name)
                 if not ok:
                     self._count(self.tally.failed_operations, name)
