@@ -1002,8 +1002,8 @@ def test_rows_before_a_column_with_a_default_get_the_default(tmp_path: Path, mod
     apply_batch(
         target, wider.slice(0, 1), ["id"], app_id="q", batch_id=3, mode=mode, defaults=defaults
     )
-    assert {r["id"]: r["name"] for r in found if r.get(rows.CURRENT, True)}[1] == "a"
     after = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    assert {r["id"]: r["name"] for r in after if r.get(rows.CURRENT, True)}[1] == "a"
     assert {r["id"]: r["level"] for r in after if r.get(rows.CURRENT, True)}[1] == 7
 
 

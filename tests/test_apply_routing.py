@@ -132,28 +132,40 @@ def test_a_replay_after_some_tables_committed_applies_the_rest_once(
     the table that has it and applies the one that does not; nothing doubles."""
     log, digests = shop_log(tmp_path)
     o, s = digests["shop.orders"], digests["shop.stock"]
-    events = [
+
+    def frame_of(events: list[dict[str, Any]], first: int) -> Any:
+        numbered = [dict(e, shard=0, sequence=first + n) for n, e in enumerate(events)]
+        return (
+            micro_batch(spark, numbered)
+            .drop("collection", "metadata")
+            .join(
+                spark.createDataFrame(
+                    [(e["sequence"], e["collection"], e["metadata"]) for e in numbered],
+                    "sequence long, collection string, metadata string",
+                ),
+                "sequence",
+            )
+        )
+
+    frame = frame_of([
         event("shop.orders", {"id": 1}, "insert", {"id": 1, "total": 1}, schema=o),
         event("shop.stock", {"sku": "a"}, "insert", {"sku": "a", "count": 1}, schema=s),
-    ]
-    frame = micro_batch(spark, [dict(e, shard=0, sequence=n) for n, e in enumerate(events)])
-    frame = frame.drop("collection", "metadata").join(
-        spark.createDataFrame(
-            [(n, e["collection"], e["metadata"]) for n, e in enumerate(events)],
-            "sequence long, collection string, metadata string",
-        ),
-        "sequence",
-    )
+    ], first=10)  # fmt: skip
     tables = {name: str(tmp_path / name) for name in ("shop.orders", "shop.stock")}
     apply = apply_changes(tables, app_id="r", log=log.url)
-    # the orders table committed batch 0 before a crash (with another change for id 1)
-    apply_changes({"shop.orders": tables["shop.orders"]}, app_id="r", log=log.url)(frame, 0)
+    # the orders table committed batch 0 before a crash, with an older change for id 1:
+    # a replay that were not skipped would replace it (its change is newer)
+    earlier = event("shop.orders", {"id": 1}, "insert", {"id": 1, "total": 5}, schema=o)
+    older = frame_of([earlier], first=0)
+    apply_changes({"shop.orders": tables["shop.orders"]}, app_id="r", log=log.url)(older, 0)
     version = open_table(tables["shop.orders"], None).version()  # type: ignore[union-attr]
     apply(frame, 0)  # the replay
     assert open_table(tables["shop.orders"], None).version() == version  # type: ignore[union-attr]
+    assert state(tables["shop.orders"]) == {(1,): {"id": 1, "total": Decimal(5)}}
     assert state(tables["shop.stock"]) == {("a",): {"sku": "a", "count": 1}}
     apply(frame, 0)  # and again: every table has it
     assert open_table(tables["shop.stock"], None).transaction_version("r") == 0  # type: ignore[union-attr]
+    assert state(tables["shop.orders"]) == {(1,): {"id": 1, "total": Decimal(5)}}
 
 
 def test_keys_that_are_not_the_events_keys_are_refused(spark: Any, tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from support.logcheck import check_log
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture
 from replog.capture.snapshot import SnapshotPlan, request_snapshot
+from replog.capture.workers import RangeReaders
 from replog.errors import InjectedFaultError
 from replog.log import ReplicationLog
 
@@ -233,12 +234,20 @@ def test_a_snapshot_killed_between_chunks_goes_on_from_the_last_committed_one(
 
 
 def test_a_snapshot_read_by_several_workers_while_changes_race_it_is_exact(
-    pg_dsn: str, tmp_path: Path
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """--snapshot-workers: each chunk is key ranges read by processes of their own, inside
     one pair of watermarks; the log is as exact as with one reader."""
     url = str(tmp_path / "log")
     _table(pg_dsn)
+    ranges_per_chunk: list[int] = []
+    read = RangeReaders.read
+
+    def counted(self: RangeReaders, table: Any, ranges: Any, low: int) -> Any:
+        ranges_per_chunk.append(len(ranges))
+        return read(self, table, ranges, low)
+
+    monkeypatch.setattr(RangeReaders, "read", counted)
     writes = Writes(pg_dsn, seed=11)
     writes.start()
     try:
@@ -249,3 +258,4 @@ def test_a_snapshot_read_by_several_workers_while_changes_race_it_is_exact(
     assert writes.error is None
     run(pg_dsn, url, tables=("t",))
     assert _check_equal_and_in_order(url, pg_dsn, "true") > ROWS // 2
+    assert 3 in ranges_per_chunk, ranges_per_chunk  # the chunks were read by three workers
