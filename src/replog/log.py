@@ -24,7 +24,6 @@ import pyarrow as pa
 
 from replog.committing import MAX_COMMIT_ATTEMPTS, RACE_BACKOFF_MAX_S
 from replog.core import history
-from replog.core.files import DecodedFiles
 from replog.core.staging import CommitAttempt
 from replog.errors import InvalidOptionError, LogExistsError, LogNotFoundError
 from replog.format import segments
@@ -207,11 +206,6 @@ class ReplicationLog(LogReader):
     def __repr__(self) -> str:
         return f"ReplicationLog({self.url!r}, shards={self.shards})"
 
-    @property
-    def _written(self) -> DecodedFiles:
-        """Rows of the files this object wrote lately (:attr:`LogWriter.written`)."""
-        return self._writer.written
-
     def info(self) -> LogInfo:
         """A summary of the log, as ``replog info`` prints it."""
         return LogInfo.of(self, auto_compact=self.auto_compact)
@@ -285,10 +279,6 @@ class ReplicationLog(LogReader):
             follows=follows,
         )
 
-    def check_staged(self, staged: Sequence[StagedSegment | SegmentInfo]) -> None:
-        """Raise :class:`MissingFileError` if a staged file is gone."""
-        self._writer.check_staged(staged)
-
     def replace(
         self,
         added: Sequence[SegmentInfo],
@@ -297,13 +287,10 @@ class ReplicationLog(LogReader):
         *,
         lease: Lease | None = None,
         refreshed: bool = False,
-        yielding: bool = False,
     ) -> CommitRecord:
         """Commit staged files ``added`` in place of the live entries ``removed`` (merges,
         key compaction): :meth:`LogWriter.replace`."""
-        return self._writer.replace(
-            added, removed, since, lease=lease, refreshed=refreshed, yielding=yielding
-        )
+        return self._writer.replace(added, removed, since, lease=lease, refreshed=refreshed)
 
     def commit(
         self,
@@ -330,13 +317,10 @@ class ReplicationLog(LogReader):
         lease: Lease | None = None,
         refreshed: bool = False,
         progress: Callable[[int], None] | None = None,
-        yielding: bool = False,
     ) -> CommitRecord | None:
         """Rewrite each merge's segments as larger files in one ``compact`` commit
         (compaction, and the merges of :meth:`maintain`): :meth:`LogMaintenance.merge`."""
-        return self._upkeep.merge(
-            merges, lease=lease, refreshed=refreshed, progress=progress, yielding=yielding
-        )
+        return self._upkeep.merge(merges, lease=lease, refreshed=refreshed, progress=progress)
 
     def flush(self) -> None:
         """Wait for this object's background work (merges, retention) to finish."""

@@ -222,7 +222,7 @@ class LogMaintenance:
                     for plan, placed in _merge_plans(storage, merge, writer.written):
                         plans.append(plan if progress is None else _counted(plan, progress))
                         firsts.extend(placed)
-                staged.extend(files.write_files(storage, plans, writer.written))
+                staged.extend(files.write_files(storage, plans))
                 # Give the decoded sources back to the system: Arrow's allocator keeps
                 # freed memory for reuse, and a merge frees the most at once.
                 pa.default_memory_pool().release_unused()

@@ -443,11 +443,9 @@ class EventMaker:
         A later change of the row comes after this event anyway, so the row's last state
         is the source's. (row JSON, columns still unsent, columns read)."""
         assert self.fetch is not None and change.new is not None
-        positions = shape.key_positions or ()
-        sent = [change.new[i] for i in positions]
-        key = [value for value in sent if not isinstance(value, Unchanged)]
-        if len(key) != len(sent):  # a key column unchanged and not sent: no row to ask for
-            return self._row(shape, change.new)[0], unavailable, []
+        assert shape.key_positions is not None  # the key changed: each key column was sent
+        key = [v for i in shape.key_positions if not isinstance(v := change.new[i], Unchanged)]
+        assert len(key) == len(shape.key_positions)
         found = self.fetch(table, key, unavailable)
         if found is None:  # deleted since: a later event of the stream deletes it too
             return self._row(shape, change.new)[0], unavailable, []

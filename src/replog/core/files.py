@@ -465,8 +465,7 @@ def write_in_turn(
         for path in paths:
             by_directory.setdefault(path.rsplit("/", 1)[0], []).append(path)
         syncs = [
-            submit(pool, functools.partial(storage.sync, group))
-            for group in by_directory.values()
+            submit(pool, functools.partial(storage.sync, group)) for group in by_directory.values()
         ]
         wait(syncs)
         failed = [f.exception() for f in syncs if f.exception() is not None]

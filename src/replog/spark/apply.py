@@ -13,7 +13,6 @@ non-optional fields).
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -31,8 +30,6 @@ from replog.schemas import connect, registry
 from replog.spark.typed import typed
 from replog.tables import changes as rows
 from replog.tables.delta import TARGET_FILE_SIZE, already_applied, apply_batch
-
-logger = logging.getLogger(__name__)
 
 _EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
 TEMPLATE = "{collection}"

@@ -243,7 +243,6 @@ def _write(
     if table is None:
         initial = source.filter(plan.initial).drop_columns([plan.marker])
         return _create(target, initial, commit, options)
-    source = rows.align(source, table_schema(table))
     fill = _defaults_to_fill(table, source, options)
     if not fill and _no_key_held(table, source, keys):  # a snapshot's chunk of new keys
         return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
