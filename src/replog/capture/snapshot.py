@@ -351,12 +351,12 @@ class ChunkReader:
         source: PostgresSource,
         maker: EventMaker,
         chunk_rows: int = DEFAULT_CHUNK_ROWS,
-        workers: RangeReaders | None = None,
     ) -> None:
         self.source = source
         self.maker = maker
         self.chunk_rows = chunk_rows
-        self.workers = workers
+        self.workers: RangeReaders | None = None
+        """Set when the snapshot needs them (they are processes: started late)."""
         self._leaves: dict[int, list[tuple[int, str]]] = {}
 
     def read(self, snapshot: TableSnapshot, table: Table, connection: Any) -> Chunk:
@@ -380,12 +380,6 @@ class ChunkReader:
         columns = sql.SQL(", ").join(sql.Identifier(name) for name, _, _ in table.columns)
         return sql.SQL("SELECT {} FROM {}").format(columns, relation)
 
-    def _bound(self, table: Table, connection: Any) -> sql.Composed:
-        return sql.SQL(", ").join(
-            sql.SQL("%s::{}").format(sql.SQL(type_name))
-            for type_name in self.source.key_types(table)
-        )
-
     def key_range(
         self,
         table: Table,
@@ -401,10 +395,10 @@ class ChunkReader:
         conditions: list[sql.Composable] = []
         params: list[Any] = []
         if after is not None:
-            conditions.append(sql.SQL("({}) > ({})").format(keys, self._bound(table, connection)))
+            conditions.append(sql.SQL("({}) > ({})").format(keys, self.source.key_bound(table)))
             params.extend(after)
         if upto is not None:
-            conditions.append(sql.SQL("({}) <= ({})").format(keys, self._bound(table, connection)))
+            conditions.append(sql.SQL("({}) <= ({})").format(keys, self.source.key_bound(table)))
             params.extend(upto)
         if conditions:
             query = sql.SQL("{} WHERE {}").format(query, sql.SQL(" AND ").join(conditions))
@@ -417,8 +411,7 @@ class ChunkReader:
         self, snapshot: TableSnapshot, table: Table, connection: Any
     ) -> tuple[list[tuple[str | None, ...]], list[str | None] | None, int, int, bool]:
         rows = self.key_range(table, connection, snapshot.after, None, self.chunk_rows)
-        positions = [[name for name, _, _ in table.columns].index(k) for k in table.key]
-        after = [rows[-1][i] for i in positions] if rows else snapshot.after
+        after = table.key_of(rows[-1]) if rows else snapshot.after
         return rows, after, 0, 0, len(rows) < self.chunk_rows
 
     def _by_key_ranges(
@@ -435,7 +428,7 @@ class ChunkReader:
         params: list[Any] = []
         if snapshot.after is not None:
             inner = sql.SQL("{} WHERE ({}) > ({})").format(
-                inner, keys, self._bound(table, connection)
+                inner, keys, self.source.key_bound(table)
             )
             params = list(snapshot.after)
         inner = sql.SQL("{} ORDER BY {} LIMIT {}").format(

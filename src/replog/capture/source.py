@@ -76,6 +76,11 @@ class Table:
     def qualified(self) -> str:
         return f"{self.schema}.{self.name}"
 
+    def key_of(self, row: Sequence[str | None]) -> list[str | None]:
+        """The key of a row read with every column of :attr:`columns`, in key order."""
+        names = [name for name, _, _ in self.columns]
+        return [row[names.index(k)] for k in self.key]
+
 
 def safe_dsn(dsn: str) -> str:
     """The DSN without its password, for messages."""
@@ -145,7 +150,7 @@ class PostgresSource:
         self._by_oid: dict[int, Table] = {}
         self._types: dict[int, PgType] = {}
         self._roots: dict[int, int | None] = {}
-        self._key_types: dict[int, list[str]] = {}
+        self._key_bounds: dict[int, sql.Composed] = {}
 
     def close(self) -> None:
         self.connection.close()
@@ -479,33 +484,35 @@ class PostgresSource:
         """The value rows written before each added column hold (its text output). A
         partitioned table holds no rows: its partitions keep the value, each its own copy
         (those created after the column have none)."""
+        holders = (
+            "(attrelid = %s OR attrelid IN (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf))"
+            " AND atthasmissing AND NOT attisdropped"
+        )
         values: dict[str, set[str]] = {}
-        for relid, name, type_name in self._all(
-            "SELECT a.attrelid, a.attname, format_type(a.atttypid, a.atttypmod)"
-            " FROM pg_attribute a JOIN pg_attribute r ON r.attrelid = %s"
-            " AND r.attname = a.attname AND NOT r.attisdropped"
-            " WHERE (a.attrelid = %s OR a.attrelid IN"
-            " (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf))"
-            " AND a.atthasmissing AND NOT a.attisdropped ORDER BY r.attnum",
+        for name, type_name in self._all(
+            "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute r"
+            " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped AND EXISTS"
+            " (SELECT FROM pg_attribute WHERE attname = r.attname AND " + holders + ")"
+            " ORDER BY attnum",
             (oid, oid, oid),
         ):
             # attmissingval is an array of the column's type (anyarray): read back as one
-            # value of the type, written by its output function.
-            [(value,)] = text_rows(
+            # value of the type, written by its output function; one query a column, for
+            # every partition at once.
+            rows = text_rows(
                 self.connection,
                 sql.SQL(
-                    "SELECT (attmissingval::text::{}[])[1] FROM pg_attribute"
-                    " WHERE attrelid = %s AND attname = %s"
+                    "SELECT DISTINCT (attmissingval::text::{}[])[1] FROM pg_attribute"
+                    " WHERE attname = %s AND " + holders
                 ).format(sql.SQL(type_name)),
-                (relid, name),
+                (name, oid, oid),
             )
-            if value is not None:
-                values.setdefault(name, set()).add(value)
+            values[name] = {value for (value,) in rows if value is not None}
         found = []
         for name, held in values.items():
             if len(held) == 1:
                 found.append((name, held.pop()))
-            else:  # partitions whose columns came from different ALTERs
+            elif held:  # partitions whose columns came from different ALTERs
                 logger.warning(
                     "capture: column %r of table %d holds different values in rows written "
                     "before it, partition by partition (%s): no default is recorded for it",
@@ -540,9 +547,10 @@ class PostgresSource:
         self._types[type_oid] = found
         return found
 
-    def key_types(self, table: Table) -> list[str]:
-        """The SQL types of ``table``'s key columns, in key order (to compare key text)."""
-        found = self._key_types.get(table.oid)
+    def key_bound(self, table: Table) -> sql.Composed:
+        """Parameters for ``table``'s key columns' text, in key order, each cast to its
+        column's SQL type (``%s::int, %s::text``): a key compared in SQL."""
+        found = self._key_bounds.get(table.oid)
         if found is None:
             types = dict(
                 self._all(
@@ -551,8 +559,10 @@ class PostgresSource:
                     (table.oid,),
                 )
             )
-            found = [types[name] for name in table.key]
-            self._key_types[table.oid] = found
+            found = sql.SQL(", ").join(
+                sql.SQL("%s::{}").format(sql.SQL(types[name])) for name in table.key
+            )
+            self._key_bounds[table.oid] = found
         return found
 
     def current_values(
@@ -560,14 +570,11 @@ class PostgresSource:
     ) -> dict[str, str | None] | None:
         """``columns`` of the row whose key columns' text is ``key``, as the table holds it
         now (each value its output text); None if no row has that key."""
-        bound = sql.SQL(", ").join(
-            sql.SQL("%s::{}").format(sql.SQL(kind)) for kind in self.key_types(table)
-        )
         query = sql.SQL("SELECT {} FROM {} WHERE ({}) = ({})").format(
             sql.SQL(", ").join(sql.Identifier(name) for name in columns),
             sql.Identifier(table.schema, table.name),
             sql.SQL(", ").join(sql.Identifier(name) for name in table.key),
-            bound,
+            self.key_bound(table),
         )
         rows = text_rows(self.connection, query, list(key))
         return dict(zip(columns, rows[0], strict=True)) if rows else None

@@ -48,9 +48,7 @@ def _read_range(
     after, upto = key_range
     limit = None if upto is not None else reader.chunk_rows
     rows = reader.key_range(table, source.connection, after, upto, limit)
-    positions = [[name for name, _, _ in table.columns].index(k) for k in table.key]
-    last = [rows[-1][i] for i in positions] if rows else None
-    return _WORKER["maker"].reads(table, rows, low), last
+    return _WORKER["maker"].reads(table, rows, low), table.key_of(rows[-1]) if rows else None
 
 
 class RangeReaders:
