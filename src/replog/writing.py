@@ -140,18 +140,15 @@ class LogWriter:
                 raise
             return staged
         with ThreadPoolExecutor(max_workers=1) as pool:
-            refreshing = threads.start(pool, functools.partial(log.refresh, verify_within=0))
+            # run here, before staging, if the pool takes no work (interpreter shutting down)
+            refreshing = threads.submit(pool, functools.partial(log.refresh, verify_within=0))
             try:
                 staged = self.stage(table, max_events=max_events)
             except BaseException:
-                if refreshing is not None:
-                    refreshing.exception()  # let it finish before the error goes up
+                refreshing.exception()  # let it finish before the error goes up
                 raise
             try:
-                if refreshing is None:  # no thread to be had (interpreter shutting down)
-                    log.refresh(verify_within=0)
-                else:
-                    refreshing.result()
+                refreshing.result()
             except BaseException:
                 self.discard_staged(staged)
                 raise

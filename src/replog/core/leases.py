@@ -194,6 +194,18 @@ def holding(storage: Storage, owner: str, *, compaction: bool = False) -> Iterat
         release_quietly(storage, lease)
 
 
+@contextmanager
+def compacting(storage: Storage, owner: str) -> Iterator[tuple[Lease, Heartbeat]]:
+    """A compaction's lease and its :class:`Heartbeat` for the block: writers' merges
+    yield to it however long it runs. The beat stops before the lease is released."""
+    with holding(storage, owner, compaction=True) as lease:
+        beat = Heartbeat(storage, lease)
+        try:
+            yield lease, beat
+        finally:
+            beat.stop()
+
+
 @dataclass
 class FoundLeases:
     """Every lease file on storage: the leases, and the files that cannot be read as one."""

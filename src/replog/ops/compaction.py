@@ -74,27 +74,21 @@ def compact(
     ``progress`` is told the events merged so far and in all, as each file is read.
     """
     check_limits(target_bytes, max_events)  # before the lease: nothing written for bad input
-    with leases.holding(log.storage, f"compaction of {log.url}", compaction=True) as lease:
-        beat = leases.Heartbeat(log.storage, lease)  # merges yield however long this runs
-        try:
-            for attempt in range(1, ATTEMPTS + 1):
-                beat()
-                merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
-                if not merges:
-                    return CompactionResult((), None)
-                try:
-                    record = log.merge(
-                        merges, lease=lease, progress=_events_done(merges, progress, beat)
-                    )
-                    break
-                except CommitConflictError:
-                    if attempt == ATTEMPTS:
-                        raise
-                    logger.info(
-                        "%s: a source left the log during compaction; planning again", log.url
-                    )
-        finally:
-            beat.stop()
+    with leases.compacting(log.storage, f"compaction of {log.url}") as (lease, beat):
+        for attempt in range(1, ATTEMPTS + 1):
+            beat()
+            merges = plan_full(log.refresh(), target_bytes=target_bytes, max_events=max_events)
+            if not merges:
+                return CompactionResult((), None)
+            try:
+                record = log.merge(
+                    merges, lease=lease, progress=_events_done(merges, progress, beat)
+                )
+                break
+            except CommitConflictError:
+                if attempt == ATTEMPTS:
+                    raise
+                logger.info("%s: a source left the log during compaction; planning again", log.url)
     logger.info(
         "compacted %s at version %s: %d segments merged into %d",
         log.url,

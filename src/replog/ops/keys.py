@@ -174,7 +174,7 @@ def _shard_rows(
     entries: Sequence[SegmentInfo],
     low: int,
     cache: DecodedFiles,
-    beat: Callable[[], None] = lambda: None,
+    beat: Callable[[], None],
 ) -> tuple[pa.Table, np.ndarray]:
     """The rows of ``entries`` (one shard's, consecutive) at or above ``low``, in the
     stored schema, and their sequences; ``beat`` is called before each entry is read."""
@@ -200,7 +200,7 @@ def _plan_shard(
     cleaner: int,
     drop_deletes_before_ms: int | None,
     cache: DecodedFiles,
-    beat: Callable[[], None] = lambda: None,
+    beat: Callable[[], None],
 ) -> tuple[list[SegmentInfo], pa.Table, FilePieces, ShardCompaction] | None:
     """The entries of ``shard`` to replace, the kept rows (holed schema), the range of
     each file to write, and a summary; None when nothing would be dropped."""
@@ -250,7 +250,7 @@ def _rewrite(
     *,
     drop_deletes_before_ms: int | None,
     dry_run: bool,
-    beat: Callable[[], None] = lambda: None,
+    beat: Callable[[], None],
 ) -> tuple[list[ShardCompaction], list[SegmentInfo], list[SegmentInfo]]:
     """Plan every shard and (unless ``dry_run``) write its kept rows: the summaries, the
     entries to remove and the entries written. If anything fails, planning a later shard
@@ -299,12 +299,8 @@ def compact_by_key(
     """
     check_keep_deletes_for(keep_deletes_for_ms)
     owner = f"key compaction of {log.url}"
-    with leases.holding(log.storage, owner, compaction=True) as lease:
-        beat = leases.Heartbeat(log.storage, lease)  # merges yield however long this runs
-        try:
-            return _compact_by_key(log, lease, beat, keep_deletes_for_ms, dry_run)
-        finally:
-            beat.stop()
+    with leases.compacting(log.storage, owner) as (lease, beat):
+        return _compact_by_key(log, lease, beat, keep_deletes_for_ms, dry_run)
 
 
 def _compact_by_key(
