@@ -32,7 +32,6 @@ from replog.errors import (
     StorageError,
 )
 from replog.format.commits import CommitRecord, commit_path
-from replog.format.gc import CLOCK_SKEW_MS
 from replog.format.state import LogState
 from replog.reading import LogReader
 from replog.timeutil import monotonic_s, now_ms
@@ -114,7 +113,7 @@ def _landed_on_history(
     state); if the log was re-created, it is deleted and the error raised.
     """
     seen = state.head_seen
-    window_ms = log.descriptor.retention_ms - CLOCK_SKEW_MS
+    window_ms = log.descriptor.surely_kept_ms
     recent = seen is not None and (monotonic_s() - seen) * 1000 < window_ms
     # The wall clock too (its error is covered above): a monotonic clock may not count
     # time the machine spent paused.
@@ -176,7 +175,7 @@ def _landed_first(log: LogReader, record: CommitRecord, putting: float) -> bool 
     try:
         first = history.landed_first(log.storage, record, log.descriptor.snapshot_interval)
         if first is None:
-            window_ms = log.descriptor.retention_ms - CLOCK_SKEW_MS
+            window_ms = log.descriptor.surely_kept_ms
             if (monotonic_s() - putting) * 1000 < window_ms:
                 return False
             fresh = history.load_state(log.storage, log.descriptor)

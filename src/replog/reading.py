@@ -28,7 +28,6 @@ from replog.errors import DataLossError, InvalidOptionError
 from replog.format import segments
 from replog.format.commits import TXN_QUERY, LogDescriptor
 from replog.format.events import EVENT_SCHEMA
-from replog.format.gc import CLOCK_SKEW_MS
 from replog.format.segments import SegmentInfo
 from replog.format.state import LogState, retained_events
 from replog.storage import Storage
@@ -155,7 +154,7 @@ class LogReader:
                 self._state,
                 limit=self.descriptor.snapshot_interval,
                 verify_within=verify_within,
-                idle_ms=self.descriptor.retention_ms - CLOCK_SKEW_MS,
+                idle_ms=self.descriptor.surely_kept_ms,
             )
         except history.BaseMissing:  # retention removed what this idle state was built on
             caught_up = False

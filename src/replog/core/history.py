@@ -971,9 +971,9 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     state = state or empty()
     header = state.version  # the header the state was loaded from (0: the empty state)
     races = 0
+    idle_ms = descriptor.surely_kept_ms
     while True:
         try:
-            idle_ms = descriptor.retention_ms - CLOCK_SKEW_MS
             if catch_up(storage, state, limit=interval, window=interval, idle_ms=idle_ms):
                 return state
         except BaseMissing:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replog.errors import CorruptionError, InvalidOptionError
-from replog.format.gc import GcMark
+from replog.format.gc import CLOCK_SKEW_MS, GcMark
 from replog.format.sealed import seal, unseal
 from replog.format.segments import DENSE, SegmentInfo
 from replog.names import check_name
@@ -77,6 +77,12 @@ class LogDescriptor:
     """Commits, snapshots and files that left the log are deleted this long after."""
     auto_compact: bool = True
     """Writers merge small files after their commits (format 3; older logs: on too)."""
+
+    @property
+    def surely_kept_ms(self) -> int:
+        """How long a commit is surely kept, whatever clock expiry judges it by: the
+        retention less the clock skew writers may have."""
+        return self.retention_ms - CLOCK_SKEW_MS
 
     def to_bytes(self) -> bytes:
         document: dict[str, Any] = {
