@@ -3,6 +3,7 @@
 import json
 import logging
 import random
+from typing import Any
 
 import pytest
 from support.counting import CountingStorage, counting
@@ -295,3 +296,23 @@ def test_a_checkpoint_whose_table_below_was_never_written_still_gets_its_header(
     fresh = ReplicationLog.open(memory_url)
     assert fresh.refresh().segments == _lanes_from_commits(log, 35)
     assert len(check_log(fresh)) == 35
+
+
+def test_a_writer_behind_another_reads_the_others_commit_twice_at_most(s3: Any) -> None:
+    """On S3, writer A appends after writer B committed: A's refresh applies B's commit
+    and, finding nothing after it, reads it again after the miss (the proof that the next
+    slot was never written). Nothing more: no third read after A's put (it was read
+    alongside the miss in a second round, which proves no order, and re-read after)."""
+    url, options = s3.url("log"), s3.storage_options
+    ReplicationLog.create(url, 2, auto_compact=False, storage_options=options)
+    a = ReplicationLog.open(url, auto_compact=False, storage_options=options)
+    b = ReplicationLog.open(url, auto_compact=False, storage_options=options)
+    a.append([{"key": "a", "data": {}}])
+    for n in range(3):
+        b.append([{"key": f"b{n}", "data": {}}])  # commits 2..4
+    a.storage = counting(a.storage)
+    record = a.append([{"key": "a", "data": {}}])
+    assert record is not None and record.version == 5
+    assert isinstance(a.storage, CountingStorage)
+    reads = {v: a.storage.matching("read", commit_path(v)) for v in (2, 3, 4)}
+    assert reads[4] <= 2, reads

@@ -258,7 +258,7 @@ def catch_up(
     or that was checked for this version less than ``verify_within`` seconds ago: raises
     :class:`LogRecreatedError` or :class:`LogNotFoundError` if not, and
     :class:`BaseMissing` if retention removed the state's commits meanwhile
-    (:func:`check_base`). On remote storage the base is read alongside the commits, so
+    (:func:`check_base`). On remote storage the base is read alongside the first commits, so
     a deletion between the two reads can go unseen: a reader then stays behind until
     its next check, and a writer checks again after its commit lands
     (``ReplicationLog.commit``). A state whose commit is older than ``idle_ms`` (the
@@ -273,7 +273,9 @@ def catch_up(
         count = window if limit is None else min(window, limit - applied)
         first = state.version + 1
         versions = list(range(first, first + count))
-        with_base = verify and parallel and state.version > 0
+        # The base alongside the first round only: in a later one it is a commit applied
+        # just now, read again after a miss, which then proves the order (head_seen).
+        with_base = verify and parallel and state.version > 0 and applied == 0
 
         def get(version: int, base: int = state.version if with_base else -1) -> Any:
             """Commit ``version``; the raw bytes of the ``base`` one (only its id matters)."""
