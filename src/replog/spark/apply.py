@@ -27,7 +27,7 @@ from replog.errors import InvalidOptionError
 from replog.format import jsontext
 from replog.log import ReplicationLog
 from replog.schemas import connect, registry
-from replog.spark.typed import typed
+from replog.spark.typed import typed_by
 from replog.tables import changes as rows
 from replog.tables.delta import TARGET_FILE_SIZE, already_applied, apply_batch
 
@@ -146,10 +146,9 @@ def registered_keys(log: ReplicationLog, collection: str) -> tuple[str, ...]:
     return keys
 
 
-def registered_defaults(log: ReplicationLog, collection: str) -> dict[str, Any]:
-    """Column -> default (as its typed value) for the columns of ``collection``'s
-    registered schemas that give one (Kafka Connect's ``default``)."""
-    found = registry.versions(log.storage, collection)
+def registered_defaults(found: Sequence[registry.SchemaVersion]) -> dict[str, Any]:
+    """Column -> default (as its typed value) for the columns of a collection's
+    registered schemas ``found`` that give one (Kafka Connect's ``default``)."""
     if not found:
         return {}
     columns = connect.union([(v.digest, v.columns()) for v in found])
@@ -203,28 +202,24 @@ class _Router:
         )
         return _Table(target, keys, schema, registered=given is None)
 
-    def defaults(self, collection: str | None) -> dict[str, Any]:
-        """The registered column defaults, read with each micro-batch (as ``typed`` reads
-        the schemas): a version registered while the query runs brings its own."""
-        if self.log is None or collection is None:
-            return {}
-        return registered_defaults(self.log, collection)
-
-    def rows_of(self, batch: DataFrame, collection: str | None) -> DataFrame:
+    def rows_of(self, batch: DataFrame, collection: str | None) -> tuple[DataFrame, dict[str, Any]]:
         """The micro-batch's events of ``collection``, typed by the registry (``log=``)
-        unless a schema is given or ``data`` is typed already."""
+        unless a schema is given or ``data`` is typed already; and the registered column
+        defaults. The registry is read once, with each micro-batch: a version registered
+        while the query runs brings its columns and defaults."""
         if collection is not None:
             batch = batch.where(F.col("collection") == F.lit(collection))
-        table = self.table(collection)
+        if self.log is None or collection is None:
+            return batch, {}
+        found = registry.versions(self.log.storage, collection)
         payload = batch.schema["data"].dataType
-        if (
-            table.schema is None
-            and not isinstance(payload, StructType)
-            and self.log is not None
-            and collection is not None
-        ):
-            batch = typed(batch, self.log, collection).drop("after")
-        return batch
+        if self.table(collection).schema is None and not isinstance(payload, StructType):
+            if not found:
+                raise InvalidOptionError(
+                    registry.unknown_collection(self.log.storage, collection, "typed")
+                )
+            batch = typed_by(batch, collection, found).drop("after")
+        return batch, registered_defaults(found)
 
 
 def _check_key_fields(collection: str, sample: str | None, keys: tuple[str, ...]) -> None:
@@ -291,8 +286,8 @@ class _Settings:
 def _write(  # noqa: PLR0917 - one table's part of a micro-batch
     settings: _Settings,
     table: _Table,
-    defaults: Mapping[str, Any],
     frame: DataFrame,
+    defaults: Mapping[str, Any],
     batch_id: int,
     writer: str | None,
 ) -> None:
@@ -323,9 +318,11 @@ def _apply_routed(
     """A micro-batch of many collections, each to its table (skipped where committed)."""
     app_id, options = settings.app_id, settings.storage_options
     named = router.named()
-    if named is not None and all(
-        already_applied(router.table(c).target, app_id, batch_id, options, writer) for c in named
-    ):
+    done = {  # a mapping's tables, each asked once; a template's, as its collections show
+        c: already_applied(router.table(c).target, app_id, batch_id, options, writer)
+        for c in named or ()
+    }
+    if named is not None and all(done.values()):
         return  # every table has it: a replay
     batch = batch.persist()  # the log is read once for every table
     try:
@@ -343,12 +340,13 @@ def _apply_routed(
             if named is not None and name not in named:
                 continue
             table = router.table(name)
-            if already_applied(table.target, app_id, batch_id, options, writer):
+            if name not in done:
+                done[name] = already_applied(table.target, app_id, batch_id, options, writer)
+            if done[name]:
                 continue  # committed before a crash: the other tables go on
             if table.registered:
                 _check_key_fields(name, present[name], table.keys)
-            frame = router.rows_of(batch, name)
-            _write(settings, table, router.defaults(name), frame, batch_id, writer)
+            _write(settings, table, *router.rows_of(batch, name), batch_id, writer)
     finally:
         batch.unpersist()
 
@@ -405,8 +403,7 @@ def apply_changes(
             one = router.table(collection)
             if already_applied(one.target, app_id, batch_id, storage_options, writer):
                 return  # a replay: no Spark job, nothing collected (apply_batch checks again)
-            frame = router.rows_of(batch, collection)
-            _write(settings, one, router.defaults(collection), frame, batch_id, writer)
+            _write(settings, one, *router.rows_of(batch, collection), batch_id, writer)
             return
         _apply_routed(settings, router, batch, batch_id, writer)
 

@@ -390,6 +390,13 @@ def typed(
     found = registry.versions(opened.storage, collection)
     if not found:
         raise InvalidOptionError(registry.unknown_collection(opened.storage, collection, "typed"))
+    return typed_by(frame, collection, found)
+
+
+def typed_by(
+    frame: DataFrame, collection: str, found: Sequence[registry.SchemaVersion]
+) -> DataFrame:
+    """:func:`typed` by the registered versions ``found`` (read by the caller)."""
     columns = connect.union([(version.digest, version.columns()) for version in found])
     unreachable = [
         name for c in columns if not _decimal_array(c) for name in _lambda_decimals(c, c.name)
