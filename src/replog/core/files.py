@@ -267,10 +267,8 @@ def write_file(
     rows, parts = plan
     table = rows if isinstance(rows, pa.Table) else None
     ranges = _time_ranges(table, parts)
-    data = (
-        _payload(storage, encode_segment_buffer(table))
-        if table is not None
-        else encode_batches(rows)
+    data = _payload(
+        storage, encode_segment_buffer(table) if table is not None else encode_batches(rows)
     )
     return _describe(parts, ranges, relative, _store(storage, relative, data))
 

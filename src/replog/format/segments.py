@@ -171,24 +171,22 @@ def encode_segment_buffer(table: pa.Table) -> pa.Buffer:
     """Serialise stored-schema rows (with a ``sequence`` column: a holed file) as an Arrow
     IPC file, in the buffer Arrow wrote it to (no copy)."""
     schema = HOLED_SCHEMA if table.schema.equals(HOLED_SCHEMA) else STORED_SCHEMA
+    return encode_batches(table.to_batches(max_chunksize=BATCH_ROWS), schema)
+
+
+def encode_batches(
+    batches: Iterable[pa.RecordBatch], schema: pa.Schema = STORED_SCHEMA
+) -> pa.Buffer:
+    """Serialise record batches of ``schema`` as an Arrow IPC file, one batch at a time,
+    in the buffer Arrow wrote it to (no copy): a merge of large files holds the encoded
+    file and the batch at hand."""
     sink = pa.BufferOutputStream()
     with ipc.new_file(
         sink, schema, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
     ) as writer:
-        writer.write_table(table, max_chunksize=BATCH_ROWS)
-    return sink.getvalue()
-
-
-def encode_batches(batches: Iterable[pa.RecordBatch]) -> bytes:
-    """Serialise stored-schema record batches as an Arrow IPC file, one batch at a time:
-    only the encoded file and the batch at hand are held (a merge of large files)."""
-    sink = pa.BufferOutputStream()
-    with ipc.new_file(
-        sink, STORED_SCHEMA, options=ipc.IpcWriteOptions(compression=WRITE_COMPRESSION)
-    ) as writer:
         for batch in batches:
             writer.write_batch(batch)
-    return bytes(sink.getvalue())
+    return sink.getvalue()
 
 
 def timestamp_range_ms(table: pa.Table) -> tuple[int, int]:
