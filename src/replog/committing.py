@@ -84,7 +84,7 @@ def commit(
             continue
         attempt.landed, attempt.in_doubt = record, False
         state.apply(record)
-        state.verified = (record.version, time.monotonic())  # its own commit: its log
+        state.verified = (record.version, monotonic_s())  # its own commit: its log
         state.head_seen = putting
         if after_commit is not None:
             after_commit(state)

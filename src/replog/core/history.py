@@ -17,7 +17,6 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
 from typing import Any
 
 import pyarrow as pa
@@ -295,7 +294,7 @@ def catch_up(
                         base = storage.read_optional(commit_path(state.version))
                     assert not isinstance(base, CommitRecord)
                     _check_head(storage, state, base, idle_ms)
-                    state.verified = (state.version, time.monotonic())
+                    state.verified = (state.version, monotonic_s())
                     if ordered:
                         # The base was there after the miss, so the next commit was not
                         # expired but not written yet. (A base read alongside the miss

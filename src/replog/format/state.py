@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import bisect
 import logging
-import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
@@ -30,6 +29,7 @@ from replog.format.commits import (
 from replog.format.gc import MAX_KEPT_MARKS, StagedFiles, StagingStart, judge
 from replog.format.lanes import Lanes, SegmentChanges, apply_segments, index_of
 from replog.format.segments import SegmentInfo
+from replog.timeutil import monotonic_s
 
 logger = logging.getLogger(__name__)
 
@@ -188,8 +188,9 @@ class LogState:
         self.log_id = log_id
         self.retained_from = retained_from
         self.verified: tuple[int, float] | None = None
-        """(version, monotonic time) when the log at the URL was last found to be this
-        state's log, at this version."""
+        """(version, when by :func:`~replog.timeutil.monotonic_s`) the log at the URL was
+        last found to be this state's log, at this version (the clock of
+        :attr:`head_seen`: one clock for both, and the one tests move)."""
         self.head_seen: float | None = None
         """When (:func:`~replog.timeutil.monotonic_s`) commit :attr:`version` + 1 was last
         known not to be written yet: just before a read found it missing that was
@@ -225,7 +226,7 @@ class LogState:
         return (
             self.verified is not None
             and self.verified[0] == self.version
-            and time.monotonic() - self.verified[1] < seconds
+            and monotonic_s() - self.verified[1] < seconds
         )
 
     # -- advancing --------------------------------------------------------------------
