@@ -181,6 +181,9 @@ def test_keys_that_are_not_the_events_keys_are_refused(spark: Any, tmp_path: Pat
         apply_changes(str(tmp_path / "{collection}"), ["id"], app_id="r")(unrouted, 0)
     with pytest.raises(InvalidOptionError, match="collection= is for one table"):
         apply_changes(str(tmp_path / "{collection}"), app_id="r", collection="a")
+    one = apply_changes(str(tmp_path / "t"), app_id="r", log=log.url, collection="orders")
+    with pytest.raises(InvalidOptionError, match=r"'orders'.*did you mean 'shop.orders'.*keys="):
+        one(unrouted, 0)
 
 
 def test_rows_before_an_added_column_read_its_default(spark: Any, tmp_path: Path) -> None:

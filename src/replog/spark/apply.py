@@ -134,8 +134,8 @@ def registered_keys(log: ReplicationLog, collection: str) -> tuple[str, ...]:
     found = registry.versions(log.storage, collection)
     if not found:
         raise InvalidOptionError(
-            f"apply_changes: no schema of collection {collection!r} is registered in "
-            f"{log.url}: give keys= (and schema=) for it"
+            registry.unknown_collection(log.storage, collection, "apply_changes")
+            + " (or give keys= and schema= for it)"
         )
     keys = tuple(c.name for c in found[-1].columns() if not c.optional)
     if not keys:

@@ -306,6 +306,15 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
     return ordered, left
 
 
+def keys_as(table: pa.Table, like: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``table`` with its key columns cast to ``like``'s types, to join the two (a
+    table's int32 id, an int64 in the changes)."""
+    for key in keys:
+        position = table.schema.get_field_index(key)
+        table = table.set_column(position, key, table.column(key).cast(like.schema.field(key).type))
+    return table
+
+
 def fill_from_rows(
     changes: pa.Table, marks: Marks, stored: pa.Table, keys: Sequence[str]
 ) -> tuple[pa.Table, np.ndarray]:
@@ -317,12 +326,7 @@ def fill_from_rows(
     held = np.zeros(changes.num_rows, dtype=bool)
     if not columns or stored.num_rows == 0:
         return changes, held
-    stored = stored.select([*keys, *columns])
-    for key in keys:  # joined on the changes' key types (a table's int32 id, int64 changes)
-        position = stored.schema.get_field_index(key)
-        stored = stored.set_column(
-            position, key, stored.column(key).cast(changes.schema.field(key).type)
-        )
+    stored = keys_as(stored.select([*keys, *columns]), changes, keys)
     left = changes.select(list(keys)).append_column(
         _ROW_INDEX, pa.array(np.arange(changes.num_rows, dtype=np.int64))
     )

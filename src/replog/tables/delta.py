@@ -383,12 +383,7 @@ def _after_tombstones(
     location = tombstones_location(target)
     graves = open_table(location, options.storage_options)
     if graves is not None and source.num_rows:
-        seen = _stored_rows(graves, source, keys, POSITION)
-        for key in keys:
-            seen = seen.set_column(
-                seen.schema.get_field_index(key), key,
-                seen.column(key).cast(source.schema.field(key).type),
-            )  # fmt: skip
+        seen = rows.keys_as(_stored_rows(graves, source, keys, POSITION), source, keys)
         source = rows.after_positions(source, seen, keys, inclusive=True)
     deletes = source.filter(pc.field(OPERATION) == DELETE).select([*keys, *POSITION])
     if deletes.num_rows == 0:
