@@ -414,8 +414,12 @@ def typed_by(
         )
     rows = frame.where(F.col("collection") == F.lit(collection))
     after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
-    known = _known_versions(frame, collection, [version.digest for version in found])
-    filled = _defaults(frame, found, columns)
+    if "metadata" in frame.columns:  # the schema version each event names
+        named = F.get_json_object(F.col("metadata").cast("string"), "$.schema")
+        known = _known_versions(named, collection, [version.digest for version in found])
+        filled = _defaults(named, found, columns)
+    else:
+        known = filled = _as_it_is
     return rows.select(
         *[F.col(name) for name in frame.columns if name not in ("data", "before")],
         known(filled(typed_payload(F.col("data"), columns))).alias("data"),
@@ -424,20 +428,22 @@ def typed_by(
     )
 
 
+def _as_it_is(payload: Column) -> Column:
+    return payload
+
+
 def _defaults(
-    frame: DataFrame, found: Sequence[registry.SchemaVersion], columns: Sequence[connect.Column]
+    version: Column, found: Sequence[registry.SchemaVersion], columns: Sequence[connect.Column]
 ) -> Callable[[Column], Column]:
-    """A typed payload of an event whose schema version (``metadata.schema``) lacks a
+    """A typed payload of an event whose schema ``version`` (``metadata.schema``) lacks a
     column that a later version gives a ``default`` reads the default: the row was written
     before the column existed (PostgreSQL's ``ADD COLUMN ... DEFAULT``), and holds it."""
-    if "metadata" not in frame.columns:
-        return lambda payload: payload
-    version = F.get_json_object(F.col("metadata").cast("string"), "$.schema")
+    names = {v.digest: {x.name for x in v.columns()} for v in found}
     fills = []
     for c in columns:
         if c.default is None:
             continue
-        lacking = [v.digest for v in found if c.name not in {x.name for x in v.columns()}]
+        lacking = [digest for digest, held in names.items() if c.name not in held]
         if lacking:
             wire = StructType([StructField(c.name, wire_type(c))])
             parsed = F.from_json(F.lit(json.dumps({c.name: c.default})), wire)
@@ -452,15 +458,12 @@ def _defaults(
 
 
 def _known_versions(
-    frame: DataFrame, collection: str, digests: Sequence[str]
+    named: Column, collection: str, digests: Sequence[str]
 ) -> Callable[[Column], Column]:
-    """A guard for a typed payload: an event whose ``metadata.schema`` names a version
-    ``typed`` did not read (registered after it was called, as a column added while a
-    streaming query runs) fails the query, naming it, rather than being read with the
-    older union, which would drop the new column's values silently."""
-    if "metadata" not in frame.columns:
-        return lambda payload: payload
-    named = F.get_json_object(F.col("metadata").cast("string"), "$.schema")
+    """A guard for a typed payload: an event whose schema version (``named``:
+    ``metadata.schema``) is one ``typed`` did not read (registered after it was called, as
+    a column added while a streaming query runs) fails the query, naming it, rather than
+    being read with the older union, which would drop the new column's values silently."""
     unknown = named.isNotNull() & ~named.isin(*digests)
     message = F.concat(
         F.lit(f"typed: an event of {collection!r} names schema version "),
