@@ -185,3 +185,13 @@ def connect(connect_url: str) -> Iterator[Any]:
         yield session
     finally:
         os.environ.pop("SPARK_CONNECT_MODE_ENABLED", None)
+
+
+@pytest.fixture
+def virtual_time() -> Iterator[None]:
+    """The test's time (tests/support/virtual_time.py) at zero before and after."""
+    from support.virtual_time import Virtual
+
+    Virtual.reset()
+    yield
+    Virtual.reset()

@@ -30,12 +30,7 @@ from replog.format.commits import commit_path
 from replog.log import ReplicationLog
 from replog.timeutil import use_clock
 
-
-@pytest.fixture(autouse=True)
-def _virtual_time() -> Any:
-    Virtual.reset()
-    yield
-    Virtual.reset()
+pytestmark = pytest.mark.usefixtures("virtual_time")
 
 
 def event_ids(url: str, options: Any = None) -> list[str]:

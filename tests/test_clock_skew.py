@@ -39,12 +39,7 @@ from replog.log import ReplicationLog
 from replog.storage import Storage
 from replog.timeutil import use_clock
 
-
-@pytest.fixture(autouse=True)
-def _virtual_time() -> Any:
-    Virtual.reset()
-    yield
-    Virtual.reset()
+pytestmark = pytest.mark.usefixtures("virtual_time")
 
 
 def run_skewed_stall(
