@@ -20,7 +20,7 @@ from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture
 from replog.capture.snapshot import SnapshotPlan, request_snapshot
 from replog.capture.workers import RangeReaders
-from replog.errors import InjectedFaultError
+from replog.errors import InjectedFaultError, InvalidOptionError, SourceConfigError
 from replog.log import ReplicationLog
 
 ROWS = 300
@@ -197,9 +197,19 @@ def test_a_signal_for_another_slot_or_an_unknown_table_changes_nothing(
     url = str(tmp_path / "log")
     _table(pg_dsn)
     run(pg_dsn, url, tables=("t",))
-    request_snapshot(pg_dsn, ["t"], slot="other")
-    request_snapshot(pg_dsn, ["public.nope"], slot="cap")
-    sql(pg_dsn, "SELECT pg_logical_emit_message(true, 'replog.signal', 'not json')")
+    with pytest.raises(SourceConfigError, match="no publication 'other'"):
+        request_snapshot(pg_dsn, ["t"], slot="other")
+    with pytest.raises(
+        InvalidOptionError, match="does not capture public.nope: it captures public.t"
+    ):
+        request_snapshot(pg_dsn, ["public.nope"], slot="cap")
+    emit = "SELECT pg_logical_emit_message(true, 'replog.signal', '{}')"  # checks nothing
+    sql(
+        pg_dsn,
+        emit.format('{"snapshot": ["public.t"], "slot": "other"}'),
+        emit.format('{"snapshot": ["public.nope"], "slot": "cap"}'),
+        emit.format("not json"),
+    )
     with caplog.at_level("WARNING", logger="replog.capture"):
         run(pg_dsn, url, tables=("t",))
     reads = [e for e in check_log(ReplicationLog.open(url)) if '"incremental"' in e["metadata"]]
@@ -243,9 +253,9 @@ def test_a_snapshot_read_by_several_workers_while_changes_race_it_is_exact(
     ranges_per_chunk: list[int] = []
     read = RangeReaders.read
 
-    def counted(self: RangeReaders, table: Any, ranges: Any, low: int) -> Any:
+    def counted(self: RangeReaders, table: Any, relation: int, ranges: Any, low: int) -> Any:
         ranges_per_chunk.append(len(ranges))
-        return read(self, table, ranges, low)
+        return read(self, table, relation, ranges, low)
 
     monkeypatch.setattr(RangeReaders, "read", counted)
     writes = Writes(pg_dsn, seed=11)

@@ -11,7 +11,8 @@ from replog.capture.events import EventMaker
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import Commit, Decoder, Message, RowChange, SourceTransaction
 from replog.capture.progress import CaptureProgress
-from replog.capture.snapshot import ChunkReader, TableSnapshot, watermark
+from replog.capture.chunks import ChunkReader
+from replog.capture.snapshot import TableSnapshot, watermark
 from replog.capture.source import WATERMARK_PREFIX, PostgresSource
 from replog.capture.stream import Relations
 
@@ -53,7 +54,8 @@ def test_the_chunk_reader_reads_a_table_in_key_order_between_watermarks(pg_dsn: 
         owed = TableSnapshot("public.t", table.oid, "initial")
         sizes = []
         while True:
-            chunk = reader.read(owed, table, source.connection)
+            chunk = reader.read(owed, table)
+            assert chunk is not None
             sizes.append(len(chunk.events))
             assert chunk.low_lsn < chunk.high_lsn
             first = next(iter(chunk.events.values()), None)
@@ -63,6 +65,7 @@ def test_the_chunk_reader_reads_a_table_in_key_order_between_watermarks(pg_dsn: 
             if chunk.finished:
                 break
         assert sizes == [10, 10, 5]
+        reader.close()
     finally:
         source.close()
 

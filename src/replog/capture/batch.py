@@ -1,7 +1,7 @@
 """The events of whole source transactions, committed to the log at once.
 
 DESIGN: a :class:`Batch` is what one commit of a capture carries: the events of whole
-source transactions, a snapshot chunk's read events, deletes of a dropped table's rows.
+source transactions, a snapshot chunk's read events, deletes of rows that left a table.
 It holds them as columns and stages them as segment files each time many gathered
 (under a staging lease), so a transaction of millions of changes costs the memory of a
 piece of it; its commit then names every staged file at once and records the capture's
@@ -10,8 +10,8 @@ position (the staged-commit protocol, :meth:`~replog.log.ReplicationLog.commit_s
 
 from __future__ import annotations
 
+from replog.capture.chunks import Chunk
 from replog.capture.events import Event, EventColumns
-from replog.capture.snapshot import Chunk
 from replog.core import leases, staging
 from replog.crashpoints import crash_point
 from replog.format.commits import CommitRecord, Transaction
@@ -44,8 +44,8 @@ class Batch:
         self.captured = 0
         """Transactions it holds events of (the others the log held already)."""
         self.last_commit_ms: int | None = None
-        self.resets: list[str] = []
-        """Tables whose dropped predecessor's rows it deletes (at its head)."""
+        self.removed: list[str] = []
+        """What the deletes at its head are for (:mod:`~replog.capture.removals`)."""
 
     def add(self, events: list[Event]) -> None:
         self.held.add(events)

@@ -121,6 +121,9 @@ def schema_value(value: Any) -> Any:
 
 
 Fetch = Callable[[Table, Sequence[str | None], Sequence[str]], "dict[str, str | None] | None"]
+Unsent = Callable[[str, list[str]], "dict[str, str]"]
+"""(event key, columns the server did not send) -> the JSON text of those of them an
+earlier image of the row holds."""
 """(table, its key columns' text, columns) -> those columns' text in the row with that key
 now, or None if there is none."""
 
@@ -320,26 +323,31 @@ class EventMaker:
         values: Sequence[Value],
         fallback: Sequence[Value] = (),
         only: frozenset[str] | None = None,
+        filled: Mapping[str, str] | None = None,
     ) -> tuple[str, list[str]]:
         """A row image's JSON; unchanged TOASTed values come from ``fallback`` (an old
-        image under REPLICA IDENTITY FULL) or become :data:`UNAVAILABLE` (listed).
+        image under REPLICA IDENTITY FULL), from ``filled`` (column -> its JSON text, known
+        from an earlier image of the row) or become :data:`UNAVAILABLE` (listed).
         ``only``: just these columns (an old row sent as its identity)."""
         parts: list[str] = []
         unavailable: list[str] = []
         count = len(values)
         for index, (name, fragment) in enumerate(shape.fragments):
-            if only is not None and shape.names[index] not in only:
+            column = shape.names[index]
+            if only is not None and column not in only:
                 continue
             value = values[index] if index < count else None
             if isinstance(value, Unchanged) and index < len(fallback):
                 value = fallback[index]
             if value is None:
                 parts.append(name + "null")
-            elif isinstance(value, Unchanged):
-                parts.append(name + _UNAVAILABLE_JSON)
-                unavailable.append(shape.names[index])
-            else:
+            elif not isinstance(value, Unchanged):
                 parts.append(name + fragment(value))
+            elif filled and column in filled:
+                parts.append(name + filled[column])
+            else:
+                parts.append(name + _UNAVAILABLE_JSON)
+                unavailable.append(column)
         return "{" + ",".join(parts) + "}", unavailable
 
     @staticmethod
@@ -456,8 +464,31 @@ class EventMaker:
         after, still = self._row(shape, values)
         return after, still, [name for name in unavailable if name not in still]
 
+    def _old(self, table: Table, shape: Shape, change: RowChange) -> tuple[str | None, str | None]:
+        """The old row image of ``change`` and its key (None, None: none was sent)."""
+        if change.old is None:
+            return None, None
+        only = shape.identity if change.old_is_key_only else None
+        if only is not None and not set(table.key) <= only:
+            raise CaptureError(
+                f"a change of {table.qualified} at LSN {change.lsn} carries its replica "
+                f"identity ({', '.join(sorted(only))}), not its key "
+                f"({', '.join(table.key)}): the identity was changed while changes "
+                f"were unread. Capture cannot key it; restart capture with "
+                f"--keys {table.qualified}={','.join(sorted(only))} into a new slot "
+                f"and log, or give the table its identity back"
+            )
+        return self._row(shape, change.old, only=only)[0], self._key(shape, change.old, only)
+
     def changes(
-        self, table: Table, change: RowChange, txn: SourceTransaction, order: int, ts_ms: int
+        self,
+        table: Table,
+        change: RowChange,
+        txn: SourceTransaction,
+        order: int,
+        ts_ms: int,
+        *,
+        unsent: Unsent | None = None,
     ) -> list[Event]:
         """The events of one row change, numbered from ``order`` in the transaction; ``ts_ms``:
         when its batch was processed. An update that changes the row's key is, as Debezium
@@ -465,22 +496,11 @@ class EventMaker:
         the new key, the old key would live on in every table built from the log); the
         create names the old key (``old_key``) and the delete the new one (``new_key``),
         as Debezium's ``__debezium.oldkey``/``newkey`` headers do, so a consumer can take
-        the values the server did not send again from the old key's row."""
+        the values the server did not send again from the old key's row. ``unsent`` gives
+        the values the server did not send where an earlier image of the row is known
+        (a snapshot chunk's, inside its window: ``metadata.filled`` names them)."""
         shape = self.shape(table, change.relation)
-        before = old_key = None
-        if change.old is not None:
-            only = shape.identity if change.old_is_key_only else None
-            if only is not None and not set(table.key) <= only:
-                raise CaptureError(
-                    f"a change of {table.qualified} at LSN {change.lsn} carries its replica "
-                    f"identity ({', '.join(sorted(only))}), not its key "
-                    f"({', '.join(table.key)}): the identity was changed while changes "
-                    f"were unread. Capture cannot key it; restart capture with "
-                    f"--keys {table.qualified}={','.join(sorted(only))} into a new slot "
-                    f"and log, or give the table its identity back"
-                )
-            before, _ = self._row(shape, change.old, only=only)
-            old_key = self._key(shape, change.old, only)
+        before, old_key = self._old(table, shape, change)
         after = key = None
         unavailable: list[str] = []
         if change.new is not None:
@@ -490,10 +510,17 @@ class EventMaker:
         key = key or old_key
         if key is None:
             raise CaptureError(f"a change of {table.qualified} at LSN {change.lsn} has no key")
+        marks: dict[str, Any] = {}
+        if unavailable and unsent is not None and (old_key is None or old_key == key):
+            known = unsent(key, unavailable)
+            if known:
+                assert change.new is not None
+                after, unavailable = self._row(shape, change.new, full_old, filled=known)
+                marks["filled"] = sorted(known)
         parts: list[tuple[str, str | None, str | None, str, dict[str, Any]]]
-        parts = [(change.op, after, before, key, {})]
+        parts = [(change.op, after, before, key, marks)]
         if change.op == "u" and old_key is not None and old_key != key:
-            marks: dict[str, Any] = {"old_key": old_key}
+            marks = {"old_key": old_key}
             if unavailable and self.fetch is not None:
                 after, unavailable, fetched = self._fetched(table, shape, change, unavailable)
                 if fetched:

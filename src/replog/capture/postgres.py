@@ -5,7 +5,9 @@ DESIGN: this module is the loop that commits; the stages it drives live beside i
 source (:mod:`~replog.capture.source`: checks, catalog, slot, publication), the change
 stream (:mod:`~replog.capture.pgoutput` decoding, :mod:`~replog.capture.stream` relations),
 the events (:mod:`~replog.capture.events`) and the snapshot
-(:mod:`~replog.capture.snapshot`: chunks between watermarks, the plan).
+(:mod:`~replog.capture.chunks`: chunks between watermarks; :mod:`~replog.capture.snapshot`:
+the plan) and the catalog watch (:mod:`~replog.capture.watch`: DDL the stream does not
+show; :mod:`~replog.capture.removals`: rows that left a table without delete events).
 
 How it stays exactly once:
 
@@ -31,15 +33,14 @@ This module never imports pyspark.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
-from typing import Any
-
-import psycopg
 
 from replog.capture.batch import Batch
+from replog.capture.chunks import Chunk, ChunkReader
 from replog.capture.events import UNAVAILABLE, EventMaker
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.pgoutput import (
@@ -52,18 +53,18 @@ from replog.capture.pgoutput import (
     lsn_to_text,
 )
 from replog.capture.progress import CaptureProgress
-from replog.capture.resets import DroppedTables, EndBefore
+from replog.capture.removals import EndBefore, Removals
 from replog.capture.snapshot import (
     ADDED,
     INITIAL,
+    RECREATED,
     REQUESTED,
-    Chunk,
-    ChunkReader,
     SnapshotPlan,
     signal,
     watermark,
 )
 from replog.capture.source import (
+    MARKER_PREFIX,
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
     PostgresSource,
@@ -71,7 +72,7 @@ from replog.capture.source import (
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
-from replog.capture.workers import RangeReaders
+from replog.capture.watch import CatalogWatch
 from replog.core import leases
 from replog.crashpoints import crash_point
 from replog.errors import CaptureError, SourcePositionError, TransactionOrderError
@@ -120,15 +121,18 @@ class PostgresCapture:
         self.decoder = Decoder()
         self.relations = Relations(self.source, options, self.progress, self._joined)
         self.deferred = DeferredKeys()
-        self.chunks = ChunkReader(self.source, self.events, options.snapshot_chunk_rows)
-        self.dropped = DroppedTables(
-            self.source, self.relations, self.events, log, self._owe_snapshot
+        self.chunks = ChunkReader(
+            self.source, self.events, options.snapshot_chunk_rows, options.snapshot_workers
+        )
+        self.removals = Removals(self.source, self.events, log)
+        self.watch = CatalogWatch(
+            self.source, self.relations, self.removals, self._owe_snapshot, self._restart_snapshot
         )
         self.plan: SnapshotPlan | None = None
         self._plan_changed = False
         self.chunk: Chunk | None = None
         self._resources = ExitStack()
-        self._reader: psycopg.Connection[Any] | None = None
+        self._resources.callback(self.chunks.close)
         self._registered: set[str] = set()
         self._snapshotted = False
         """A snapshot was owed during this run (for SnapshotCompleted)."""
@@ -155,12 +159,17 @@ class PostgresCapture:
         self.progress.position = position
         self._snapshotted = self._snapshot_owed()
         while not self.stop.is_set():
-            self.dropped.check()
+            self.watch.check()
+            self._save_plan()
             self._next_chunk()
             captured = self._capture_batch()
             self._report(idle=not captured)
             if not captured and self.chunk is None and not self._snapshot_owed():
                 if not self.options.follow:
+                    self.watch.check(now=True)  # DDL since the last look owes nothing
+                    self._save_plan()
+                    if self._snapshot_owed() or self.removals.end_before is not None:
+                        continue
                     break
                 self.stop.wait(self.options.poll_s)
         if self.options.drop_slot:
@@ -244,7 +253,7 @@ class PostgresCapture:
             self._plan_changed = True
         self.plan = plan
         self._plan_changed |= plan.resolve(logged)
-        self.dropped.start(plan)  # replaced while no capture ran: a snapshot owed already
+        self.watch.start(plan)  # what DDL did while no capture ran
         for table in self.source.tables.values():
             if table in added or table.qualified not in plan.tables:
                 self._owe_snapshot(table, ADDED)
@@ -272,7 +281,7 @@ class PostgresCapture:
         self.source.ensure_publication()
         position = slot[2] if slot is not None else self.source.create_slot()
         self.plan = SnapshotPlan(self.options.slot, self.log.log_id, tables=self._table_ids())
-        self.dropped.start(self.plan)
+        self.watch.start(self.plan)
         if self.options.snapshot == "initial":
             for table in self.source.tables.values():
                 self.plan.enqueue(table, INITIAL, self.source.estimated_rows(table))
@@ -283,19 +292,31 @@ class PostgresCapture:
     def _table_ids(self) -> dict[str, int]:
         return {name: table.oid for name, table in self.source.tables.items()}
 
-    def _owe_snapshot(self, table: Table, reason: str) -> None:
-        """A table's rows so far never reached the log: snapshot it (unless snapshots
-        are off: then say what is missing)."""
+    def _owe_snapshot(self, table: Table, reason: str, relation: int = 0) -> None:
+        """A table's rows so far (or those of its partition ``relation``) never reached
+        the log: snapshot them (unless snapshots are off: then say what is missing)."""
         assert self.plan is not None
         if self.options.snapshot != "initial":
             logger.warning(
-                "%s joined the capture (%s) with --snapshot never: its rows from before are "
-                "not captured, only its changes from now on",
-                table.qualified,
+                "%s: rows of %s%s are not captured (--snapshot never), only changes from now on",
                 reason,
+                table.qualified,
+                f" (partition {relation})" if relation else "",
             )
             return
-        if self.plan.enqueue(table, reason, self.source.estimated_rows(table)):
+        estimate = self.source.estimated_rows(table, relation)
+        if self.plan.enqueue(table, reason, estimate, relation):
+            self._plan_changed = True
+            self._snapshotted = True
+
+    def _restart_snapshot(self, table: Table, reason: str) -> None:
+        """Every row of ``table`` again (its snapshot from the start if it is running)."""
+        assert self.plan is not None
+        if self.options.snapshot != "initial":
+            logger.warning("%s: %s is not snapshotted again (--snapshot never)", reason,
+                           table.qualified)  # fmt: skip
+            return
+        if self.plan.restart(table, reason, self.source.estimated_rows(table)):
             self._plan_changed = True
             self._snapshotted = True
 
@@ -303,8 +324,8 @@ class PostgresCapture:
         self._owe_snapshot(table, ADDED)
 
     def _save_plan(self) -> None:
-        self._plan_changed |= self.dropped.changed
-        self.dropped.changed = False
+        self._plan_changed |= self.watch.changed or self.removals.changed
+        self.watch.changed = self.removals.changed = False
         if self.plan is not None and self._plan_changed:
             self.plan.tables = self._table_ids()
             self.plan.save(self.log.storage)
@@ -325,20 +346,22 @@ class PostgresCapture:
             self.plan.drop(owed.table)
             self._plan_changed = True
             return
-        if self.source.current_oids([owed.table])[owed.table] != table.oid:
-            self.dropped.check(now=True)  # dropped (and maybe created again) meanwhile
+        if owed.oid != table.oid:  # owed for a table of that name dropped since
+            self._owe_snapshot(table, RECREATED, owed.relation)
             return
         if not owed.started_ms:
             owed.started_ms = now_ms()
-        if self._reader is None:
-            self._reader = self._resources.enter_context(self.source.reader())
-        if self.options.snapshot_workers > 1 and self.chunks.workers is None:
-            self.chunks.workers = RangeReaders(self.options, self.options.snapshot_workers)
-            self._resources.callback(self.chunks.workers.close)
-        chunk = self.chunks.read(owed, table, self._reader)
+        chunk = self.chunks.read(owed, table)
+        if chunk is None:  # the table was dropped: the watch says what comes of it
+            logger.warning("%s was dropped while its snapshot was read: the snapshot is "
+                           "given up", owed.name)  # fmt: skip
+            self.plan.drop(owed.table)
+            self._plan_changed = True
+            self.watch.check(now=True)
+            return
         chunk.ts_ms = now_ms()
         chunk.metadata = self.events.snapshot_metadata(
-            table, ts_ms=chunk.ts_ms, position=chunk.high_lsn, kind=owed.kind
+            chunk.table, ts_ms=chunk.ts_ms, position=chunk.high_lsn, kind=owed.kind
         )
         self.chunk = chunk
 
@@ -353,7 +376,7 @@ class PostgresCapture:
             chunk.low_seen = True
             return
         assert self._txn is not None
-        self.dropped.first(chunk.table, batch, self._txn.commit_lsn)
+        self.removals.first(chunk.table, batch, self._txn.commit_lsn)
         batch.add_chunk(chunk)
         self.chunk = None
 
@@ -361,15 +384,16 @@ class PostgresCapture:
         """A request for snapshots (``replog capture snapshot``, or the SQL it runs)."""
         assert self.plan is not None
         try:
-            found = signal(message.content, self.options.slot)
+            found = signal(message.content, self.options.slot, message.lsn)
         except ValueError as exc:
             logger.warning("a signal at LSN %s cannot be read: %s", lsn_to_text(message.lsn), exc)
             return
         if found is None:
             return
         signal_id, names = found
-        if self.plan.took_signal(signal_id):
+        if self.plan.took_signal(message.lsn):
             return
+        logger.info("signal %s asks for snapshots of %s", signal_id, ", ".join(names))
         self._plan_changed = True
         for name in names:
             table = self.source.tables.get(name if "." in name else f"public.{name}")
@@ -390,18 +414,19 @@ class PostgresCapture:
         position = self.progress.position
         batch = Batch(self.log, self._lease_owner, self.options.stage_events)
         try:
-            self.dropped.head(batch)
+            self.removals.head(batch)
             self._read_batch(batch, position)
         except EndBefore as early:
             batch.abandon()
-            self.dropped.end_before = early.commit_lsn
+            self.removals.end_before = early.commit_lsn
+            self.removals.due.add(early.what)
             return True
         except BaseException:
             batch.abandon()
             raise
         if not batch.transactions:
             batch.abandon()
-            return self.dropped.prepare(position)
+            return self.removals.prepare(position)
         last = batch.position
         if last > position:
             try:
@@ -413,7 +438,7 @@ class PostgresCapture:
                 self._commit(batch, last)
             finally:
                 batch.release()
-        self.dropped.ready = {}
+        self.removals.ready = {}
         crash_point("capture_committed")
         self.source.advance(last)
         if self.plan is not None and self.plan.resolve(max(position, last)):
@@ -425,7 +450,7 @@ class PostgresCapture:
         if batch.last_commit_ms is not None:
             self.progress.last_commit_ms = batch.last_commit_ms
             self.progress.lag_ms = max(now_ms() - batch.last_commit_ms, 0)
-        self.dropped.prepare(max(position, last))
+        self.removals.prepare(max(position, last))
         return True
 
     def _note_for_plan(self, batch: Batch, position: int) -> None:
@@ -437,7 +462,7 @@ class PostgresCapture:
         if batch.chunk is not None:
             self.plan.pending = batch.chunk.pending(position)
             self._plan_changed = True
-        self.dropped.done(batch, position)
+        self.removals.done(batch, position)
         self._save_plan()
 
     def _read_batch(self, batch: Batch, position: int) -> None:  # noqa: C901 - per message kind
@@ -449,7 +474,7 @@ class PostgresCapture:
         for lsn, message in self.source.peek_stream(self.options.max_changes):
             item = self.decoder.feed(lsn, message)
             if isinstance(item, SourceTransaction):
-                end_before = self.dropped.end_before
+                end_before = self.removals.end_before
                 if end_before is not None and item.commit_lsn >= end_before:
                     break  # the deletes of a dropped table's rows come first
                 txn, order = item, 1
@@ -472,6 +497,18 @@ class PostgresCapture:
                 self._watermark(item, batch)
             elif item.prefix == SIGNAL_PREFIX:
                 self._signal(item)
+            elif item.prefix == MARKER_PREFIX:
+                assert txn is not None
+                self._marker(item, batch, txn)
+
+    def _marker(self, message: Message, batch: Batch, txn: SourceTransaction) -> None:
+        """A marker the catalog watch wrote: where rows that left a table are deleted."""
+        try:
+            removal_id = str(json.loads(message.content)["removal"])
+        except (ValueError, KeyError, TypeError):
+            logger.warning("a marker at LSN %s cannot be read", lsn_to_text(message.lsn))
+            return
+        self.removals.marker(removal_id, batch, txn.commit_lsn)
 
     def _end_transaction(self, done: SourceTransaction, batch: Batch, skipped: bool) -> None:
         batch.transactions += 1
@@ -489,13 +526,15 @@ class PostgresCapture:
             return order
         table = mapped.table
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
-            self.dropped.replaced(table.qualified, mapped.replaced)
-        self.dropped.first(table, batch, txn.commit_lsn)
-        made = self.events.changes(table, mapped.change, txn, order, ts_ms)
+            self.watch.replaced(table.qualified, mapped.replaced)
+        self.removals.first(table, batch, txn.commit_lsn)
         chunk = self.chunk
-        if chunk is not None and chunk.table.oid == table.oid:
-            for event in made:  # a change in a chunk's window stands for its key's row
-                chunk.drop(event.key)
+        if chunk is None or chunk.table.oid != table.oid:
+            made = self.events.changes(table, mapped.change, txn, order, ts_ms)
+        else:  # a change in a chunk's window stands for its key's row
+            made = self.events.changes(table, mapped.change, txn, order, ts_ms, unsent=chunk.unsent)
+            for event in made:
+                chunk.stood_for(event.key, event.data)
         batch.add(self.deferred.keep(table, made))
         return order + len(made)
 

@@ -20,13 +20,14 @@ Two rules protect the source:
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -47,6 +48,12 @@ WATERMARK_PREFIX = "replog.watermark"
 """Prefix of the logical messages capture writes into the WAL around snapshot chunks."""
 SIGNAL_PREFIX = "replog.signal"
 """Prefix of the logical messages that ask a running capture for a snapshot."""
+MARKER_PREFIX = "replog.marker"
+"""Prefix of the logical messages capture writes to place in the stream what the catalog
+showed it (a partition that left a captured table)."""
+
+PARTITION_ROWS_PER_QUERY = 50_000
+"""Rows sent at once when the server judges which of them a partition held."""
 
 Columns = tuple[tuple[str, int, int], ...]
 """A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
@@ -150,7 +157,7 @@ class PostgresSource:
         self._by_oid: dict[int, Table] = {}
         self._types: dict[int, PgType] = {}
         self._roots: dict[int, int | None] = {}
-        self._key_bounds: dict[int, sql.Composed] = {}
+        self._key_bounds: dict[tuple[tuple[int, int], ...], sql.Composed] = {}
 
     def close(self) -> None:
         self.connection.close()
@@ -196,18 +203,7 @@ class PostgresSource:
         self._check_slot()
 
     def _published_roots(self) -> list[str]:
-        """The tables of the user's publication, a partitioned table once (not each of its
-        partitions, which a publication without ``publish_via_partition_root`` lists)."""
-        rows = self._all(
-            "SELECT DISTINCT n.nspname || '.' || c.relname FROM pg_publication_tables pt"
-            " JOIN pg_namespace pn ON pn.nspname = pt.schemaname"
-            " JOIN pg_class p ON p.relname = pt.tablename AND p.relnamespace = pn.oid"
-            " JOIN pg_class c ON c.oid = coalesce(pg_partition_root(p.oid), p.oid)"
-            " JOIN pg_namespace n ON n.oid = c.relnamespace"
-            " WHERE pt.pubname = %s ORDER BY 1",
-            (self.options.publication,),
-        )
-        return [row[0] for row in rows]
+        return publication_tables(self.connection, self.options.publication or "") or []
 
     def is_published(self, table: Table) -> bool:
         """Whether the user's publication publishes ``table`` (itself, or its partitions)."""
@@ -243,14 +239,16 @@ class PostgresSource:
         self._by_oid[table.oid] = table
         return table
 
-    def refresh_columns(self, table: Table) -> Table:
+    def refresh_columns(self, table: Table) -> Table | None:
         """``table`` with its columns and defaults as the catalog has them now (a column
-        was added or dropped while capturing)."""
+        was added, dropped, retyped or renamed while capturing); None if it was dropped.
+        Known by its id: a table renamed keeps its collection."""
         if not self._one("SELECT count(*) FROM pg_class WHERE oid = %s", (table.oid,)):
-            return table  # dropped since: the stream's columns are all there is
-        return self._replace(
-            replace(table, columns=self._columns(table.oid), defaults=self._defaults(table.oid))
-        )
+            return None
+        columns = self.columns_of(table.oid)
+        if columns == table.columns:
+            return table
+        return self._replace(replace(table, columns=columns, defaults=self._defaults(table.oid)))
 
     def remember_dropped(self, name: str, relation: Any) -> Table:
         """A dropped table known only from the stream (its Relation message): its changes
@@ -310,6 +308,78 @@ class PostgresSource:
         )
         return {name: (int(oid) if oid is not None else None) for name, oid in rows}
 
+    def catalog_now(
+        self, known: dict[str, int]
+    ) -> dict[str, tuple[int | None, str | None, dict[str, str] | None, dict[str, list[str]]]]:
+        """For each captured table (name -> id), one query: the id its name has now (None:
+        no such table), the name its id has now (None: dropped), its leaf partitions (id
+        as text -> partition constraint; None: not partitioned) and its columns (attnum as
+        text -> [name, type])."""
+        rows = self._all(
+            "SELECT k.name, to_regclass(k.name)::oid,"
+            " (SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
+            "  ON n.oid = c.relnamespace WHERE c.oid = k.oid),"
+            " (SELECT json_object_agg(t.relid::oid::text,"
+            "   coalesce(pg_get_partition_constraintdef(t.relid), 'true'))"
+            "  FROM pg_partition_tree(k.oid) t WHERE t.isleaf"
+            "  AND (SELECT relkind FROM pg_class WHERE oid = k.oid) = 'p'),"
+            " (SELECT json_object_agg(a.attnum::text,"
+            "   json_build_array(a.attname, format_type(a.atttypid, a.atttypmod)))"
+            "  FROM pg_attribute a"
+            "  WHERE a.attrelid = k.oid AND a.attnum > 0 AND NOT a.attisdropped)"
+            " FROM unnest(%s::text[], %s::oid[]) AS k(name, oid)",
+            (list(known), list(known.values())),
+        )
+        return {
+            name: (
+                int(oid) if oid is not None else None,
+                current,
+                dict(leaves) if leaves is not None else None,
+                dict(columns or {}),
+            )
+            for name, oid, current, leaves, columns in rows
+        }
+
+    def rows_of_partition(
+        self, table: Table, rows: pa.Table, constraint: str, *, keep_held: bool
+    ) -> list[str]:
+        """The keys of ``rows`` (newest events of ``table``'s collection: ``key`` and
+        ``data``) whose row the partition constraint ``constraint``
+        (``pg_get_partition_constraintdef``) selects; with ``keep_held`` False, only those
+        whose key the table does not hold now. The server evaluates the constraint, so
+        range, list, hash and multi-level partitions all read as PostgreSQL reads them.
+        A table keyed by its primary key is judged by the key alone (PostgreSQL makes
+        every partition column part of it), any other by its row image."""
+        regclass = self._one("SELECT %s::oid::regclass::text", (table.oid,))
+        by_key = table.key == self.primary_key(table.oid)
+        images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
+        keys = rows.column("key").to_pylist()
+        relation = sql.SQL(regclass.replace("%", "%%"))
+        query = sql.SQL(
+            "SELECT x.replog_key FROM jsonb_to_recordset(%s::jsonb)"
+            " AS x(replog_key text, replog_row jsonb)"
+            " CROSS JOIN LATERAL jsonb_populate_record(NULL::{}, x.replog_row) AS r WHERE ({})"
+        ).format(relation, sql.SQL(constraint.replace("%", "%%")))
+        if not keep_held:
+            query = sql.SQL("{} AND NOT EXISTS (SELECT FROM {} AS held WHERE ({}) = ({}))").format(
+                query,
+                relation,
+                sql.SQL(", ").join(sql.Identifier("held", k) for k in table.key),
+                sql.SQL(", ").join(sql.Identifier("r", k) for k in table.key),
+            )
+        found: list[str] = []
+        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):
+            members = [
+                '{"replog_key":' + json.dumps(key) + ',"replog_row":' + image + "}"
+                for key, image in zip(
+                    keys[start : start + PARTITION_ROWS_PER_QUERY],
+                    images[start : start + PARTITION_ROWS_PER_QUERY],
+                    strict=True,
+                )
+            ]
+            found.extend(row[0] for row in self._all(query, ("[" + ",".join(members) + "]",)))
+        return found
+
     def describe(self, name: str) -> Table:
         """Table ``name`` as the catalog describes it now, its identity checked."""
         qualified = qualified_name(name)
@@ -325,7 +395,7 @@ class PostgresSource:
                 f"table {qualified!r} does not exist in database {self.database!r}"
             )
         oid = int(row[0])
-        columns = self._columns(oid)
+        columns = self.columns_of(oid)
         primary = self.primary_key(oid)
         key = tuple(self.options.keys.get(qualified, ())) or primary
         if not key:
@@ -337,6 +407,8 @@ class PostgresSource:
         missing = [column for column in key if column not in names]
         if missing:
             raise SourceConfigError(f"table {qualified!r} has no column(s) {missing}")
+        if key != primary:
+            self._check_not_null(oid, qualified, key)
         deferrable = bool(
             self._one(
                 "SELECT count(*) FROM pg_index WHERE indrelid = %s AND indisprimary"
@@ -368,7 +440,38 @@ class PostgresSource:
             defaults=self._defaults(oid),
         )
 
-    def _columns(self, oid: int) -> Columns:
+    def _check_not_null(self, oid: int, qualified: str, key: tuple[str, ...]) -> None:
+        """Refuse key columns given with ``--keys`` that allow NULL: a unique index holds
+        any number of rows whose key has a NULL (``(1, NULL)`` twice), and one event key
+        for two rows makes one of them disappear downstream. A unique index ``NULLS NOT
+        DISTINCT`` on exactly those columns (PostgreSQL 15) keeps such keys unique."""
+        nullable = [
+            name
+            for (name,) in self._all(
+                "SELECT attname FROM pg_attribute WHERE attrelid = %s AND attname = ANY(%s)"
+                " AND NOT attnotnull ORDER BY attnum",
+                (oid, list(key)),
+            )
+        ]
+        if not nullable or (self.server_version >= 150000 and self._one(
+            "SELECT count(*) FROM pg_index i WHERE i.indrelid = %s AND i.indisunique"
+            " AND i.indnullsnotdistinct AND i.indpred IS NULL AND i.indexprs IS NULL"
+            " AND (SELECT array_agg(attname ORDER BY attname) FROM pg_attribute"
+            "  WHERE attrelid = i.indrelid AND attnum = ANY(i.indkey))"
+            " = (SELECT array_agg(k ORDER BY k) FROM unnest(%s::name[]) k)",
+            (oid, list(key)),
+        )):  # fmt: skip
+            return
+        column = nullable[0]
+        raise SourceConfigError(
+            f"--keys {qualified}={','.join(key)}: column {column} allows NULL, so two rows "
+            f"could share one key (a unique index holds (1, NULL) twice) and one of them would "
+            f"disappear from every table built from the log. Make it NOT NULL (ALTER TABLE "
+            f"{qualified} ALTER COLUMN {column} SET NOT NULL), make the key's unique index "
+            f"NULLS NOT DISTINCT, or key the table by columns that are NOT NULL"
+        )
+
+    def columns_of(self, oid: int) -> Columns:
         """The columns the stream carries: a user's publication says which (its column
         list; PostgreSQL 18 lists STORED generated columns only with
         ``publish_generated_columns = stored``); capture's own publication carries every
@@ -549,20 +652,29 @@ class PostgresSource:
 
     def key_bound(self, table: Table) -> sql.Composed:
         """Parameters for ``table``'s key columns' text, in key order, each cast to its
-        column's SQL type (``%s::int, %s::text``): a key compared in SQL."""
-        found = self._key_bounds.get(table.oid)
-        if found is None:
-            types = dict(
-                self._all(
-                    "SELECT attname, format_type(atttypid, atttypmod) FROM pg_attribute"
-                    " WHERE attrelid = %s AND attnum > 0",
+        column's SQL type as ``table`` describes it (``%s::int, %s::text``): a key compared
+        in SQL. A key column retyped is cast to its new type once the table is described
+        anew."""
+        types = {name: (type_oid, modifier) for name, type_oid, modifier in table.columns}
+        if not all(name in types for name in table.key):  # a key column not published
+            types.update(
+                (name, (int(type_oid), int(modifier)))
+                for name, type_oid, modifier in self._all(
+                    "SELECT attname, atttypid, atttypmod FROM pg_attribute"
+                    " WHERE attrelid = %s AND attnum > 0 AND NOT attisdropped",
                     (table.oid,),
                 )
             )
-            found = sql.SQL(", ").join(
-                sql.SQL("%s::{}").format(sql.SQL(types[name])) for name in table.key
+        wanted = tuple(types[name] for name in table.key)
+        found = self._key_bounds.get(wanted)
+        if found is None:
+            names = self._all(
+                "SELECT format_type(t, m) FROM unnest(%s::oid[], %s::int[]) WITH ORDINALITY"
+                " AS u(t, m, n) ORDER BY n",
+                ([t for t, _ in wanted], [m for _, m in wanted]),
             )
-            self._key_bounds[table.oid] = found
+            found = sql.SQL(", ").join(sql.SQL("%s::{}").format(sql.SQL(n)) for (n,) in names)
+            self._key_bounds[wanted] = found
         return found
 
     def current_values(
@@ -579,13 +691,16 @@ class PostgresSource:
         rows = text_rows(self.connection, query, list(key))
         return dict(zip(columns, rows[0], strict=True)) if rows else None
 
-    def estimated_rows(self, table: Table) -> int:
-        """The planner's estimate of the table's rows (``pg_class.reltuples``, over a
-        partitioned table's partitions); 0 when never analysed."""
+    def estimated_rows(self, table: Table, relation: int = 0) -> int:
+        """The planner's estimate of the rows of ``table`` (or of its partition
+        ``relation``): ``pg_class.reltuples`` of each leaf of a partitioned table, or of the
+        table itself; 0 when never analysed."""
+        oid = relation or table.oid
         value = self._one(
-            "SELECT coalesce(sum(greatest(c.reltuples, 0)), 0)::bigint FROM pg_class c"
-            " WHERE c.oid IN (SELECT relid FROM pg_partition_tree(%s) WHERE isleaf)",
-            (table.oid,),
+            "SELECT coalesce((SELECT sum(greatest(c.reltuples, 0)) FROM pg_class c"
+            " JOIN pg_partition_tree(%s) t ON t.relid = c.oid WHERE t.isleaf),"
+            " (SELECT greatest(reltuples, 0) FROM pg_class WHERE oid = %s), 0)::bigint",
+            (oid, oid),
         )
         return int(value or 0)
 
@@ -747,14 +862,29 @@ class PostgresSource:
             self._one("SELECT pg_logical_emit_message(true, %s, %s)::text", (prefix, content))
         )
 
-    @contextmanager
-    def reader(self) -> Iterator[psycopg.Connection[Any]]:
-        """A second session for reading table rows (the snapshot's chunks)."""
-        connection = connect(self.options.dsn)
-        try:
-            yield connection
-        finally:
-            connection.close()
+    def reader(self) -> psycopg.Connection[Any]:
+        """A second session, for reading table rows (the snapshot's chunks)."""
+        return connect(self.options.dsn)
+
+
+def publication_tables(connection: psycopg.Connection[Any], publication: str) -> list[str] | None:
+    """The tables publication ``publication`` publishes, a partitioned table once (not each
+    of its partitions, which a publication without ``publish_via_partition_root`` lists);
+    None if there is no such publication."""
+    if not connection.execute(
+        "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)
+    ).fetchone()[0]:  # type: ignore[index]
+        return None
+    rows = connection.execute(
+        "SELECT DISTINCT n.nspname || '.' || c.relname FROM pg_publication_tables pt"
+        " JOIN pg_namespace pn ON pn.nspname = pt.schemaname"
+        " JOIN pg_class p ON p.relname = pt.tablename AND p.relnamespace = pn.oid"
+        " JOIN pg_class c ON c.oid = coalesce(pg_partition_root(p.oid), p.oid)"
+        " JOIN pg_namespace n ON n.oid = c.relnamespace"
+        " WHERE pt.pubname = %s ORDER BY 1",
+        (publication,),
+    ).fetchall()
+    return [row[0] for row in rows]
 
 
 def server_positions(dsn: str) -> tuple[int, dict[str, int | None]]:

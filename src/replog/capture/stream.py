@@ -95,7 +95,7 @@ class Relations:
         known = [name for name, _, _ in table.columns]
         if [column.name for column in relation.columns] == known:
             return table
-        return self.source.refresh_columns(table)
+        return self.source.refresh_columns(table) or table  # dropped: the stream's is all
 
     def _find(self, relation: Relation, txn: SourceTransaction) -> tuple[Table, int | None] | None:
         source = self.source

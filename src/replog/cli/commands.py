@@ -196,8 +196,8 @@ def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
     _postgres()  # the 'postgres' extra, or a clear error
     from replog.capture.snapshot import request_snapshot  # noqa: PLC0415 - needs psycopg
 
-    position = request_snapshot(args.dsn, tables, args.slot)
-    out.show(results.SnapshotRequested.of(args.slot, tables, position))
+    signal_id, position = request_snapshot(args.dsn, tables, args.slot, args.publication)
+    out.show(results.SnapshotRequested.of(args.slot, tables, position, signal_id))
     return 0
 
 

@@ -197,6 +197,11 @@ def _capture_commands(command: _Command) -> None:
     p.add_argument("dsn", help="a libpq connection string or URI")
     p.add_argument("--slot", required=True, help="the capture's slot")
     p.add_argument("--tables", required=True, help="schema.table[,schema.table...]")
+    p.add_argument(
+        "--publication",
+        help="the capture's --publication, if it was given one (the tables are checked "
+        "against it; default: the publication named after the slot)",
+    )
 
 
 def _read_commands(command: _Command) -> None:

@@ -228,14 +228,23 @@ class SnapshotRequested(Result):
     schema = "snapshot"
 
     @classmethod
-    def of(cls, slot: str, tables: Sequence[str], position: int) -> SnapshotRequested:
-        return cls({"slot": slot, "tables": list(tables), "signal_lsn": lsn_to_text(position)})
+    def of(
+        cls, slot: str, tables: Sequence[str], position: int, signal_id: str
+    ) -> SnapshotRequested:
+        return cls(
+            {
+                "slot": slot,
+                "tables": list(tables),
+                "signal_id": signal_id,
+                "signal_lsn": lsn_to_text(position),
+            }
+        )
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
         yield (
             f"asked the capture of slot {d['slot']} to snapshot {', '.join(d['tables'])} "
-            f"(signal at LSN {d['signal_lsn']})"
+            f"(signal {d['signal_id']} at LSN {d['signal_lsn']})"
         )
 
 

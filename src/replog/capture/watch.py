@@ -1,0 +1,208 @@
+"""What DDL did to the captured tables, seen in the catalog: nothing in the change stream
+says that a table was dropped or renamed, that a partition was attached or detached, or
+that a column was renamed.
+
+DESIGN: once a second (and at each start, against what the plan last saw) the watch
+compares the catalog with what capture knows, by table id:
+
+* the name resolves to another table and the captured one is gone: **dropped and created
+  again** (its rows are replaced: :mod:`~replog.capture.removals`, then a snapshot);
+* the name resolves to nothing, the table still exists: **renamed** (captured on under its
+  collection, its snapshot goes on by id); the table gone too: **dropped** (its snapshot is
+  given up; tables built from the log keep its rows, a warning says so once);
+* a leaf partition new to a captured partitioned table: **attached** (its rows, wherever
+  their keys fall, are snapshotted: nothing in the WAL brings them);
+* a leaf partition gone: **detached or dropped** (a marker into the WAL now; where the
+  stream meets it, its rows are deleted);
+* a column with the same ``attnum`` and another name or type: **renamed** or **retyped**
+  (the table is snapshotted again: every row carries the new name; a rewrite ``USING`` an
+  expression changed values no row change reports).
+
+Each costs one catalog query for all captured tables.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+
+from replog.capture.removals import Removals
+from replog.capture.snapshot import ATTACHED, COLUMNS_CHANGED, RECREATED, SnapshotPlan
+from replog.capture.source import MARKER_PREFIX, PostgresSource, Table
+from replog.capture.stream import Relations
+
+logger = logging.getLogger(__name__)
+
+CHECK_S = 1.0
+"""How often a capture looks in the catalog for DDL on its tables."""
+
+Owe = Callable[[Table, str, int], None]
+"""(table, reason, relation: 0 or one partition) -> a snapshot owed."""
+
+
+class CatalogWatch:
+    """Compares the catalog with what capture knows (see the module docstring).
+
+    ``owe`` asks the capture for a snapshot, ``restart`` for a table's snapshot from its
+    start; ``changed`` says the plan changed (it is saved before the next commit)."""
+
+    def __init__(
+        self,
+        source: PostgresSource,
+        relations: Relations,
+        removals: Removals,
+        owe: Owe,
+        restart: Callable[[Table, str], None],
+    ) -> None:
+        self.source = source
+        self.relations = relations
+        self.removals = removals
+        self.owe = owe
+        self.restart = restart
+        self.plan: SnapshotPlan | None = None
+        self.changed = False
+        self._checked = 0.0
+        self._noted: set[tuple[str, str | int]] = set()
+
+    def start(self, plan: SnapshotPlan) -> None:
+        """Take ``plan``: the resets it owes; then what changed while no capture ran (a
+        table whose id in the plan is not the catalog's was replaced; partitions and
+        columns the plan saw are compared, or first recorded)."""
+        self.plan = plan
+        self.removals.plan = plan
+        for name, reset in plan.resets.items():
+            self.relations.gone[int(reset["old_oid"] or 0)] = name
+        for table in list(self.source.tables.values()):
+            known = plan.tables.get(table.qualified, table.oid)
+            if known != table.oid:
+                self.replaced(table.qualified, known)
+        self.check(now=True)
+
+    def check(self, *, now: bool = False) -> None:
+        """Look in the catalog (once a second unless ``now``)."""
+        clock = time.monotonic()
+        if (not now and clock - self._checked < CHECK_S) or self.plan is None:
+            return
+        self._checked = clock
+        known = {name: table.oid for name, table in self.source.tables.items()}
+        found = self.source.catalog_now(known)
+        for name, (oid, current_name, leaves, columns) in found.items():
+            table = self.source.tables[name]
+            if oid != table.oid:
+                if current_name is None and oid is not None:
+                    self.replaced(name, table.oid)
+                    continue
+                self._moved(table, oid, current_name)
+                if current_name is None:
+                    continue
+            self._partitions(table, leaves)
+            self._columns(table, columns)
+
+    def _note(self, key: tuple[str, str | int], message: str, *args: object) -> None:
+        if key not in self._noted:
+            self._noted.add(key)
+            logger.warning(message, *args)
+
+    def _moved(self, table: Table, oid: int | None, current_name: str | None) -> None:
+        """The captured name no longer names the captured table (``oid``: what it names)."""
+        name = table.qualified
+        if current_name is None:
+            assert self.plan is not None
+            if any(item.table == name for item in self.plan.queue):
+                self.plan.drop(name)
+                self.changed = True
+            self._note((name, "dropped"), "captured table %s was dropped: its snapshot is given "
+                       "up, and tables built from the log keep its rows (a table created again "
+                       "under its name replaces them)", name)  # fmt: skip
+            return
+        self._note(
+            (name, current_name),
+            "captured table %s is called %s now (renamed): it is captured on as collection %s%s",
+            name,
+            current_name,
+            name,
+            "" if oid is None else f"; the new table {name} is not captured",
+        )
+
+    def replaced(self, name: str, old_oid: int) -> None:
+        """Table ``name`` is a new table (the one with id ``old_oid`` was dropped): its
+        predecessor's rows are deleted before its first event, it is published (capture's
+        own publication) after its identity was checked, and its rows are snapshotted."""
+        assert self.plan is not None
+        if name in self.plan.resets:
+            return
+        self.plan.resets[name] = {"old_oid": old_oid, "done_at": None}
+        self.relations.gone[old_oid] = name
+        self.changed = True
+        source = self.source
+        table = source.table_with_oid(source.current_oids([name])[name] or 0)
+        if table is None:
+            source.forget(source.tables[name])
+            table = source.add_table(name)  # its identity checked before publishing
+        if source.own_publication:
+            source.add_to_publication(table)
+        elif not source.is_published(table):
+            logger.warning(
+                "%s was dropped and created again, and publication %s no longer publishes "
+                "it: ALTER PUBLICATION %s ADD TABLE %s, or its changes are not captured",
+                name,
+                source.publication,
+                source.publication,
+                name,
+            )
+        self.plan.partitions.pop(name, None)
+        self.plan.columns.pop(name, None)
+        self.owe(table, RECREATED, 0)
+
+    def _partitions(self, table: Table, leaves: dict[str, str] | None) -> None:
+        """Partitions attached (snapshotted) and gone (their rows deleted) since last seen."""
+        assert self.plan is not None
+        name = table.qualified
+        seen = self.plan.partitions.get(name)
+        if leaves is None or seen == leaves:
+            return
+        self.plan.partitions[name] = leaves
+        self.changed = True
+        if seen is None:
+            return  # first seen: what it holds now is what the table's snapshot reads
+        for leaf in sorted(set(leaves) - set(seen), key=int):
+            logger.warning("partition %s was attached to %s: its rows are snapshotted", leaf, name)
+            self.owe(table, ATTACHED, int(leaf))
+        for leaf in sorted(set(seen) - set(leaves), key=int):
+            removal_id = uuid.uuid4().hex
+            self.plan.removals.append(
+                {"id": removal_id, "table": name, "leaf": int(leaf),
+                 "constraint": seen[leaf], "done_at": None}
+            )  # fmt: skip
+            self.source.emit_message(MARKER_PREFIX, json.dumps({"removal": removal_id}))
+            logger.warning(
+                "partition %s left %s (detached or dropped): its rows are deleted from the "
+                "log where the stream meets marker %s",
+                leaf,
+                name,
+                removal_id,
+            )
+
+    def _columns(self, table: Table, columns: dict[str, list[str]]) -> None:
+        """Columns renamed or retyped since last seen: the table is snapshotted again (a
+        rename leaves every row's value under the old name downstream; a retype rewrites
+        every row, ``USING`` an expression maybe, and no row change says so)."""
+        assert self.plan is not None
+        name = table.qualified
+        seen = self.plan.columns.get(name)
+        if seen == columns:
+            return
+        self.plan.columns[name] = columns
+        self.changed = True
+        changed = sorted(
+            f"{' '.join(seen[n])} -> {' '.join(columns[n])}"
+            for n in set(seen or {}) & set(columns)
+            if seen is not None and list(seen[n]) != list(columns[n])
+        )
+        if changed:
+            logger.warning("columns of %s changed (%s): the table is snapshotted again",
+                           name, ", ".join(changed))  # fmt: skip
+            self.restart(table, COLUMNS_CHANGED)
