@@ -270,7 +270,11 @@ def _nothing_written(url: str) -> bool:
 
 def test_errors_name_what_is_wrong(pg_dsn: str, tmp_path: Path) -> None:
     url = str(tmp_path / "log")
-    sql(pg_dsn, "CREATE TABLE keyless (a int NOT NULL, b text)", "CREATE TABLE t (id int PRIMARY KEY)")
+    sql(
+        pg_dsn,
+        "CREATE TABLE keyless (a int NOT NULL, b text)",
+        "CREATE TABLE t (id int PRIMARY KEY)",
+    )
     with pytest.raises(SourceConfigError, match=r"'public\.nope' does not exist"):
         run(pg_dsn, url, tables=("public.nope",))
     with pytest.raises(SourceConfigError, match="publication 'nopub' does not exist"):

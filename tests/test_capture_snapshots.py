@@ -199,9 +199,7 @@ def test_a_signal_for_another_slot_or_an_unknown_table_changes_nothing(
     run(pg_dsn, url, tables=("t",))
     with pytest.raises(SourceConfigError, match="no publication 'other'"):
         request_snapshot(pg_dsn, ["t"], slot="other")
-    with pytest.raises(
-        InvalidOptionError, match="does not capture public.nope: it captures public.t"
-    ):
+    with pytest.raises(InvalidOptionError, match=r"does not capture public\.nope: it captures"):
         request_snapshot(pg_dsn, ["public.nope"], slot="cap")
     emit = "SELECT pg_logical_emit_message(true, 'replog.signal', '{}')"  # checks nothing
     sql(

@@ -7,11 +7,11 @@ import json
 
 from support.capture import sql
 
+from replog.capture.chunks import ChunkReader
 from replog.capture.events import EventMaker
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import Commit, Decoder, Message, RowChange, SourceTransaction
 from replog.capture.progress import CaptureProgress
-from replog.capture.chunks import ChunkReader
 from replog.capture.snapshot import TableSnapshot, watermark
 from replog.capture.source import WATERMARK_PREFIX, PostgresSource
 from replog.capture.stream import Relations

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support.capture import query, run, sql
+from support.capture import captured, query, run, sql
 from test_apply_routing import run as stream
 
 from replog.log import ReplicationLog
@@ -158,3 +158,84 @@ def test_a_range_partitioned_table_with_a_composite_key_lands_equal(
     }
     assert found == expected
     assert len(expected) == 52 and expected[(1, dt.date(2024, 3, 8), 1)]["due"] is not None
+
+
+def test_toasted_rows_updated_while_they_are_snapshotted_land_whole(
+    spark: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    """An ordinary workload during a snapshot: a few hundred updates of rows whose TOASTed
+    body they leave alone. An update inside its row's chunk window stands for the row the
+    chunk read, so its unsent body must come from the chunk (it held the placeholder)."""
+    import random
+    import threading
+    import time
+
+    import psycopg
+
+    from replog.capture.options import CaptureOptions
+    from replog.capture.postgres import PostgresCapture
+
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE docs (id int PRIMARY KEY, v int, body text)",
+        f"INSERT INTO docs SELECT g, 0, g || {BIG} FROM generate_series(1, 3000) g",
+    )
+    stop_writing, updates, errors = threading.Event(), [0], []
+
+    def write() -> None:
+        picks = random.Random(5)
+        try:
+            with psycopg.connect(pg_dsn, autocommit=True) as connection:
+                while not stop_writing.is_set():
+                    connection.execute(
+                        "UPDATE docs SET v = v + 1 WHERE id = %s", (picks.randint(1, 3000),)
+                    )
+                    updates[0] += 1
+                    time.sleep(0.002)
+        except BaseException as exc:  # handed to the test below
+            errors.append(exc)
+
+    writer = threading.Thread(target=write, daemon=True)
+    writer.start()
+    stop = threading.Event()
+    options = CaptureOptions(
+        dsn=pg_dsn, slot="cap", tables=("docs",), follow=True, poll_s=0.01,
+        snapshot_chunk_rows=150,
+    )  # fmt: skip
+    log = ReplicationLog.open_or_create(url, 4)
+    with PostgresCapture(options, log, stop=stop) as capture:
+        follower = threading.Thread(target=capture.run, daemon=True)
+        follower.start()
+        deadline = time.monotonic() + 300  # a hang, not a speed
+        while capture.plan is None or capture.plan.queue or not capture.plan.finished:
+            assert follower.is_alive() and time.monotonic() < deadline
+            time.sleep(0.05)
+        stop_writing.set()
+        writer.join()
+        stop.set()
+        follower.join(120)
+    assert not errors, errors
+    run(pg_dsn, url, tables=("docs",))
+    assert updates[0] >= 200, updates  # a workload, not a handful
+    filled = [e for e in captured(ReplicationLog.open(url)) if "filled" in e["metadata"]]
+    assert filled, "no update fell inside its row's chunk window: the test proves nothing"
+
+    checkpoint = tmp_path / "chk"
+    query = (
+        spark.readStream.format("replog")
+        .option("maxEventsPerTrigger", "700")
+        .load(url)
+        .writeStream.foreachBatch(
+            apply_changes(str(tmp_path / "delta" / "{collection}"), app_id="toast", log=url)
+        )
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    docs = delta_rows(str(tmp_path / "delta" / "public.docs"))
+    source = source_rows(pg_dsn, "docs")
+    assert len(docs) == len(source) == 3000
+    unequal = [key for key, row in source.items() if docs.get(key) != row]
+    assert not unequal, (len(unequal), unequal[:5])
