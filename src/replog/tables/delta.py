@@ -240,10 +240,31 @@ def apply_batch(
         assert table is not None
     elif metrics.get("merge_on_read"):  # committed by replog, not through this handle
         table.update_incremental()
+        _after_own_commit(target, table)
     # else the merge's handle: delta-rs moves it to the version its commit made
     version: int = table.version()
     logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
     return Applied(batch_id, False, changes.num_rows, version, metrics)
+
+
+CHECKPOINT_INTERVAL = 100
+"""Versions between the checkpoints of tables replog commits to itself (delta-rs's and
+Spark's default ``delta.checkpointInterval``): a reader replays at most this many
+commits."""
+
+
+def _after_own_commit(target: str, table: DeltaTable) -> None:
+    """What delta-rs does after its own commits, after replog's: a checkpoint every
+    :data:`CHECKPOINT_INTERVAL` versions; and a purge of deletion vectors and small files
+    in the background when enough have gathered (:func:`merge_on_read.purge_later`)."""
+    interval = int(
+        table.metadata().configuration.get("delta.checkpointInterval", CHECKPOINT_INTERVAL)
+    )
+    if table.version() % interval == 0:
+        table.create_checkpoint()
+    root = merge_on_read.local_root(target)
+    if root is not None:
+        merge_on_read.purge_later(merge_on_read.table(root))
 
 
 def _write(

@@ -43,6 +43,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from pyroaring import BitMap64
 
+from replog.crashpoints import crash_point
 from replog.errors import CommitConflictError
 from replog.storage import Storage
 from replog.tables import deletion_vectors as dvs
@@ -86,6 +87,7 @@ class Table:
         self.log = DeltaLog(self.storage)
         self.lock = threading.Lock()
         """Held while a batch or a purge of this process writes the table."""
+        self.purging: threading.Thread | None = None
 
     def read_file(self, path: str, columns: Sequence[str]) -> pa.Table:
         with self.storage.fs.open(self.storage.path(path), "rb") as handle:
@@ -474,6 +476,7 @@ def apply_scd1(
             if state.txns.get(txn[0], -1) >= txn[1]:
                 return None
             actions, written, metrics = _batch_actions(target, state, source, keys, schema)
+            crash_point("apply_deletion_vectors", txn[1])
             actions = [
                 commit_info("MERGE", state.version, **info),
                 {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
@@ -666,12 +669,7 @@ def purge(
     """
     with target.lock:
         state = target.log.state().copy()
-    chosen = []
-    for path, add in state.files.items():
-        deleted = target.deleted_rows(add) or BitMap64()
-        total = num_records(add) or 0
-        if (total and len(deleted) / total >= min_deleted) or int(add["size"]) < small_file:
-            chosen.append((path, add, deleted))
+    chosen = _to_purge(target, state, min_deleted=min_deleted, small_file=small_file)
     if len(chosen) < 2 and not any(len(d) for _, _, d in chosen):
         return Purged(None, 0, 0, 0)
     schema = table_schema(state)
@@ -707,6 +705,47 @@ def purge(
     logger.info("%s: purge gave up: a file it rewrote was removed by another writer", target.root)
     target.storage.delete_many(names)
     return Purged(None, 0, 0, 0)
+
+
+def _to_purge(
+    target: Table, state: LogState, *, min_deleted: float = 0.05, small_file: int = 8 << 20
+) -> list[tuple[str, dict[str, Any], BitMap64]]:
+    """The files a purge rewrites: those whose DV deletes ``min_deleted`` of their rows
+    or more, and those under ``small_file`` bytes."""
+    chosen = []
+    for path, add in state.files.items():
+        deleted = target.deleted_rows(add) or BitMap64()
+        total = num_records(add) or 0
+        if (total and len(deleted) / total >= min_deleted) or int(add["size"]) < small_file:
+            chosen.append((path, add, deleted))
+    return chosen
+
+
+PURGE_FILES = int(os.environ.get("REPLOG_PURGE_FILES", "16"))
+"""How many files with deletion vectors or under 8 MiB a table gathers before
+:func:`purge_later` folds them (each batch adds one file and marks rows in others)."""
+
+
+def purge_later(target: Table, *, files: int = PURGE_FILES) -> threading.Thread | None:
+    """Start :func:`purge` in a thread of its own when ``files`` files of ``target`` have
+    deletion vectors or are small, unless one runs already: reads stay fast while the
+    writer goes on (a failure is logged, and the next batch starts another)."""
+    with target.lock:
+        if target.purging is not None and target.purging.is_alive():
+            return None
+        if len(_to_purge(target, target.log.state())) < files:
+            return None
+
+        def run() -> None:
+            try:
+                done = purge(target)
+                logger.info("%s: purged %s", target.root, done)
+            except Exception:
+                logger.exception("%s: a background purge failed; the next one retries", target.root)
+
+        target.purging = threading.Thread(target=run, name=f"replog-purge {target.root}")
+        target.purging.start()
+        return target.purging
 
 
 def _fully_deleted(newest: LogState, folded: _Folded) -> bool:
