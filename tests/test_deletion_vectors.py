@@ -329,3 +329,31 @@ def test_a_purge_beside_a_running_apply_loses_nothing(tmp_path: Path) -> None:
     assert table.transaction_version("a") == 24
     for name, found in readers(target).items():
         assert found == model.rows, name
+
+
+def test_rows_deleted_while_a_purge_rewrites_are_deleted_in_its_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch commits between the purge's read of a file and the purge's commit (it
+    deletes rows of that file): the purge's new file carries those rows in its deletion
+    vector, so they stay deleted."""
+    target = str(tmp_path / "t")
+    model = Model(seed=17)
+    apply(target, model.batch(100, inserts=1), 0)
+    apply(target, model.batch(30), 1)
+    real = merge_on_read.read_all
+    meanwhile = model.batch(30, inserts=0)
+
+    def read_then_apply(*args: Any) -> pa.Table:
+        found = real(*args)
+        if meanwhile.num_rows:
+            apply(target, meanwhile, 2)  # once: the batch ids make the rest skips
+        return found
+
+    monkeypatch.setattr(merge_on_read, "read_all", read_then_apply)
+    done = merge_on_read.purge(merge_on_read.table(str(Path(target).resolve())), small_file=1 << 30)
+    assert done.version == 4  # after the batch's commit (3)
+    state = merge_on_read.table(str(Path(target).resolve())).log.state()
+    assert any(add.get("deletionVector") for add in state.files.values())
+    for name, found in readers(target).items():
+        assert found == model.rows, name
