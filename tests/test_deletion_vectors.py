@@ -357,3 +357,21 @@ def test_rows_deleted_while_a_purge_rewrites_are_deleted_in_its_files(
     assert any(add.get("deletionVector") for add in state.files.values())
     for name, found in readers(target).items():
         assert found == model.rows, name
+
+
+def test_a_timestamp_without_time_zone_gets_its_table_feature(tmp_path: Path) -> None:
+    """PROTOCOL.md: a table with a timestamp without time zone lists ``timestampNtz``
+    (PostgreSQL's ``timestamp``, as pgbench_history's ``mtime``); readers refuse it
+    otherwise."""
+    target = str(tmp_path / "t")
+    model = Model(seed=19)
+    first = model.batch(20, inserts=1)
+    stamps = pa.array([datetime(2024, 1, 1, 0, 0, i) for i in range(20)], pa.timestamp("us"))
+    apply(target, first.append_column("at", stamps), 0)
+    second = model.batch(10)
+    apply(target, second.append_column("at", stamps.slice(0, second.num_rows)), 1)
+    table = open_table(target, None)
+    assert table is not None
+    assert sorted(table.protocol().reader_features or []) == ["deletionVectors", "timestampNtz"]
+    for name, found in readers(target).items():
+        assert found == model.rows, name

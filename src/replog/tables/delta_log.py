@@ -37,10 +37,13 @@ LOG = "_delta_log"
 DELETION_VECTORS = "deletionVectors"
 ENABLE_DELETION_VECTORS = "delta.enableDeletionVectors"
 
-WRITER_FEATURES = frozenset({DELETION_VECTORS, "appendOnly", "invariants", "variantType"})
+WRITER_FEATURES = frozenset(
+    {DELETION_VECTORS, "timestampNtz", "appendOnly", "invariants", "variantType"}
+)
 """The writer features a table may list for replog to write it: deletion vectors (what it
-writes), and those delta-rs lists on the tables it upgrades, which replog respects by
-refusing tables where they are active (:func:`LogState.writable`)."""
+writes), timestamps without time zone (files hold them as they are), and those delta-rs
+lists on the tables it upgrades, which replog respects by refusing tables where they are
+active (:func:`LogState.writable`)."""
 
 
 def commit_name(version: int) -> str:

@@ -567,6 +567,9 @@ def create(
     import deltalake  # noqa: PLC0415 - the optional extra, loaded by the caller already
 
     schema = data.schema
+    features = [DELETION_VECTORS]
+    if any(pa.types.is_timestamp(f.type) and f.type.tz is None for f in schema):
+        features.append("timestampNtz")  # PROTOCOL.md: a timestamp without time zone needs it
     files = [dict(a) for a in adds]
     if data.num_rows or not files:
         files.append(write_file(target.storage, data))
@@ -576,8 +579,8 @@ def create(
             "protocol": {
                 "minReaderVersion": 3,
                 "minWriterVersion": 7,
-                "readerFeatures": [DELETION_VECTORS],
-                "writerFeatures": [DELETION_VECTORS],
+                "readerFeatures": features,
+                "writerFeatures": features,
             }
         },
         {
