@@ -1,7 +1,9 @@
 """apply_changes through real crashes: the driver's process group is SIGKILLed just
-before a micro-batch's Delta commit or just after it (before Spark's commit log), at a
-random batch, several times; the query restarts from its checkpoint each time. Finally
-the Delta table equals the latest state computed from the log."""
+before a micro-batch's Delta commit, between a merge-on-read batch's files (its rows and
+deletion vectors) and its commit, or just after the commit (before Spark's commit log),
+at a random batch, several times; the query restarts from its checkpoint each time.
+Finally the Delta table equals the latest state computed from the log, and every file
+its log names is there."""
 
 from __future__ import annotations
 
@@ -9,6 +11,8 @@ import random
 import sys
 from pathlib import Path
 
+import polars
+import pyarrow as pa
 import pytest
 from support.replication import run_app
 
@@ -20,18 +24,20 @@ from test_apply_changes import expected_state, table_state, workload
 
 pytestmark = pytest.mark.slow
 
-STEPS = ["apply_before_delta", "apply_after_delta"]
+STEPS = ["apply_before_delta", "apply_deletion_vectors", "apply_after_delta"]
 
 
 def test_random_driver_kills_at_every_step_leave_the_latest_state(tmp_path: Path) -> None:
-    events = workload(seed=24, events=600, keys=60)
+    events = workload(seed=24, events=900, keys=60)
     log = ReplicationLog.create(str(tmp_path / "log"), 2)
     for start in range(0, len(events), 100):
         log.append(events[start : start + 100])
     target, checkpoint = str(tmp_path / "table"), str(tmp_path / "chk")
     args = [log.url, target, checkpoint, "--max-events", "100"]
     steps = STEPS * 3
-    random.Random(24).shuffle(steps)  # every batch id (0..5) killed once, at a random step
+    random.Random(24).shuffle(steps)  # every batch id (0..8) killed once, at a random step
+    while steps[0] == "apply_deletion_vectors":  # batch 0 creates the table: no DV yet
+        random.Random(len(steps)).shuffle(steps)
     for batch, step in enumerate(steps):
         crashed = run_app("apply_to_delta.py", *args, fault=f"{step}@{batch}")
         assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL, not a clean exit
@@ -46,3 +52,7 @@ def test_random_driver_kills_at_every_step_leave_the_latest_state(tmp_path: Path
     # undone the position guard leaves the merge nothing to change, and delta-rs then
     # commits nothing; tests/test_apply_changes.py checks the skip itself.)
     assert table.version() == len(steps) - 1
+    written = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
+    assert written.num_rows, "the batches wrote deletion vectors"
+    # the files written before a kill are in no commit: the table reads without them
+    assert polars.read_delta(target).height == len(table_state(target))

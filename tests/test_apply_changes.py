@@ -24,7 +24,7 @@ from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
 from replog.spark.schema import SPARK_SCHEMA_DDL
 from replog.tables import changes as rows
-from replog.tables.delta import apply_batch, open_table, tombstones_location
+from replog.tables.delta import apply_batch, open_table, read_table, tombstones_location
 
 SCHEMA = "id long, name string, n long"
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
@@ -75,7 +75,7 @@ def expected_state(events: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 def table_state(target: str) -> dict[int, dict[str, Any]]:
     table = open_table(target, None)
     assert table is not None
-    found = table.to_pyarrow_table().to_pylist()
+    found = read_table(table).to_pylist()
     assert len(found) == len({r["id"] for r in found}), "one row per key"
     return {r["id"]: {"id": r["id"], "name": r["name"], "n": r.get("n")} for r in found}
 
@@ -214,7 +214,7 @@ def test_durations_and_times_of_day_are_stored_as_counts_of_their_unit(tmp_path:
         apply_batch(target, batch, ["id"], app_id="q", batch_id=batch_id)
     table = open_table(target, None)
     assert table is not None
-    found = table.to_pyarrow_table()
+    found = read_table(table)
     assert found.schema.field("took").type == pa.int64()
     assert found.schema.field("laps").type.value_type == pa.int64()
     got = {r["id"]: (r["took"], r["at"], r["laps"]) for r in found.to_pylist()}
@@ -237,7 +237,7 @@ def test_array_and_struct_columns_pass_the_deleted_keys_check(tmp_path: Path) ->
         apply_batch(target, batch, ["id"], app_id="q", batch_id=batch_id)
     table = open_table(target, None)
     assert table is not None
-    rows = table.to_pyarrow_table().to_pylist()
+    rows = read_table(table).to_pylist()
     got = {r["id"]: (r["name"], r["tags"], r["at"]) for r in rows}
     assert got == {2: ("b2", ["b2", "x"], {"n": 4}), 3: ("c", ["c", "x"], {"n": 5})}
 
@@ -297,7 +297,7 @@ def test_scd2_keeps_every_version(tmp_path: Path) -> None:
             r[rows.VALID_TO] and r[rows.VALID_TO].second,
             r[rows.CURRENT],
         )
-        for r in table.to_pyarrow_table().to_pylist()
+        for r in read_table(table).to_pylist()
     )
     assert history == [
         (1, "a", 1, 3, False),
@@ -312,7 +312,7 @@ def test_a_new_column_is_added_and_a_type_change_names_the_column(tmp_path: Path
     apply_batch(target, change_table([(1, "a", 1, "insert")]), ["id"], app_id="q", batch_id=0)
     wider = change_table([(2, "b", 2, "insert")]).append_column("price", pa.array([1.5]))
     apply_batch(target, wider, ["id"], app_id="q", batch_id=1)
-    found = {r["id"]: r for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    found = {r["id"]: r for r in read_table(open_table(target, None)).to_pylist()}  # type: ignore[arg-type]
     assert found[2]["price"] == 1.5 and found[1]["price"] is None
     # text that would cast to double: the type rule refuses it, not a failed cast
     clash = change_table([(3, "c", 3, "insert")]).append_column("price", pa.array(["2.5"]))
@@ -398,7 +398,7 @@ def test_spark_scd2_history_is_complete(spark: Any, tmp_path: Path) -> None:
         apply(micro_batch(spark, events[start : start + 30]), number)
     table = open_table(target, None)
     assert table is not None
-    history = table.to_pyarrow_table().to_pylist()
+    history = read_table(table).to_pylist()
     versions = sorted((r["id"], r["n"]) for r in history)
     assert versions == sorted(
         (json.loads(e["data"])["id"], json.loads(e["data"])["n"])
@@ -487,7 +487,7 @@ def test_a_double_is_not_rounded_into_a_float_column(tmp_path: Path) -> None:
     )
     with pytest.raises(SchemaChangeError, match="column 'x'"):
         apply_batch(target, rounded, ["id"], app_id="q", batch_id=2)
-    found = {r["id"]: r["x"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    found = {r["id"]: r["x"] for r in read_table(open_table(target, None)).to_pylist()}  # type: ignore[arg-type]
     assert found == {1: 1.0, 2: 0.5}
 
 
@@ -521,7 +521,7 @@ def test_an_unavailable_toast_value_keeps_the_stored_value(tmp_path: Path, mode:
     apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
     table = open_table(target, None)
     assert table is not None
-    found = table.to_pyarrow_table().to_pylist()
+    found = read_table(table).to_pylist()
     current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
     assert current == {1: ("a2", "long"), 2: ("b2", None), 3: ("c3", "text")}
     assert not [r for r in found if r["body"] == TOASTED]  # no version holds the placeholder
@@ -550,7 +550,7 @@ def test_spark_reduction_keeps_a_value_an_update_did_not_send(spark: Any, tmp_pa
     apply_changes(target, ["id"], app_id="q", schema="id long, name string, body string")(
         micro_batch(spark, batch), 0
     )
-    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    found = read_table(open_table(target, None)).to_pylist()  # type: ignore[arg-type]
     assert [(r["name"], r["body"]) for r in found] == [("a2", "long")]
 
 
@@ -617,7 +617,7 @@ def test_a_key_column_widened_since_the_table_was_made(tmp_path: Path, mode: str
     apply_batch(target, wide, ["id"], app_id="other", batch_id=0, mode=mode)
     table = open_table(target, None)
     assert table is not None
-    found = sorted((r["id"], r["name"]) for r in table.to_pyarrow_table().to_pylist())
+    found = sorted((r["id"], r["name"]) for r in read_table(table).to_pylist())
     assert found == ([(1, "b"), (2, "c")] if mode == "scd1" else [(1, "a"), (1, "b"), (2, "c")])
 
 
@@ -638,7 +638,7 @@ def test_a_column_listed_as_not_sent_keeps_its_value_whatever_its_type(
         .append_column(rows.UNSENT, pa.array([["blob"], [], ["blob"]], pa.list_(pa.string())))
     )
     apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
-    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    found = read_table(open_table(target, None)).to_pylist()  # type: ignore[arg-type]
     current = {r["id"]: (r["name"], r["blob"]) for r in found if r.get(rows.CURRENT, True)}
     assert current == {1: ("a2", b"\x00big"), 2: ("b2", b"\x01")}
     assert rows.UNSENT not in found[0]
@@ -665,7 +665,7 @@ def test_spark_reads_the_columns_an_event_did_not_send_from_its_metadata(
         (0, 4, T0, "update", (2, "b2", None), toasted),  # the batch's earlier value stays
     ]
     apply(spark.createDataFrame(second, ddl), 1)
-    found = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    found = read_table(open_table(target, None)).to_pylist()  # type: ignore[arg-type]
     assert sorted((r["id"], r["name"], r["total"]) for r in found) == [
         (1, "a2", Decimal("1.50")),
         (2, "b2", Decimal("2.25")),
@@ -714,7 +714,7 @@ def test_random_updates_that_leave_columns_unsent_equal_a_replay_in_python(
         apply_batch(target, batch, ["id"], app_id="q", batch_id=batch_id, mode=mode)
         table = open_table(target, None)
         assert table is not None
-        found = table.to_pyarrow_table().to_pylist()
+        found = read_table(table).to_pylist()
         current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
         assert current == model
 
@@ -854,7 +854,7 @@ def test_pruned_merges_of_text_and_composite_keys_never_miss_a_row(
         )  # fmt: skip
         table = open_table(target, None)
         assert table is not None
-        found = table.to_pyarrow_table().to_pylist()
+        found = read_table(table).to_pylist()
         assert len(found) == len({(r["region"], r["id"]) for r in found}), "one row per key"
         assert {(r["region"], r["id"]): r["name"] for r in found} == model
     if file_size is not None:
@@ -895,7 +895,7 @@ def test_a_changed_key_takes_the_old_keys_unsent_value(tmp_path: Path, mode: str
     apply_batch(target, second, ["id"], app_id="q", batch_id=1, mode=mode)
     table = open_table(target, None)
     assert table is not None
-    found = table.to_pyarrow_table().to_pylist()
+    found = read_table(table).to_pylist()
     current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
     assert current == {2: ("a", "long"), 8: ("g3", "g-body")}
     assert not [r for r in found if r["body"] == TOASTED]
@@ -922,7 +922,7 @@ def test_a_deleted_key_never_comes_back_from_an_older_change(tmp_path: Path) -> 
         assert set(table_state(target)) == {2}, "the deleted key came back"
     graves = open_table(tombstones_location(target), None)
     assert graves is not None
-    assert graves.to_pyarrow_table().select(["id", rows.SEQUENCE]).to_pylist() == [
+    assert read_table(graves).select(["id", rows.SEQUENCE]).to_pylist() == [
         {"id": 1, rows.SEQUENCE: 4}
     ]
     apply_batch(target, change_table([(1, "again", 9, "insert")]), ["id"], app_id="q2", batch_id=1)
@@ -990,7 +990,7 @@ def test_rows_before_a_column_with_a_default_get_the_default(tmp_path: Path, mod
     apply_batch(target, wider, ["id"], app_id="q", batch_id=2, mode=mode, defaults=defaults)
     table = open_table(target, None)
     assert table is not None
-    found = table.to_pyarrow_table().to_pylist()
+    found = read_table(table).to_pylist()
     current = {r["id"]: r for r in found if r.get(rows.CURRENT, True)}
     for key in (1, 3, 4):  # untouched rows, and the change that holds the value
         assert {n: current[key][n] for n in defaults} == defaults, key
@@ -1002,7 +1002,7 @@ def test_rows_before_a_column_with_a_default_get_the_default(tmp_path: Path, mod
     apply_batch(
         target, wider.slice(0, 1), ["id"], app_id="q", batch_id=3, mode=mode, defaults=defaults
     )
-    after = open_table(target, None).to_pyarrow_table().to_pylist()  # type: ignore[union-attr]
+    after = read_table(open_table(target, None)).to_pylist()  # type: ignore[arg-type]
     assert {r["id"]: r["name"] for r in after if r.get(rows.CURRENT, True)}[1] == "a"
     assert {r["id"]: r["level"] for r in after if r.get(rows.CURRENT, True)}[1] == 7
 
@@ -1040,7 +1040,7 @@ def test_a_crash_after_a_defaulted_column_was_added_fills_it_on_the_replay(
 def _levels(target: str) -> dict[int, Any]:
     table = open_table(target, None)
     assert table is not None
-    return {r["id"]: r["level"] for r in table.to_pyarrow_table().to_pylist()}
+    return {r["id"]: r["level"] for r in read_table(table).to_pylist()}
 
 
 def test_a_default_of_a_type_no_literal_holds_leaves_the_rows_null(
@@ -1054,6 +1054,6 @@ def test_a_default_of_a_type_no_literal_holds_leaves_the_rows_null(
         "tags", pa.array([["x"]], pa.list_(pa.string()))
     )
     apply_batch(target, wider, ["id"], app_id="q", batch_id=1, defaults={"tags": ["new"]})
-    found = {r["id"]: r["tags"] for r in open_table(target, None).to_pyarrow_table().to_pylist()}  # type: ignore[union-attr]
+    found = {r["id"]: r["tags"] for r in read_table(open_table(target, None)).to_pylist()}  # type: ignore[arg-type]
     assert found == {1: None, 2: ["x"]}
     assert "column 'tags'" in caplog.text

@@ -17,7 +17,7 @@ from replog.errors import InvalidOptionError
 from replog.log import ReplicationLog
 from replog.schemas import registry
 from replog.spark.functions import apply_changes
-from replog.tables.delta import open_table
+from replog.tables.delta import open_table, read_table
 
 T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
@@ -54,7 +54,7 @@ def event(
 def state(target: str) -> dict[Any, dict[str, Any]]:
     table = open_table(target, None)
     assert table is not None
-    found = table.to_pyarrow_table().to_pylist()
+    found = read_table(table).to_pylist()
     return {
         tuple(r[k] for k in ("id", "sku") if k in r and r[k] is not None): {
             k: v for k, v in r.items() if not k.startswith("__")

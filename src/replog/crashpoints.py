@@ -31,10 +31,13 @@ STEPS = (
     "capture_committed",
     "capture_staged",
     "apply_before_delta",
+    "apply_deletion_vectors",
     "apply_after_delta",
 )
 """``apply_before_delta``/``apply_after_delta``: in ``apply_changes``, with the micro-batch
-id as epoch, just before its Delta commit and just after it (before Spark's commit log)."""
+id as epoch, just before its Delta commit and just after it (before Spark's commit log);
+``apply_deletion_vectors``: a merge-on-read batch's files (rows, deletion vectors) are
+written, its commit is not."""
 
 
 def crash_point(step: str, epoch: int | None = None) -> None:

@@ -281,6 +281,7 @@ class _Settings:
     storage_options: dict[str, str] | None
     target_file_size: int | None
     tombstones: bool
+    deletion_vectors: bool = True
 
 
 def _write(  # noqa: PLR0917 - one table's part of a micro-batch
@@ -308,6 +309,7 @@ def _write(  # noqa: PLR0917 - one table's part of a micro-batch
         target_file_size=settings.target_file_size,
         defaults=defaults,
         tombstones=settings.tombstones,
+        deletion_vectors=settings.deletion_vectors,
     )
     crash_point("apply_after_delta", batch_id)
 
@@ -364,6 +366,7 @@ def apply_changes(
     storage_options: dict[str, str] | None = None,
     target_file_size: int | None = TARGET_FILE_SIZE,
     tombstones: bool = True,
+    deletion_vectors: bool = True,
 ) -> Callable[[DataFrame, int], None]:
     """A ``foreachBatch`` function that applies the replog source's changes to Delta
     tables, exactly once::
@@ -390,12 +393,16 @@ def apply_changes(
     reduced there: its memory is bounded by the source's ``maxEventsPerTrigger``.
     ``storage_options`` are delta-rs's (``AWS_ENDPOINT_URL``, ...); ``log_options`` the
     log's (fsspec). ``target_file_size`` is the ``delta.targetFileSize`` of the tables it
-    creates (docs/CDC.md, "Cost").
+    creates (docs/CDC.md, "Cost"). ``deletion_vectors`` (tables on local disk): tables are
+    created with Delta's deletion vectors enabled and scd1 batches are written
+    merge-on-read, at the cost of the change rather than of the files its keys are in.
     """
     opened = _check_arguments(target, keys, app_id, mode, schema, collection, log, log_options)
     router = _Router(target, keys, schema, opened)
 
-    settings = _Settings(app_id, mode, storage_options, target_file_size, tombstones)
+    settings = _Settings(
+        app_id, mode, storage_options, target_file_size, tombstones, deletion_vectors
+    )
 
     def apply(batch: DataFrame, batch_id: int) -> None:
         writer = _query_id()

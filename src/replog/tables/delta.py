@@ -27,6 +27,7 @@ import pyarrow.dataset as ds
 
 from replog.errors import InvalidOptionError, SchemaChangeError
 from replog.tables import changes as rows
+from replog.tables import merge_on_read
 from replog.tables.changes import (
     ACTION,
     CURRENT,
@@ -123,6 +124,15 @@ def _last_writer(table: DeltaTable, app_id: str) -> str | None:
     return None
 
 
+def read_table(table: DeltaTable, columns: Sequence[str] | None = None) -> pa.Table:
+    """The table's rows, deletion vectors applied: delta-rs's own scan (its
+    ``to_pyarrow_table`` refuses a table with deletion vectors in deltalake 1.6)."""
+    scan = table.scan(columns=list(columns) if columns is not None else None)
+    read = pa.RecordBatchReader.from_stream(scan).read_all()
+    schema = table_schema(table)  # plain types: the scan gives string views
+    return read.cast(pa.schema([schema.field(name) for name in read.column_names]))
+
+
 def already_applied(
     target: str,
     app_id: str,
@@ -161,6 +171,7 @@ def apply_batch(
     target_file_size: int | None = TARGET_FILE_SIZE,
     defaults: Mapping[str, Any] | None = None,
     tombstones: bool = True,
+    deletion_vectors: bool = True,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -185,6 +196,12 @@ def apply_batch(
     ``tombstones`` (scd1): each deleted key's position is kept beside the table
     (:func:`tombstones_location`), so an older change of a deleted key (a replay under
     a new ``app_id``) never brings it back.
+
+    ``deletion_vectors`` (local tables): a table this batch creates is made with Delta's
+    deletion vectors enabled (protocol reader 3 / writer 7, feature ``deletionVectors``),
+    and scd1 batches into a table that has them enabled are written merge-on-read
+    (:mod:`replog.tables.merge_on_read`): a batch costs what it changes, not the bytes of
+    the files its keys are in.
     """
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
@@ -210,7 +227,9 @@ def apply_batch(
     )
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
-    options = _Options(app_id, batch_id, storage_options, target_file_size, defaults)
+    options = _Options(
+        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors
+    )
     if table is not None:  # an incompatible type is refused before anything is written
         source = rows.align(source, table_schema(table))
     if mode == "scd1" and tombstones:
@@ -219,10 +238,33 @@ def apply_batch(
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
+    elif metrics.get("merge_on_read"):  # committed by replog, not through this handle
+        table.update_incremental()
+        _after_own_commit(target, table)
     # else the merge's handle: delta-rs moves it to the version its commit made
     version: int = table.version()
     logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
     return Applied(batch_id, False, changes.num_rows, version, metrics)
+
+
+CHECKPOINT_INTERVAL = 100
+"""Versions between the checkpoints of tables replog commits to itself (delta-rs's and
+Spark's default ``delta.checkpointInterval``): a reader replays at most this many
+commits."""
+
+
+def _after_own_commit(target: str, table: DeltaTable) -> None:
+    """What delta-rs does after its own commits, after replog's: a checkpoint every
+    :data:`CHECKPOINT_INTERVAL` versions; and a purge of deletion vectors and small files
+    in the background when enough have gathered (:func:`merge_on_read.purge_later`)."""
+    interval = int(
+        table.metadata().configuration.get("delta.checkpointInterval", CHECKPOINT_INTERVAL)
+    )
+    if table.version() % interval == 0:
+        table.create_checkpoint()
+    root = merge_on_read.local_root(target)
+    if root is not None:
+        merge_on_read.purge_later(merge_on_read.table(root))
 
 
 def _write(
@@ -246,6 +288,9 @@ def _write(
     fill = _defaults_to_fill(table, source, options)
     if not fill and _no_key_held(table, source, keys):  # a snapshot's chunk of new keys
         return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
+    on_read = _merge_on_read(target, table, options) if plan.marker == OPERATION else None
+    if not fill and on_read is not None:
+        return _apply_on_read(on_read, table, source, keys, options)
     values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
     predicate, clauses = plan.rules(on, values, fill)
@@ -303,6 +348,16 @@ def _create(target: str, data: pa.Table, commit: Any, options: _Options) -> dict
     data = data.cast(pa.schema([field.with_nullable(True) for field in data.schema]))
     size = options.target_file_size
     configuration = {} if size is None else {TARGET_FILE_SIZE_KEY: str(size)}
+    root = merge_on_read.local_root(target) if options.deletion_vectors else None
+    if root is not None:
+        merge_on_read.create(
+            merge_on_read.table(root),
+            _arrow_types(data),
+            txn=(options.app_id, options.batch_id),
+            info=_info(options),
+            configuration=configuration,
+        )
+        return {"num_target_rows_inserted": data.num_rows}
     _deltalake().write_deltalake(
         target,
         data,
@@ -360,6 +415,67 @@ class _Options:
     storage_options: dict[str, str] | None
     target_file_size: int | None
     defaults: Mapping[str, Any] | None
+    writer: str | None = None
+    deletion_vectors: bool = True
+
+
+def _info(options: _Options) -> dict[str, str]:
+    """The commit info replog's own commits carry (as :func:`_commit`'s do)."""
+    return {
+        APP_ID_INFO: options.app_id,
+        **({WRITER_INFO: options.writer} if options.writer is not None else {}),
+    }
+
+
+def _arrow_types(data: pa.Table) -> pa.Table:
+    """``data`` in the Arrow types a Delta table reads back (delta-rs's schema mapping:
+    no views, no large types), so files written here hold what a table's schema says."""
+    schema = pa.schema(_deltalake().Schema.from_arrow(data.schema).to_arrow())
+    return data.cast(schema)
+
+
+def _merge_on_read(target: str, table: DeltaTable, options: _Options) -> merge_on_read.Table | None:
+    """The table to write merge-on-read, or None: its deletion vectors are not enabled,
+    it is not on local disk, or it has a feature replog's writer does not write."""
+    if not options.deletion_vectors:
+        return None
+    root = merge_on_read.local_root(target)
+    if root is None:
+        return None
+    protocol = table.protocol()
+    if "deletionVectors" not in (protocol.writer_features or ()):
+        return None
+    found = merge_on_read.table(root)
+    with found.lock:
+        state = found.log.state()
+        refused = state.writable()
+    if refused is not None:
+        logger.info("apply_changes: %s is merged copy-on-write: %s", target, refused)
+        return None
+    return found if state.deletion_vectors else None
+
+
+def _apply_on_read(
+    on_read: merge_on_read.Table,
+    table: DeltaTable,
+    source: pa.Table,
+    keys: Sequence[str],
+    options: _Options,
+) -> dict[str, Any]:
+    """A scd1 batch written merge-on-read; columns it adds are added first (their own
+    commit, as :func:`_defaults_to_fill` adds a column with a default)."""
+    schema = table_schema(table)
+    added = [f for f in source.schema if f.name not in schema.names and f.name != OPERATION]
+    if added:
+        empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
+        _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
+        table.update_incremental()
+        schema = table_schema(table)
+    source = rows.align(source, schema)
+    written = merge_on_read.apply_scd1(
+        on_read, source, keys, schema, txn=(options.app_id, options.batch_id), info=_info(options)
+    )
+    return {} if written is None else written.metrics
 
 
 TOMBSTONES = "_replog_tombstones"
@@ -585,7 +701,10 @@ def _stored_rows(
 ) -> pa.Table:
     """The table's ``keys`` and ``columns`` of the rows whose first key column is one of
     the changes' (a superset of their keys' rows, narrowed by the caller's join), read with
-    that filter pushed down to the files' statistics."""
+    that filter pushed down to the files' statistics. A table with deletion vectors is
+    read with them applied."""
+    if "deletionVectors" in (table.protocol().reader_features or ()):
+        return _stored_live_rows(table, changes, keys, columns, current_only=current_only)
     dataset = table.to_pyarrow_dataset()
     kind = dataset.schema.field(keys[0]).type
     values = pc.unique(changes.column(keys[0])).cast(kind)
@@ -602,6 +721,35 @@ def _stored_rows(
     )
     read = chosen.to_table(columns=[*keys, *columns, *([CURRENT] if current_only else [])])
     keep = pc.is_in(read.column(keys[0]).cast(kind), value_set=values)
+    if current_only:
+        keep = pc.and_kleene(keep, pc.equal(read.column(CURRENT), True))
+    return read.filter(keep).select([*keys, *columns])
+
+
+def _stored_live_rows(
+    table: DeltaTable,
+    changes: pa.Table,
+    keys: Sequence[str],
+    columns: Sequence[str],
+    *,
+    current_only: bool,
+) -> pa.Table:
+    """:func:`_stored_rows` of a table with deletion vectors: through replog's key index
+    on local disk (scd1's one row per key), else delta-rs's own scan (which applies them)."""
+    wanted = [*keys, *columns, *([CURRENT] if current_only else [])]
+    root = merge_on_read.local_root(table.table_uri)
+    if root is not None and not current_only:
+        on_read = merge_on_read.table(root)
+        with on_read.lock:
+            state = on_read.log.state()
+            found = merge_on_read.live_rows(on_read, state, changes, keys, wanted)
+        if found.num_rows == 0:
+            return pa.schema([f for f in table_schema(table) if f.name in wanted]).empty_table()
+        return found.select(wanted).select([*keys, *columns])
+    read = read_table(table, wanted)
+    kind = read.schema.field(keys[0]).type
+    values = pc.unique(changes.column(keys[0])).cast(kind)
+    keep = pc.is_in(read.column(keys[0]), value_set=values)
     if current_only:
         keep = pc.and_kleene(keep, pc.equal(read.column(CURRENT), True))
     return read.filter(keep).select([*keys, *columns])

@@ -1,0 +1,260 @@
+"""pgbench's database to Delta as a user runs it, then followed while pgbench writes.
+
+    PYSPARK_PYTHON=$PWD/.venv/bin/python nice .venv/bin/python benchmarks/pgbench_follow.py \
+        [--scale 100] [--seconds 60] [--max-events 1000000]
+
+The measurement of issue 41: ``pgbench -i -s SCALE`` (SCALE x 100,000 accounts) and a
+marker table; ``replog capture postgres`` with the tables only (the snapshot, timed);
+one Spark query (``local[2]``, ``foreachBatch(apply_changes("…/{collection}", log=…))``,
+``maxEventsPerTrigger``) loading the log into Delta (timed: Spark's start included); then
+a following capture and the same query kept running while pgbench runs ``--seconds`` on
+two clients and a marker row is inserted every 0.5 s. A marker's latency is from its
+``COMMIT`` returning to the first read of its Delta table that holds it (polled every
+50 ms with polars). Finally every table is compared with PostgreSQL row by row (the
+server's rows through ``COPY``, the table's through polars, joined on the key). Prints
+``RESULT {...}``; exits 1 if any row differs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import polars
+import psycopg
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from embedded_pg import running_server
+from pgbench_to_delta import pgbench
+
+TABLES = {
+    "pgbench_accounts": ("aid",),
+    "pgbench_branches": ("bid",),
+    "pgbench_tellers": ("tid",),
+    "pgbench_history": ("hid",),
+    "markers": ("id",),
+}
+
+
+def sql(dsn: str, *statements: str) -> None:
+    with psycopg.connect(dsn, autocommit=True) as connection:
+        for statement in statements:
+            connection.execute(statement)
+
+
+def capture(dsn: str, url: str, *, follow: bool) -> subprocess.Popen[bytes]:
+    tables = ",".join(f"public.{t}" for t in TABLES)
+    args = ["capture", "postgres", dsn, url, "--slot", "follow", "--tables", tables]
+    return subprocess.Popen(
+        [str(Path(sys.executable).parent / "replog"), *args, *(["--follow"] if follow else [])],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+
+
+def children_peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+
+
+def spark_session() -> Any:
+    from pyspark.sql import SparkSession
+
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.ui.enabled", "false")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.driver.memory", "6g")
+        .getOrCreate()
+    )
+    spark.sparkContext.setLogLevel("ERROR")
+    return spark
+
+
+def query(  # noqa: PLR0917 - the benchmark's two queries
+    spark: Any, url: str, delta: str, checkpoint: str, max_events: int, once: bool
+) -> Any:
+    from replog.spark.functions import apply_changes
+
+    writer = (
+        spark.readStream.format("replog")
+        .option("maxEventsPerTrigger", str(max_events))
+        .load(url)
+        .writeStream.foreachBatch(apply_changes(delta, app_id="follow", log=url))
+        .option("checkpointLocation", checkpoint)
+    )
+    return writer.trigger(availableNow=True).start() if once else writer.start()
+
+
+class Markers:
+    """A marker row every ``every`` s; its commit time, and when its Delta table first
+    held it."""
+
+    def __init__(self, dsn: str, table: str, every: float = 0.5) -> None:
+        self.dsn, self.table, self.every = dsn, table, every
+        self.committed: dict[int, float] = {}
+        self.seen: dict[int, float] = {}
+        self.stop = threading.Event()
+        self.failures: list[BaseException] = []
+
+    def write(self, count: int) -> None:
+        try:
+            with psycopg.connect(self.dsn, autocommit=True) as connection:
+                for n in range(count):
+                    connection.execute("INSERT INTO markers (id, at) VALUES (%s, now())", (n,))
+                    self.committed[n] = time.monotonic()
+                    time.sleep(self.every)
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def watch(self) -> None:
+        try:
+            while not self.stop.is_set():
+                try:
+                    ids = polars.read_delta(self.table, columns=["id"])["id"].to_list()
+                except Exception:  # the table not there yet
+                    ids = []
+                now = time.monotonic()
+                for marker in ids:
+                    self.seen.setdefault(marker, now)
+                time.sleep(0.05)
+        except BaseException as exc:
+            self.failures.append(exc)
+
+    def latencies(self) -> list[float]:
+        return sorted(self.seen[m] - t for m, t in self.committed.items() if m in self.seen)
+
+
+def percentile(values: list[float], p: float) -> float:
+    return values[min(len(values) - 1, int(p * len(values)))] if values else float("nan")
+
+
+def compare(dsn: str, delta: str, table: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """The server's rows (``COPY`` as CSV) against the table's (polars), on the key."""
+    buffer = io.BytesIO()
+    statement = f"COPY (SELECT * FROM {table}) TO STDOUT WITH (FORMAT csv, HEADER)"
+    with (
+        psycopg.connect(dsn) as connection,
+        connection.cursor() as cursor,
+        cursor.copy(statement) as copy,
+    ):
+        for chunk in copy:
+            buffer.write(chunk)
+    source = polars.read_csv(buffer.getvalue(), infer_schema=False)
+    found = polars.read_delta(delta.format(collection=f"public.{table}"))
+    columns = source.columns
+    text = [polars.col(c).cast(polars.String).str.strip_chars_end(" ") for c in columns]
+    source = source.select(text)
+    found = found.select([c for c in columns if c in found.columns]).select(
+        [polars.col(c).cast(polars.String).str.strip_chars_end(" ") for c in columns]
+    )
+    joined = source.join(found, on=list(keys), how="full", suffix="_delta", coalesce=True)
+    values = [c for c in columns if c not in keys]
+    unequal = joined.filter(
+        polars.any_horizontal([polars.col(c).ne_missing(polars.col(f"{c}_delta")) for c in values])
+    ).height
+    return {"rows": source.height, "delta_rows": found.height, "unequal": unequal}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--scale", type=int, default=100)
+    parser.add_argument("--seconds", type=int, default=60)
+    parser.add_argument("--max-events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    root = Path(tempfile.mkdtemp(prefix="replog-follow-", dir=os.environ.get("BENCH_DIR")))
+    url, delta, checkpoint = (
+        str(root / "log"),
+        str(root / "delta" / "{collection}"),
+        str(root / "chk"),
+    )
+    result: dict[str, Any] = {"scale": args.scale, "max_events": args.max_events}
+    with running_server() as server, server.database() as dsn:
+        started = time.perf_counter()
+        pgbench(dsn, "-i", "-s", str(args.scale), "-q")
+        sql(dsn, "CREATE TABLE markers (id bigint PRIMARY KEY, at timestamptz)",
+            "ALTER TABLE pgbench_history ADD COLUMN hid bigint GENERATED ALWAYS AS IDENTITY",
+            "ALTER TABLE pgbench_history ADD PRIMARY KEY (hid)")  # fmt: skip
+        result["pgbench_init_s"] = round(time.perf_counter() - started, 1)
+        rows = args.scale * 100_000 + args.scale * 11
+        # 1. the snapshot
+        started = time.perf_counter()
+        snapshot = capture(dsn, url, follow=False)
+        _, errors = snapshot.communicate(timeout=7200)
+        assert snapshot.returncode == 0, errors.decode()[-2000:]
+        seconds = time.perf_counter() - started
+        result["capture"] = {"s": round(seconds, 1), "rows_per_s": round(rows / seconds),
+                             "peak_rss_mb": round(children_peak_rss_mb())}  # fmt: skip
+        # 2. the load through Spark
+        started = time.perf_counter()
+        spark = spark_session()
+        load = query(spark, url, delta, checkpoint, args.max_events, once=True)
+        load.awaitTermination()
+        seconds = time.perf_counter() - started
+        for progress in load.recentProgress:
+            print("BATCH", progress["batchId"], progress["numInputRows"],
+                  json.dumps(progress["durationMs"]), flush=True)  # fmt: skip
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result["load"] = {"s": round(seconds, 1), "rows_per_s": round(rows / seconds),
+                          "driver_python_peak_rss_mb": round(rss)}  # fmt: skip
+        print("LOADED", json.dumps(result), flush=True)
+        # 3. following while pgbench runs
+        follower = capture(dsn, url, follow=True)
+        running = query(spark, url, delta, checkpoint, args.max_events, once=False)
+        markers = Markers(dsn, delta.format(collection="public.markers"))
+        watcher = threading.Thread(target=markers.watch)
+        writer = threading.Thread(target=markers.write, args=(args.seconds * 2,))
+        watcher.start()
+        time.sleep(5)  # the follower and the query running
+        bench = threading.Thread(
+            target=pgbench, args=(dsn, "-n", "-c", "2", "-T", str(args.seconds))
+        )
+        bench.start()
+        writer.start()
+        writer.join()
+        bench.join()
+        deadline = time.monotonic() + 600
+        while len(markers.seen) < len(markers.committed) and time.monotonic() < deadline:
+            time.sleep(0.5)
+        time.sleep(10)  # pgbench's last transactions through
+        follower.send_signal(signal.SIGTERM)
+        follower.communicate(timeout=600)
+        last = capture(dsn, url, follow=False)
+        last.communicate(timeout=600)
+        time.sleep(5)
+        running.processAllAvailable()
+        running.stop()
+        markers.stop.set()
+        watcher.join()
+        assert not markers.failures, markers.failures
+        spark.stop()
+        found = markers.latencies()
+        with psycopg.connect(dsn) as connection:
+            tps = connection.execute("SELECT count(*) FROM pgbench_history").fetchone()
+        result["follow"] = {
+            "markers": len(markers.committed), "seen": len(found),
+            "p50_s": round(percentile(found, 0.5), 3), "p95_s": round(percentile(found, 0.95), 3),
+            "max_s": round(max(found), 3) if found else None,
+            "pgbench_transactions": tps[0] if tps else None,
+        }  # fmt: skip
+        result["tables"] = {t: compare(dsn, delta, t, k) for t, k in TABLES.items()}
+    print("RESULT", json.dumps(result))
+    bad = any(t["unequal"] or t["rows"] != t["delta_rows"] for t in result["tables"].values())
+    print("UNEQUAL" if bad else "EQUAL")
+    sys.exit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    main()
