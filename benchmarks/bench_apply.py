@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from replog.tables import changes as rows
-from replog.tables.delta import apply_batch, open_table
+from replog.tables.delta import apply_batch, open_table, read_table
 
 NOW = datetime(2024, 1, 1, tzinfo=timezone.utc)
 
@@ -87,7 +87,7 @@ def main() -> None:
         table = open_table(target, None)
         assert table is not None
         print(
-            f"final table: {table.to_pyarrow_dataset().count_rows():,} rows, "
+            f"final table: {read_table(table, []).num_rows:,} rows, "
             f"version {table.version()}"
         )
 

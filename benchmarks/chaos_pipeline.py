@@ -715,6 +715,8 @@ class PipelineChaos:
         """The Delta table against PostgreSQL's, row by row (typed values)."""
         from deltalake import DeltaTable
 
+        from replog.tables.delta import read_table
+
         keys = KEYS[table]
         with psycopg.connect(self.dsn) as connection:
             connection.execute("SET TIME ZONE 'UTC'")
@@ -728,7 +730,7 @@ class PipelineChaos:
             self.delta.format(collection=f"public.{table}"), storage_options=self.delta_options
         )
         built = {}
-        for row in delta.to_pyarrow_table().to_pylist():
+        for row in read_table(delta).to_pylist():
             values = {k: v for k, v in row.items() if not k.startswith("__")}
             built[tuple(values[k] for k in keys)] = values
         missing = source.keys() - built.keys()

@@ -136,7 +136,7 @@ def comparable(value: Any) -> Any:
 
 
 def compare(dsn: str, delta: str, table: str) -> dict[str, Any]:
-    from replog.tables.delta import open_table
+    from replog.tables.delta import open_table, read_table
 
     keys = KEYS[table]
     with psycopg.connect(dsn) as connection:
@@ -152,7 +152,7 @@ def compare(dsn: str, delta: str, table: str) -> dict[str, Any]:
     assert target is not None, table
     found = {
         tuple(row[k] for k in keys): {n: comparable(row.get(n, "<missing>")) for n in names}
-        for row in target.to_pyarrow_table().to_pylist()
+        for row in read_table(target).to_pylist()
     }
     differ = [k for k in source.keys() & found.keys() if source[k] != found[k]]
     for key in differ[:3]:

@@ -46,6 +46,7 @@ from replog.capture.postgres import capture
 from replog.capture.progress import CaptureProgress
 from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
+from replog.tables.delta import read_table
 
 TABLE = "public.orders"
 SLOT = "demo_orders"
@@ -334,7 +335,7 @@ def source_rows(dsn: str) -> dict[int, tuple[Any, ...]]:
 
 
 def delta_rows(path: Path) -> dict[int, tuple[Any, ...]]:
-    table = DeltaTable(str(path)).to_pyarrow_table(columns=list(COLUMNS))
+    table = read_table(DeltaTable(str(path)), list(COLUMNS))
     return {row["id"]: tuple(row[c] for c in COLUMNS) for row in table.to_pylist()}
 
 

@@ -26,6 +26,7 @@ from pyspark.sql import SparkSession
 
 from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
+from replog.tables.delta import read_table
 
 SCHEMA = "id long, name string, qty long"
 
@@ -80,7 +81,7 @@ def expected(log_url: str) -> dict[int, dict[str, object]]:
 
 
 def table_rows(table: str) -> dict[int, dict[str, object]]:
-    found = DeltaTable(table).to_pyarrow_table(columns=["id", "name", "qty"]).to_pylist()
+    found = read_table(DeltaTable(table), ["id", "name", "qty"]).to_pylist()
     return {row["id"]: row for row in found}
 
 

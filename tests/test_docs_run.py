@@ -190,9 +190,11 @@ def test_the_documents_code_blocks_run(
     if document == "docs/CDC.md":  # "Many collections in one query" filled both tables
         from deltalake import DeltaTable
 
+        from replog.tables.delta import read_table
+
         tables = tmp_path / "tmp" / "tables"
-        customers = DeltaTable(str(tables / "customers")).to_pyarrow_table()
-        orders = DeltaTable(str(tables / "orders")).to_pyarrow_table()
+        customers = read_table(DeltaTable(str(tables / "customers")))
+        orders = read_table(DeltaTable(str(tables / "orders")))
         assert customers.num_rows > 0
         assert sorted(orders.column("id").to_pylist()) == [1, 2]
 
