@@ -72,6 +72,7 @@ bench: $(STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	$(PY) benchmarks/compact_under_load.py
 	$(SPARK_PY) benchmarks/chaos.py
 	$(SPARK_PY) benchmarks/chaos_pipeline.py
+	$(SPARK_PY) benchmarks/snapshot_soak.py
 	$(SPARK_PY) benchmarks/pgbench_follow.py
 
 clean: ## remove build outputs and demo data

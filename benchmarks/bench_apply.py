@@ -86,10 +86,7 @@ def main() -> None:
             print(f"| {size:,} | {median:.2f} | {size / median:,.0f} |")
         table = open_table(target, None)
         assert table is not None
-        print(
-            f"final table: {read_table(table, []).num_rows:,} rows, "
-            f"version {table.version()}"
-        )
+        print(f"final table: {read_table(table, []).num_rows:,} rows, version {table.version()}")
 
 
 if __name__ == "__main__":

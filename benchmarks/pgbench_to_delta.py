@@ -136,11 +136,16 @@ def comparable(value: Any) -> Any:
 
 
 def compare(dsn: str, delta: str, table: str) -> dict[str, Any]:
+    return compare_table(dsn, delta, f"pgbench_{table}", KEYS[table])
+
+
+def compare_table(dsn: str, delta: str, table: str, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``public.<table>`` in PostgreSQL against its Delta table, row by row on the
+    source's columns (a column dropped or renamed at the source may stay in Delta)."""
     from replog.tables.delta import open_table, read_table
 
-    keys = KEYS[table]
     with psycopg.connect(dsn) as connection:
-        cursor = connection.execute(f"SELECT * FROM pgbench_{table}")
+        cursor = connection.execute(f"SELECT * FROM {table}")
         names = [column.name for column in cursor.description or ()]
         source = {
             tuple(row[names.index(k)] for k in keys): {
@@ -148,7 +153,7 @@ def compare(dsn: str, delta: str, table: str) -> dict[str, Any]:
             }
             for row in cursor
         }
-    target = open_table(delta.format(collection=f"public.pgbench_{table}"), None)
+    target = open_table(delta.format(collection=f"public.{table}"), None)
     assert target is not None, table
     found = {
         tuple(row[k] for k in keys): {n: comparable(row.get(n, "<missing>")) for n in names}
