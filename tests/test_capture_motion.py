@@ -207,6 +207,21 @@ def test_a_column_retyped_between_chunks_is_read_with_its_new_type(
     assert_equal(url, pg_dsn)
 
 
+def test_a_column_retyped_after_many_chunks_is_read_on(pg_dsn: str, tmp_path: Path) -> None:
+    """Ten chunks: a driver that prepares a statement run five times would have the
+    chunk's SELECT prepared, and the server refuses it once a column is retyped ("cached
+    plan must not change result type"): capture stopped."""
+    url = str(tmp_path / "log")
+    sql(
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY, v int, body text)",
+        "INSERT INTO t SELECT g, g, 'b' FROM generate_series(1, 1200) g",
+    )
+    moved = Moved(pg_dsn, before={10: ["ALTER TABLE t ALTER COLUMN v TYPE bigint"]})
+    capture_moved(pg_dsn, url, moved, snapshot_chunk_rows=100)
+    assert_equal(url, pg_dsn)
+
+
 def test_a_key_retyped_between_chunks_keeps_the_shortest_key_form(
     pg_dsn: str, tmp_path: Path
 ) -> None:

@@ -52,6 +52,8 @@ MARKER_PREFIX = "replog.marker"
 """Prefix of the logical messages capture writes to place in the stream what the catalog
 showed it (a partition that left a captured table)."""
 
+LOCK_WAIT = "200ms"
+"""How long a catalog read that must lock tables waits for a lock a DDL holds."""
 PARTITION_ROWS_PER_QUERY = 50_000
 """Rows sent at once when the server judges which of them a partition held."""
 
@@ -100,9 +102,12 @@ def safe_dsn(dsn: str) -> str:
 
 
 def connect(dsn: str, **kwargs: Any) -> psycopg.Connection[Any]:
-    """An autocommit session that writes values as :mod:`~replog.capture.values` reads them."""
+    """An autocommit session that writes values as :mod:`~replog.capture.values` reads them.
+    It prepares no statement: a statement prepared before an ``ALTER COLUMN ... TYPE``
+    fails after it ("cached plan must not change result type"), and capture reads tables
+    while their schema moves."""
     try:
-        connection = psycopg.connect(dsn, autocommit=True, **kwargs)
+        connection = psycopg.connect(dsn, autocommit=True, prepare_threshold=None, **kwargs)
     except psycopg.Error as exc:
         raise SourceConnectionError(
             f"cannot connect to PostgreSQL ({safe_dsn(dsn)}): {str(exc).strip()}"
@@ -310,19 +315,22 @@ class PostgresSource:
 
     def catalog_now(
         self, known: dict[str, int]
-    ) -> dict[str, tuple[int | None, str | None, dict[str, str] | None, dict[str, list[str]]]]:
-        """For each captured table (name -> id), one query: the id its name has now (None:
-        no such table), the name its id has now (None: dropped), its leaf partitions (id
-        as text -> partition constraint; None: not partitioned) and its columns (attnum as
-        text -> [name, type])."""
+    ) -> dict[str, tuple[int | None, str | None, list[str] | None, dict[str, list[str]]]]:
+        """For each captured table (name -> id), one query that takes no lock (catalogs
+        only: a good guest never queues behind, or in front of, a DDL): the id its name
+        has now (None: no such table), the name its id has now (None: dropped), its leaf
+        partitions' ids as text (None: not partitioned) and its columns (attnum as text ->
+        [name, type])."""
         rows = self._all(
             "SELECT k.name, to_regclass(k.name)::oid,"
             " (SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
             "  ON n.oid = c.relnamespace WHERE c.oid = k.oid),"
-            " (SELECT json_object_agg(t.relid::oid::text,"
-            "   coalesce(pg_get_partition_constraintdef(t.relid), 'true'))"
-            "  FROM pg_partition_tree(k.oid) t WHERE t.isleaf"
-            "  AND (SELECT relkind FROM pg_class WHERE oid = k.oid) = 'p'),"
+            " CASE WHEN (SELECT relkind FROM pg_class WHERE oid = k.oid) = 'p' THEN"
+            "  (WITH RECURSIVE tree(relid) AS (SELECT inhrelid FROM pg_inherits"
+            "    WHERE inhparent = k.oid UNION ALL SELECT i.inhrelid FROM pg_inherits i"
+            "    JOIN tree ON i.inhparent = tree.relid)"
+            "   SELECT coalesce(json_agg(tree.relid::text ORDER BY tree.relid), '[]')"
+            "   FROM tree JOIN pg_class c ON c.oid = tree.relid WHERE c.relkind <> 'p') END,"
             " (SELECT json_object_agg(a.attnum::text,"
             "   json_build_array(a.attname, format_type(a.atttypid, a.atttypmod)))"
             "  FROM pg_attribute a"
@@ -334,11 +342,27 @@ class PostgresSource:
             name: (
                 int(oid) if oid is not None else None,
                 current,
-                dict(leaves) if leaves is not None else None,
+                list(leaves) if leaves is not None else None,
                 dict(columns or {}),
             )
             for name, oid, current, leaves, columns in rows
         }
+
+    def partition_constraints(self, leaves: Sequence[str]) -> dict[str, str] | None:
+        """Each leaf partition's constraint (``pg_get_partition_constraintdef``: it opens
+        the partition, then its parent: the reverse of a DDL's order, so it waits at most
+        :data:`LOCK_WAIT` for them; None when it could not, to be asked again later)."""
+        try:
+            with self.connection.transaction():
+                self.connection.execute(f"SET LOCAL lock_timeout = '{LOCK_WAIT}'")
+                rows = self._all(
+                    "SELECT leaf, coalesce(pg_get_partition_constraintdef(leaf::oid), 'true')"
+                    " FROM unnest(%s::text[]) AS leaf",
+                    (list(leaves),),
+                )
+        except psycopg.errors.LockNotAvailable:
+            return None
+        return dict(rows)
 
     def rows_of_partition(
         self, table: Table, rows: pa.Table, constraint: str, *, keep_held: bool

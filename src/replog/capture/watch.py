@@ -157,18 +157,24 @@ class CatalogWatch:
         self.plan.columns.pop(name, None)
         self.owe(table, RECREATED, 0)
 
-    def _partitions(self, table: Table, leaves: dict[str, str] | None) -> None:
-        """Partitions attached (snapshotted) and gone (their rows deleted) since last seen."""
+    def _partitions(self, table: Table, leaves: list[str] | None) -> None:
+        """Partitions attached (snapshotted) and gone (their rows deleted) since last
+        seen; the constraint of each new one is remembered while it is attached."""
         assert self.plan is not None
         name = table.qualified
         seen = self.plan.partitions.get(name)
-        if leaves is None or seen == leaves:
+        if leaves is None or (seen is not None and set(seen) == set(leaves)):
             return
-        self.plan.partitions[name] = leaves
+        new = [leaf for leaf in leaves if seen is None or leaf not in seen]
+        constraints = self.source.partition_constraints(new) if new else {}
+        if constraints is None:
+            return  # a DDL holds the partitions: looked at again in a second
+        known = {**(seen or {}), **constraints}
+        self.plan.partitions[name] = {leaf: known[leaf] for leaf in leaves}
         self.changed = True
         if seen is None:
             return  # first seen: what it holds now is what the table's snapshot reads
-        for leaf in sorted(set(leaves) - set(seen), key=int):
+        for leaf in new:
             logger.warning("partition %s was attached to %s: its rows are snapshotted", leaf, name)
             self.owe(table, ATTACHED, int(leaf))
         for leaf in sorted(set(seen) - set(leaves), key=int):
