@@ -53,6 +53,8 @@ from replog.schemas import connect
 from replog.timeutil import now_ms
 
 OPERATIONS = {"c": "insert", "r": "insert", "u": "update", "d": "delete"}
+"""Debezium's row operations (``t``, a truncate, is a table's: :data:`TRUNCATE_OP`)."""
+TRUNCATE_OP = "t"
 SKIPPED = {"t": "truncate event (op t)", "m": "message event (op m)"}
 
 

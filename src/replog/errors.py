@@ -55,9 +55,25 @@ class SourceConfigError(CaptureError, ValueError):
     primary key, a slot of another plug-in)."""
 
 
+class SourcePrivilegeError(SourceConfigError, PermissionError):
+    """The capture's role lacks a privilege a step needs (the message names the step and
+    the statement that grants it)."""
+
+
 class SourcePositionError(CaptureError):
     """The replication slot and the log disagree on how far capture went, so resuming
-    would lose changes (the slot is gone, or was advanced past the log by someone else)."""
+    would lose changes (the slot is gone, was invalidated, or was advanced past the log
+    by someone else)."""
+
+
+class SlotOwnershipError(SourcePositionError):
+    """The replication slot belongs to another log: capture never drops or advances it
+    (the message names its owner and the ways on)."""
+
+
+class CaptureRunningError(CaptureError):
+    """Another capture holds the slot, or this log's capture of it (the message names
+    who: host, process, since when)."""
 
 
 # -- what is (not) at a URL ----------------------------------------------------------------

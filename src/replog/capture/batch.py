@@ -10,9 +10,12 @@ position (the staged-commit protocol, :meth:`~replog.log.ReplicationLog.commit_s
 
 from __future__ import annotations
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from replog.capture.chunks import Chunk
 from replog.capture.events import Event, EventColumns
-from replog.core import leases, staging
+from replog.core import files, leases, staging
 from replog.crashpoints import crash_point
 from replog.format.commits import CommitRecord, Transaction
 from replog.format.gc import StagingStart
@@ -20,6 +23,8 @@ from replog.format.leases import Lease
 from replog.format.segments import StagedSegment
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms
+
+_ROW_COLUMNS = ["collection", "key", "data", "operation"]
 
 
 class Batch:
@@ -44,6 +49,8 @@ class Batch:
         self.captured = 0
         """Transactions it holds events of (the others the log held already)."""
         self.last_commit_ms: int | None = None
+        self.heartbeats = 0
+        """Transactions it holds that are heartbeats (they carry no event)."""
         self.removed: list[str] = []
         """What the deletes at its head are for (:mod:`~replog.capture.removals`)."""
 
@@ -72,6 +79,16 @@ class Batch:
         self.staged.extend(self.log.stage(self.held.table()))
         self.held.clear()
         crash_point("capture_staged")
+
+    def rows_of(self, collection: str) -> list[pa.Table]:
+        """The events of ``collection`` it holds so far (``key``, ``data``, ``operation``),
+        in the order added: those staged as files read back, then those held."""
+        found = [
+            files.read_stored(self.log.storage, staged.at(1)).select(_ROW_COLUMNS)
+            for staged in self.staged
+        ]
+        found.append(self.held.table().select(_ROW_COLUMNS))
+        return [table.filter(pc.equal(table.column("collection"), collection)) for table in found]
 
     def commit(self, transaction: Transaction) -> CommitRecord | None:
         """Commit every event as one commit recording ``transaction``; None if the log

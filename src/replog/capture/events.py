@@ -31,11 +31,12 @@ from replog.capture.pgoutput import Relation, RowChange, SourceTransaction, Unch
 from replog.capture.schemas import TypeLookup, table_schema
 from replog.capture.source import Columns, Table
 from replog.capture.values import ValueReader
-from replog.debezium import OPERATIONS
+from replog.debezium import OPERATIONS, TRUNCATE_OP
 from replog.errors import CaptureError
 from replog.format import jsontext
 from replog.format.events import STORED_SCHEMA
 from replog.format.jsontext import RawJSON
+from replog.format.routing import shard_of
 from replog.schemas import connect as connect_schemas
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -88,6 +89,15 @@ def event_id(identity: str) -> str:
     raw[8] = (raw[8] & 0x3F) | 0x80
     text = raw.hex()
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+def truncate_key(shard: int, shards: int) -> str:
+    """The key of a truncate event meant for ``shard`` of a log of ``shards``:
+    ``{"__truncate":n}`` with the smallest ``n`` that routes there."""
+    n = 0
+    while shard_of(key := f'{{"__truncate":{n}}}', shards) != shard:
+        n += 1
+    return key
 
 
 def key_value(value: Any) -> Any:
@@ -479,6 +489,42 @@ class EventMaker:
                 f"and log, or give the table its identity back"
             )
         return self._row(shape, change.old, only=only)[0], self._key(shape, change.old, only)
+
+    def truncates(
+        self, table: Table, txn: SourceTransaction, *, lsn: int, order: int, ts_ms: int, shards: int
+    ) -> list[Event]:
+        """A ``TRUNCATE`` of ``table`` at ``lsn``: one ``truncate`` event on each of the
+        log's ``shards`` (keyed :func:`truncate_key`), so each shard orders it with the
+        events of its own keys, however a reader cuts its batches across shards. Numbered
+        ``order`` in the transaction (each copy names the one truncate: ``truncate``)."""
+        source = self.source_block(table, txn.commit_ms, "false", txn.xid, lsn)
+        metadata = self.metadata_text(
+            op=TRUNCATE_OP,
+            ts_ms=ts_ms,
+            source=source,
+            schema=self.shape(table).digest,
+            extra={
+                "transaction": {
+                    "id": f"{txn.xid}:{txn.commit_lsn}",
+                    "total_order": order,
+                    "data_collection_order": order,
+                },
+                "truncate": {"shards": shards},
+            },
+        )
+        return [
+            Event(
+                event_id(f"{self.slot}:{txn.commit_lsn}:{order}:truncate:{shard}"),
+                txn.commit_ms,
+                "truncate",
+                table.qualified,
+                truncate_key(shard, shards),
+                "{}",
+                None,
+                metadata,
+            )
+            for shard in range(shards)
+        ]
 
     def changes(
         self,

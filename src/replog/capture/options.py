@@ -19,6 +19,9 @@ DEFAULT_STAGE_EVENTS = 20_000
 transaction is committed once, from the files staged as it was decoded)."""
 DEFAULT_POLL_S = 0.05
 """How long a following capture waits after finding no new changes."""
+DEFAULT_HEARTBEAT_S = 10.0
+"""How often a following capture whose tables are idle confirms its position while the
+server writes WAL (so its slot never holds WAL without bound)."""
 _SLOT_NAME = re.compile(r"[a-z0-9_]{1,63}")
 CAPTURE_APP_PREFIX = "pg-capture."
 """The log records a capture's position as idempotent transaction ``pg-capture.<slot>``."""
@@ -57,6 +60,17 @@ class CaptureOptions:
     stage_events: int = DEFAULT_STAGE_EVENTS
     snapshot_workers: int = 1
     """Processes that read a snapshot chunk's key ranges at once (1: the capture alone)."""
+    heartbeat_s: float = DEFAULT_HEARTBEAT_S
+    """A following capture confirms its position at least this often while WAL moves (0:
+    never: its slot then holds WAL for as long as its tables are idle)."""
+    skip_truncate: bool = False
+    """TRUNCATE is warned about and counted, not captured (as before replog 0.6)."""
+    reset_slot: bool = False
+    """Drop an existing slot this log does not own, and start over with a new one and a
+    snapshot (the log that followed it can then never resume)."""
+    tables_changed: bool = False
+    """``tables`` may leave out tables the log's capture of the slot captures (they are no
+    longer captured; their rows stay in tables built from the log)."""
 
     def check(self) -> None:
         if not _SLOT_NAME.fullmatch(self.slot):
@@ -68,10 +82,10 @@ class CaptureOptions:
             raise InvalidOptionError(
                 f"snapshot mode {self.snapshot!r} is not one of {', '.join(SNAPSHOT_MODES)}"
             )
-        if not self.tables and not self.publication:
-            raise InvalidOptionError("name the tables to capture (--tables) or a --publication")
         if self.max_changes < 1:
             raise InvalidOptionError(f"max_changes must be >= 1, got {self.max_changes}")
         for name in ("snapshot_chunk_rows", "stage_events", "snapshot_workers"):
             if getattr(self, name) < 1:
                 raise InvalidOptionError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.heartbeat_s < 0:
+            raise InvalidOptionError(f"heartbeat_s must be >= 0 (0: none), got {self.heartbeat_s}")

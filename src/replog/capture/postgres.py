@@ -36,8 +36,10 @@ from __future__ import annotations
 import json
 import logging
 import threading
+import time
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 
 from replog.capture.batch import Batch
 from replog.capture.chunks import Chunk, ChunkReader
@@ -54,6 +56,7 @@ from replog.capture.pgoutput import (
 )
 from replog.capture.progress import CaptureProgress
 from replog.capture.removals import EndBefore, Removals
+from replog.capture.running import RunRecord
 from replog.capture.snapshot import (
     ADDED,
     INITIAL,
@@ -64,18 +67,28 @@ from replog.capture.snapshot import (
     watermark,
 )
 from replog.capture.source import (
+    HEARTBEAT_PREFIX,
     MARKER_PREFIX,
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
     PostgresSource,
+    SlotInfo,
     Table,
+    qualified_name,
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
+from replog.capture.truncates import Truncations
 from replog.capture.watch import CatalogWatch
 from replog.core import leases
 from replog.crashpoints import crash_point
-from replog.errors import CaptureError, SourcePositionError, TransactionOrderError
+from replog.errors import (
+    CaptureError,
+    InvalidOptionError,
+    SlotOwnershipError,
+    SourcePositionError,
+    TransactionOrderError,
+)
 from replog.format.commits import Transaction
 from replog.log import ReplicationLog
 from replog.schemas import registry
@@ -103,15 +116,22 @@ class PostgresCapture:
         progress: ProgressCallback | None = None,
     ) -> None:
         options.check()
-        self.options = options
         self.log = log
         self.stop = stop or threading.Event()
         self.on_progress = progress
         self.app_id = capture_app_id(options.slot)
         self.progress = CaptureProgress()
+        self.released: dict[str, int] = {}
+        """Tables the log's capture of the slot captured that ``--tables`` now leaves out
+        (``--tables-changed``): their changes still in the slot are skipped, counted."""
+        options = self._remembered(options)
+        self.options = options
         self.source = PostgresSource(options)
         try:
+            self.source.lock_slot()  # before anything else touches the slot
             self.source.check()
+            self.run_record = RunRecord(log.storage, options.slot, log.log_id)
+            self.run_record.claim()
         except BaseException:
             self.source.close()
             raise
@@ -119,12 +139,13 @@ class PostgresCapture:
             self.source.database, options.slot, self.source.pg_type, self.source.current_values
         )
         self.decoder = Decoder()
-        self.relations = Relations(self.source, options, self.progress, self._joined)
+        self.relations = Relations(self.source, options, self.progress, self._joined, self.released)
         self.deferred = DeferredKeys()
         self.chunks = ChunkReader(
             self.source, self.events, options.snapshot_chunk_rows, options.snapshot_workers
         )
         self.removals = Removals(self.source, self.events, log)
+        self.truncations = Truncations(self.relations, self.events, log)
         self.watch = CatalogWatch(
             self.source, self.relations, self.removals, self._owe_snapshot, self._restart_snapshot
         )
@@ -141,6 +162,10 @@ class PostgresCapture:
         self._logged = 0
         """The position the log holds as far as this capture knows (0: none): each commit
         must follow it, so a second capture of the slot cannot commit over this one's."""
+        self._beat_at = time.monotonic()
+        """When the last heartbeat was written (or the capture started)."""
+        self._heartbeat_seen = False
+        """The transaction being read holds a heartbeat (it carries no event)."""
 
     def close(self) -> None:
         self._resources.close()
@@ -154,7 +179,16 @@ class PostgresCapture:
 
     def run(self) -> CaptureProgress:
         """Snapshot what is owed while streaming, until caught up with nothing owed (or,
-        following, until stopped)."""
+        following, until stopped). How it ended is written to the log's run record."""
+        try:
+            self._run()
+        except BaseException as exc:
+            self.run_record.stopped(self.progress.position, exc)
+            raise
+        self.run_record.stopped(self.progress.position)
+        return self.progress
+
+    def _run(self) -> None:
         position = self._start()
         self.progress.position = position
         self._snapshotted = self._snapshot_owed()
@@ -164,6 +198,7 @@ class PostgresCapture:
             self._next_chunk()
             captured = self._capture_batch()
             self._report(idle=not captured)
+            self.run_record.beat(self.progress.position)
             if not captured and self.chunk is None and not self._snapshot_owed():
                 if not self.options.follow:
                     self.watch.check(now=True)  # DDL since the last look owes nothing
@@ -171,6 +206,7 @@ class PostgresCapture:
                     if self._snapshot_owed() or self.removals.end_before is not None:
                         continue
                     break
+                self._heartbeat()
                 self.stop.wait(self.options.poll_s)
         if self.options.drop_slot:
             # Only a capture that got here retires the slot (one that failed keeps it: the
@@ -181,7 +217,46 @@ class PostgresCapture:
             self.source.drop_slot()
             self.progress.slot_dropped = True
             self.progress.publication_dropped = self.source.drop_own_publication()
-        return self.progress
+        else:
+            self._look_at_slot()
+
+    def _heartbeat(self) -> None:
+        """While the tables are idle and the server writes WAL elsewhere, confirm how far
+        capture got every ``heartbeat_s``: a transactional message, which the next batch
+        reads and commits (with no events) like any transaction, so the slot advances
+        and keeps WAL within a few heartbeats of the server's position. Also looks at the
+        slot: how much WAL it keeps, and whether the server invalidated it."""
+        interval = self.options.heartbeat_s
+        clock = time.monotonic()
+        if not interval or clock - self._beat_at < interval:
+            return
+        self._beat_at = clock
+        self._look_at_slot()
+        if self.source.current_position() > self.progress.position:
+            self.source.emit_message(HEARTBEAT_PREFIX, json.dumps({"slot": self.options.slot}))
+            self.progress.heartbeats += 1
+
+    def _look_at_slot(self) -> None:
+        """How much WAL the slot keeps (progress and warnings), and whether it was lost."""
+        health = self.source.slot_health()
+        if health is None:
+            return
+        self.progress.retained_wal_bytes = health.retained_bytes
+        self.progress.slot_wal_status = health.wal_status
+        self._check_health()
+        limit = health.limit_bytes
+        if health.wal_status in ("extended", "unreserved") or (
+            limit is not None and health.safe_bytes is not None and health.safe_bytes < limit / 4
+        ):
+            logger.warning(
+                "slot %s keeps %d bytes of WAL (wal_status %s; max_slot_wal_keep_size %s, "
+                "%s bytes left before the server invalidates it): capture is behind",
+                self.options.slot,
+                health.retained_bytes,
+                health.wal_status,
+                health.limit,
+                health.safe_bytes,
+            )
 
     def _report(self, *, idle: bool = False) -> None:
         """Bring the progress up to date and hand it to the callback (after each batch:
@@ -226,33 +301,71 @@ class PostgresCapture:
                     logger.warning("could not wind down staging lease %s: %s",
                                    lease.lease_id, exc)  # fmt: skip
 
+    def _remembered(self, options: CaptureOptions) -> CaptureOptions:
+        """``options`` with the tables the log's capture of the slot captures when none are
+        named (and no ``--publication``); a restart naming fewer is refused unless
+        ``--tables-changed`` says so (more: each new one gets its snapshot)."""
+        plan = SnapshotPlan.load(self.log.storage, options.slot, self.log.log_id)
+        remembered = sorted(plan.tables) if plan is not None else []
+        if not options.tables and not options.publication:
+            if not remembered:
+                raise InvalidOptionError(
+                    f"name the tables to capture (--tables) or a --publication: the log at "
+                    f"{self.log.url} holds no capture of slot {options.slot!r} to resume"
+                )
+            logger.info("capturing the tables the log's capture of slot %s captures: %s",
+                        options.slot, ", ".join(remembered))  # fmt: skip
+            return replace(options, tables=tuple(remembered))
+        if not options.tables or plan is None:
+            return options
+        named = {qualified_name(t) for t in options.tables}
+        left_out = [name for name in remembered if name not in named]
+        if left_out and not options.tables_changed:
+            raise InvalidOptionError(
+                f"--tables leaves out {', '.join(left_out)}, which the log's capture of slot "
+                f"{options.slot!r} captures ({', '.join(remembered)}): give them all (or no "
+                f"--tables: the log's are captured), or add --tables-changed to stop capturing "
+                f"them (their rows stay in tables built from the log)"
+            )
+        self.released = {name: plan.tables[name] for name in left_out}
+        return options
+
     def _start(self) -> int:
         self._release_dead_leases()
         logged = self.log.transaction_version(self.app_id)  # the slot position it holds
         self._logged = logged or 0
         slot = self.source.slot()
+        self._check_owner(logged, slot)
         if logged is None:
             return self._start_new(slot)
         if slot is None:
             raise SourcePositionError(
                 f"the log holds capture position {lsn_to_text(logged)} of slot "
                 f"{self.options.slot!r}, but the slot does not exist: changes after it are "
-                f"gone. Capture into a new slot (with --snapshot initial) to start over"
+                f"gone. --reset-slot starts over with a new slot and a snapshot into this log"
             )
+        self._check_health()
         confirmed = slot[2]
         if confirmed > logged:
             raise SourcePositionError(
                 f"slot {self.options.slot!r} was advanced to {lsn_to_text(confirmed)}, past "
                 f"the log's position {lsn_to_text(logged)}: the changes between were consumed "
-                f"elsewhere and would be lost"
+                f"elsewhere and would be lost. --reset-slot starts over with a new slot and a "
+                f"snapshot into this log"
             )
         plan = SnapshotPlan.load(self.log.storage, self.options.slot, self.log.log_id)
-        added = self.source.ensure_publication()
+        added = self.source.ensure_publication(self._owner)
+        for name, oid in self.released.items():
+            self.source.remove_from_publication(name, oid)
+            logger.warning("%s is no longer captured (--tables-changed): its rows stay in "
+                           "tables built from the log", name)  # fmt: skip
         if plan is None:  # a capture of an earlier replog, or one that never had a plan
             plan = SnapshotPlan(self.options.slot, self.log.log_id, tables=self._table_ids())
             self._plan_changed = True
-        self.plan = plan
+        self.plan = self.truncations.plan = plan
         self._plan_changed |= plan.resolve(logged)
+        for name in self.released:
+            plan.drop(name)
         self.watch.start(plan)  # what DDL did while no capture ran
         for table in self.source.tables.values():
             if table in added or table.qualified not in plan.tables:
@@ -268,19 +381,65 @@ class PostgresCapture:
             self.source.advance(logged)
         return logged
 
-    def _start_new(self, slot: tuple[str, str, int, int | None] | None) -> int:
+    @property
+    def _owner(self) -> dict[str, str]:
+        return {"log_id": self.log.log_id, "log": self.log.url}
+
+    def _check_owner(self, logged: int | None, slot: SlotInfo | None) -> None:
+        """Never drop or advance a slot another log owns: the log that created it (named
+        in capture's own publication), or, without that record, one this log holds no
+        capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly."""
+        owner = self.source.slot_owner()
+        name = self.options.slot
+        foreign = owner is not None and owner.get("log_id") != self.log.log_id
+        if slot is None or not (foreign or logged is None) or self.options.reset_slot:
+            return
+        if logged is None and owner is None and self.options.snapshot == "never":
+            return  # a slot of the user's, adopted without a snapshot (as documented)
+        whose = (
+            f"log {owner.get('log', '?')} (id {owner['log_id']})"
+            if owner is not None
+            else "another log, or none (no capture's publication names its owner)"
+        )
+        here = (
+            f"this log holds capture position {lsn_to_text(logged)} of it, but"
+            if logged is not None
+            else "this log holds no capture of it:"
+        )
+        raise SlotOwnershipError(
+            f"slot {name!r} exists and {here} it belongs to {whose}. Capture into that "
+            f"log's URL to resume it; use another slot (--slot) for this log; or give "
+            f"--reset-slot to drop {name!r} and start over here with a new slot and a "
+            f"snapshot (the log that follows {name!r} can then never resume)"
+        )
+
+    def _check_health(self) -> None:
+        """A slot the server invalidated (``max_slot_wal_keep_size``, an old xmin) holds
+        none of the changes after its position: say so with the way on, never loop."""
+        health = self.source.slot_health()
+        if health is not None and health.lost:
+            raise SourcePositionError(
+                f"the server invalidated slot {self.options.slot!r} "
+                f"({health.invalidation or 'wal_status lost'}): the WAL after the log's "
+                f"position is gone (max_slot_wal_keep_size is {health.limit}). Start over with "
+                f"--reset-slot (a new slot and a snapshot into this log), and raise "
+                f"max_slot_wal_keep_size or keep the capture running"
+            )
+
+    def _start_new(self, slot: SlotInfo | None) -> int:
         """A capture the log holds nothing of: a new slot, every table's snapshot owed."""
-        if slot is not None and self.options.snapshot == "initial":
+        if slot is not None and self.options.reset_slot:
             logger.warning(
-                "slot %s exists but the log holds no capture of it: dropping it to start "
+                "--reset-slot: dropping slot %s (the log holds no capture of it) to start "
                 "over with a new slot and a snapshot",
                 self.options.slot,
             )
             self.source.drop_slot()
             slot = None
-        self.source.ensure_publication()
+        self.source.ensure_publication(self._owner)
         position = slot[2] if slot is not None else self.source.create_slot()
         self.plan = SnapshotPlan(self.options.slot, self.log.log_id, tables=self._table_ids())
+        self.truncations.plan = self.plan
         self.watch.start(self.plan)
         if self.options.snapshot == "initial":
             for table in self.source.tables.values():
@@ -446,7 +605,7 @@ class PostgresCapture:
         self.progress.position = max(position, last)
         self.progress.rows += batch.events - (len(batch.chunk.events) if batch.chunk else 0)
         self.progress.transactions += batch.captured
-        self.progress.skipped_transactions += batch.transactions - batch.captured
+        self.progress.skipped_transactions += batch.transactions - batch.captured - batch.heartbeats
         if batch.last_commit_ms is not None:
             self.progress.last_commit_ms = batch.last_commit_ms
             self.progress.lag_ms = max(now_ms() - batch.last_commit_ms, 0)
@@ -481,6 +640,7 @@ class PostgresCapture:
                 self._txn = item
                 skip = item.commit_lsn < position  # the log holds it (killed before advance)
                 self.deferred.begin()
+                self._heartbeat_seen = False
             elif isinstance(item, Commit):
                 self._end_transaction(item.transaction, batch, skip)
                 if batch.chunk is not None:
@@ -492,7 +652,8 @@ class PostgresCapture:
                 order = self._change(item, txn, order, ts_ms, batch)
             elif isinstance(item, Truncation):
                 assert txn is not None
-                self._skip_truncation(item, txn)
+                order = self.truncations.take(item, txn, order=order, batch=batch,
+                                              chunk=self.chunk)  # fmt: skip
             elif item.prefix == WATERMARK_PREFIX:
                 self._watermark(item, batch)
             elif item.prefix == SIGNAL_PREFIX:
@@ -500,6 +661,8 @@ class PostgresCapture:
             elif item.prefix == MARKER_PREFIX:
                 assert txn is not None
                 self._marker(item, batch, txn)
+            elif item.prefix == HEARTBEAT_PREFIX:
+                self._heartbeat_seen = True
 
     def _marker(self, message: Message, batch: Batch, txn: SourceTransaction) -> None:
         """A marker the catalog watch wrote: where rows that left a table are deleted."""
@@ -513,7 +676,9 @@ class PostgresCapture:
     def _end_transaction(self, done: SourceTransaction, batch: Batch, skipped: bool) -> None:
         batch.transactions += 1
         batch.position = done.end_lsn
-        if not skipped:
+        if self._heartbeat_seen:  # a heartbeat's transaction: it moves the position only
+            batch.heartbeats += 1
+        elif not skipped:
             batch.captured += 1
             batch.last_commit_ms = done.commit_ms
 
@@ -537,24 +702,6 @@ class PostgresCapture:
                 chunk.stood_for(event.key, event.data)
         batch.add(self.deferred.keep(table, made))
         return order + len(made)
-
-    def _skip_truncation(self, truncation: Truncation, txn: SourceTransaction) -> None:
-        """Warn about each captured table a ``TRUNCATE`` emptied: the log has no event
-        that says "every row is gone" (Debezium skips truncations by default too), so a
-        table built from the log keeps the rows. The operator must see it to act."""
-        for relation in truncation.relations:
-            table = self.relations.table_of(relation, txn)
-            if table is None:
-                continue
-            self.progress.skipped_truncations += 1
-            logger.warning(
-                "TRUNCATE of %s (transaction %d, LSN %s) is not captured: the log has no "
-                "truncate event, so tables built from it keep the rows the source removed "
-                "(rebuild them, or capture anew into a new slot with --snapshot initial)",
-                table.qualified,
-                txn.xid,
-                lsn_to_text(truncation.lsn),
-            )
 
     # -- committing ------------------------------------------------------------------------
 

@@ -30,8 +30,17 @@ class CaptureProgress:
     """Log commits this capture made."""
     skipped_transactions: int = 0
     """Transactions the log already held (a restart after a kill)."""
+    truncations: int = 0
+    """``TRUNCATE`` of a captured table (or of partitions of one) captured as events."""
     skipped_truncations: int = 0
-    """``TRUNCATE`` of a captured table: not captured (the log has no such event)."""
+    """``TRUNCATE`` of a captured table not captured (``--skip-truncate``)."""
+    heartbeats: int = 0
+    """Heartbeats this capture wrote while its tables were idle and the server wrote WAL."""
+    retained_wal_bytes: int | None = None
+    """WAL the server keeps for the slot (from its ``restart_lsn``), when last looked."""
+    slot_wal_status: str | None = None
+    """The slot's ``wal_status`` when last looked (``reserved``, ``extended``,
+    ``unreserved``, ``lost``)."""
     skipped_changes: int = 0
     """Changes of tables a user's publication publishes and ``--tables`` leaves out."""
     position: int = 0
@@ -86,7 +95,11 @@ class CaptureProgress:
             "transactions": self.transactions,
             "commits": self.commits,
             "skipped_transactions": self.skipped_transactions,
+            "truncations": self.truncations,
             "skipped_truncations": self.skipped_truncations,
+            "heartbeats": self.heartbeats,
+            "retained_wal_bytes": self.retained_wal_bytes,
+            "slot_wal_status": self.slot_wal_status,
             "skipped_changes": self.skipped_changes,
             "snapshot_table": self.snapshot_table,
             "snapshot_tables_left": self.snapshot_tables_left,

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -37,9 +39,11 @@ from replog.capture.schemas import PgType
 from replog.capture.values import SESSION_SETTINGS
 from replog.errors import (
     CaptureError,
+    CaptureRunningError,
     InvalidOptionError,
     SourceConfigError,
     SourceConnectionError,
+    SourcePrivilegeError,
 )
 
 logger = logging.getLogger(__name__)
@@ -48,6 +52,10 @@ WATERMARK_PREFIX = "replog.watermark"
 """Prefix of the logical messages capture writes into the WAL around snapshot chunks."""
 SIGNAL_PREFIX = "replog.signal"
 """Prefix of the logical messages that ask a running capture for a snapshot."""
+HEARTBEAT_PREFIX = "replog.heartbeat"
+"""Prefix of the logical messages a following capture writes while its tables are idle:
+a transaction it then commits, so its slot advances (:data:`~replog.capture.options.
+DEFAULT_HEARTBEAT_S`)."""
 MARKER_PREFIX = "replog.marker"
 """Prefix of the logical messages capture writes to place in the stream what the catalog
 showed it (a partition that left a captured table)."""
@@ -56,6 +64,9 @@ LOCK_WAIT = "200ms"
 """How long a catalog read that must lock tables waits for a lock a DDL holds."""
 PARTITION_ROWS_PER_QUERY = 50_000
 """Rows sent at once when the server judges which of them a partition held."""
+
+SlotInfo = tuple[str, str, int, int | None]
+"""A slot's plug-in, database, confirmed position and active server process."""
 
 Columns = tuple[tuple[str, int, int], ...]
 """A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
@@ -89,6 +100,29 @@ class Table:
         """The key of a row read with every column of :attr:`columns`, in key order."""
         names = [name for name, _, _ in self.columns]
         return [row[names.index(k)] for k in self.key]
+
+
+@dataclass(frozen=True)
+class SlotHealth:
+    """A slot as the server keeps it (``pg_replication_slots``)."""
+
+    retained_bytes: int
+    """WAL the server keeps for it: from its ``restart_lsn`` to the server's position."""
+    wal_status: str | None
+    """``reserved``, ``extended``, ``unreserved`` (to be removed at the next checkpoint)
+    or ``lost`` (invalidated: the changes it held are gone)."""
+    safe_bytes: int | None
+    """WAL that can still be written before the slot is in danger of being lost (None:
+    no ``max_slot_wal_keep_size``)."""
+    limit: str
+    limit_bytes: int | None
+    """``max_slot_wal_keep_size`` (None: unlimited, -1)."""
+    invalidation: str | None
+    """Why the server invalidated it (PostgreSQL 17: ``wal_removed``, ``rows_removed``...)."""
+
+    @property
+    def lost(self) -> bool:
+        return self.wal_status == "lost" or self.invalidation is not None
 
 
 def safe_dsn(dsn: str) -> str:
@@ -140,6 +174,25 @@ def text_rows(
         ]
 
 
+CAPTURE_LOCK_CLASS = 0x7265706C
+"""The first key of replog's advisory locks ("repl"); the second is the slot name's hash."""
+
+
+def session_name(slot: str) -> str:
+    """``application_name`` of a capture's session: what ``pg_stat_activity`` and a
+    refused second capture show of it (PostgreSQL keeps 63 bytes)."""
+    return f"replog capture {slot} pid {os.getpid()} on {socket.gethostname()}"[:63]
+
+
+def sql_ident(name: str) -> str:
+    """``name`` as an SQL identifier in a statement shown to an operator."""
+    return (
+        name
+        if name.isidentifier() and name == name.lower()
+        else '"' + name.replace('"', '""') + '"'
+    )
+
+
 def quoted_list(name: str) -> str:
     """``name`` as one element of a text list option of pgoutput."""
     return '"' + name.replace('"', '""') + '"'
@@ -155,13 +208,14 @@ class PostgresSource:
 
     def __init__(self, options: CaptureOptions) -> None:
         self.options = options
-        self.connection = connect(options.dsn)
+        self.connection = connect(options.dsn, application_name=session_name(options.slot))
         self.database: str = self._one("SELECT current_database()")
         self.server_version: int = int(self._one("SHOW server_version_num"))
         self.tables: dict[str, Table] = {}
         self._by_oid: dict[int, Table] = {}
         self._types: dict[int, PgType] = {}
         self._roots: dict[int, int | None] = {}
+        self._leaf_roots: dict[int, int] = {}
         self._key_bounds: dict[tuple[tuple[int, int], ...], sql.Composed] = {}
 
     def close(self) -> None:
@@ -177,13 +231,15 @@ class PostgresSource:
     # -- checks, before anything is written ------------------------------------------
 
     def check(self) -> None:
-        """Every reason capture cannot run, as an error naming the value at fault."""
+        """Every reason capture cannot run, as an error naming the value at fault and the
+        statement that fixes it: before anything is written (to the log or the source)."""
         wal_level = self._one("SHOW wal_level")
         if wal_level != "logical":
             raise SourceConfigError(
                 f"wal_level is {wal_level!r} on {safe_dsn(self.options.dsn)}; capture needs "
                 f"'logical' (ALTER SYSTEM SET wal_level = logical, then restart the server)"
             )
+        self._check_role()
         publication = self.options.publication
         if publication is not None and not self._one(
             "SELECT count(*) FROM pg_publication WHERE pubname = %s", (publication,)
@@ -205,7 +261,113 @@ class PostgresSource:
                     raise SourceConfigError(
                         f"table {table.qualified!r} is not in publication {publication!r}"
                     )
+        self._check_privileges()
         self._check_slot()
+
+    @property
+    def role(self) -> str:
+        return str(self._one("SELECT current_user"))
+
+    def _check_role(self) -> None:
+        """Reading a slot needs the REPLICATION attribute (or a superuser)."""
+        if not self._one(
+            "SELECT rolreplication OR rolsuper FROM pg_roles WHERE rolname = current_user"
+        ):
+            role = self.role
+            raise SourcePrivilegeError(
+                f"role {role!r} cannot read a replication slot: it lacks the REPLICATION "
+                f"attribute. As a superuser: ALTER ROLE {sql_ident(role)} REPLICATION"
+            )
+
+    def _check_privileges(self) -> None:
+        """SELECT on each table (the snapshot reads it); for capture's own publication,
+        CREATE on the database (to create it) and ownership of each table (to publish it)
+        or of the publication (to change it); a free replication slot for a new slot."""
+        role = sql_ident(self.role)
+        for table in self.tables.values():
+            if not self._one("SELECT has_table_privilege(%s, 'SELECT')", (table.oid,)):
+                raise SourcePrivilegeError(
+                    f"the snapshot of {table.qualified} cannot read it: role {role} lacks "
+                    f"SELECT on it. GRANT SELECT ON {sql_ident(table.schema)}."
+                    f"{sql_ident(table.name)} TO {role}"
+                )
+        if self.own_publication:
+            self._check_own_publication(role)
+        if self.slot() is None:
+            used, most = self.connection.execute(
+                "SELECT count(*), current_setting('max_replication_slots')::int"
+                " FROM pg_replication_slots"
+            ).fetchone() or (0, 0)
+            if used >= most:
+                raise SourceConfigError(
+                    f"no free replication slot for {self.options.slot!r}: the server has "
+                    f"{used} of max_replication_slots = {most} (drop one no capture needs, "
+                    f"'replog slots {safe_dsn(self.options.dsn)}' lists them, or raise the "
+                    f"setting: ALTER SYSTEM SET max_replication_slots = {most + 4}, then "
+                    f"restart the server)"
+                )
+
+    def _check_own_publication(self, role: str) -> None:
+        way_out = (
+            "or create a publication yourself (CREATE PUBLICATION p FOR TABLE ...) and give "
+            "it with --publication p, which needs no CREATE"
+        )
+        exists = self.connection.execute(
+            "SELECT pg_has_role(pubowner, 'USAGE') FROM pg_publication WHERE pubname = %s",
+            (self.publication,),
+        ).fetchone()
+        if exists is None and not self._one(
+            "SELECT has_database_privilege(current_database(), 'CREATE')"
+        ):
+            raise SourcePrivilegeError(
+                f"capture creates publication {self.publication!r} for its tables, but role "
+                f"{role} lacks CREATE on database {self.database!r}: GRANT CREATE ON DATABASE "
+                f"{sql_ident(self.database)} TO {role}, {way_out}"
+            )
+        if exists is not None and not exists[0]:
+            raise SourcePrivilegeError(
+                f"publication {self.publication!r} (capture's own, named after the slot) "
+                f"belongs to another role, so role {role} cannot change it: "
+                f"ALTER PUBLICATION {sql_ident(self.publication)} OWNER TO {role}, {way_out}"
+            )
+        for table in self.tables.values():
+            if not self._one(
+                "SELECT pg_has_role(relowner, 'USAGE') FROM pg_class WHERE oid = %s",
+                (table.oid,),
+            ):
+                raise SourcePrivilegeError(
+                    f"capture publishes {table.qualified} in its own publication "
+                    f"{self.publication!r}, which only the table's owner may do: role {role} "
+                    f"does not own it. Grant it the owner's role (GRANT <owner> TO {role}), "
+                    f"{way_out}"
+                )
+
+    def lock_slot(self) -> None:
+        """Hold, for this session's life, the advisory lock that stands for the slot's
+        capture: a second capture of the slot (into any log) is refused here, naming the
+        one that holds it, before it touches anything. The server releases it when the
+        session ends, however the capture ended."""
+        key = (CAPTURE_LOCK_CLASS, self.options.slot)
+        if self._one("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key):
+            return
+        holder = self.connection.execute(
+            "SELECT a.pid, coalesce(a.client_hostname, host(a.client_addr), 'a local socket'),"
+            " a.application_name, a.backend_start FROM pg_locks l"
+            " JOIN pg_stat_activity a ON a.pid = l.pid WHERE l.locktype = 'advisory'"
+            " AND l.granted AND l.objsubid = 2 AND l.classid = %s::bigint::oid"
+            " AND l.objid = ((hashtext(%s)::bigint + 4294967296) %% 4294967296)::oid",
+            key,
+        ).fetchone()
+        who = (
+            f"{holder[2] or 'a session'} (server process {holder[0]}, from {holder[1]}, "
+            f"since {holder[3]:%Y-%m-%d %H:%M:%S %Z})"
+            if holder is not None
+            else "a session that just ended"
+        )
+        raise CaptureRunningError(
+            f"slot {self.options.slot!r} is being captured by {who}: one capture per slot. "
+            f"Stop that one first, or capture into another slot (--slot)"
+        )
 
     def _published_roots(self) -> list[str]:
         return publication_tables(self.connection, self.options.publication or "") or []
@@ -294,7 +456,14 @@ class PostgresSource:
         if oid not in self._roots:
             root = self._one("SELECT pg_partition_root(%s::regclass)::oid", (oid,))
             self._roots[oid] = int(root) if root is not None and int(root) != oid else None
-        return self._roots[oid]
+        return self._roots[oid] or self._leaf_roots.get(oid)
+
+    def remember_leaves(self, root: int, leaves: Sequence[int]) -> None:
+        """``leaves`` are partitions of captured table ``root`` (as the catalog watch saw
+        them): a change of one decoded after it was detached or dropped (its partition
+        published as itself) is still mapped to its root."""
+        for leaf in leaves:
+            self._leaf_roots[leaf] = root
 
     def relation_name(self, oid: int) -> str:
         """``schema.table`` of relation ``oid``."""
@@ -750,7 +919,30 @@ class PostgresSource:
 
     # -- the slot and the publication --------------------------------------------------
 
-    def slot(self) -> tuple[str, str, int, int | None] | None:
+    def slot_health(self) -> SlotHealth | None:
+        """How much WAL the slot keeps and whether the server still keeps it (None: no
+        such slot)."""
+        row = self.connection.execute(
+            "SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), restart_lsn)::bigint, wal_status,"
+            " safe_wal_size, current_setting('max_slot_wal_keep_size'),"
+            " pg_size_bytes(current_setting('max_slot_wal_keep_size'))"
+            + (", invalidation_reason" if self.server_version >= 170000 else ", NULL")
+            + " FROM pg_replication_slots WHERE slot_name = %s",
+            (self.options.slot,),
+        ).fetchone()
+        if row is None:
+            return None
+        retained, status, safe, limit_text, limit_bytes, reason = row
+        return SlotHealth(
+            retained_bytes=int(retained or 0),
+            wal_status=status,
+            safe_bytes=None if safe is None else int(safe),
+            limit=limit_text,
+            limit_bytes=None if limit_bytes is None or int(limit_bytes) < 0 else int(limit_bytes),
+            invalidation=reason,
+        )
+
+    def slot(self) -> SlotInfo | None:
         """(plug-in, database, confirmed position, active pid) of the slot, if it exists."""
         row = self.connection.execute(
             "SELECT plugin, database, confirmed_flush_lsn::text, active_pid"
@@ -780,21 +972,27 @@ class PostgresSource:
             )
         }
 
-    def ensure_publication(self) -> list[Table]:
+    def ensure_publication(self, owner: dict[str, str]) -> list[Table]:
         """Create the slot's own publication for the tables, or add those missing from it
-        (each table was checked when it was described); the tables it added to an
-        existing publication (their rows so far were never streamed)."""
+        (each table was checked when it was described), and name ``owner`` (the log that
+        owns the slot: ``log_id``, ``log``) in its comment; the tables it added to an
+        existing publication (their rows so far were never streamed).
+
+        It publishes partitions as themselves (``publish_via_partition_root = false``):
+        only then does a ``TRUNCATE`` of one partition reach the stream (PostgreSQL sends
+        none through the root); the stream maps each partition to its root."""
         if not self.own_publication:
             return []
         name = sql.Identifier(self.publication)
-        options = sql.SQL("publish_via_partition_root = true")
+        options = sql.SQL("publish_via_partition_root = false")
         if self.server_version >= 180000:
             options = sql.SQL(
-                "publish_via_partition_root = true, publish_generated_columns = stored"
+                "publish_via_partition_root = false, publish_generated_columns = stored"
             )
         exists = self._one(
             "SELECT count(*) FROM pg_publication WHERE pubname = %s", (self.publication,)
         )
+        added = []
         if not exists:
             tables = [sql.Identifier(t.schema, t.name) for t in self.tables.values()]
             self.connection.execute(
@@ -803,17 +1001,46 @@ class PostgresSource:
                 )
             )
             logger.info("created publication %s", self.publication)
-            return []
-        # A publication made by an earlier replog lacks the options: set them (changes
-        # still unread were decoded without them: the stream maps partitions to roots).
-        self.connection.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, options))
-        members = self._own_members()
-        added = []
-        for table in self.tables.values():
-            if table.oid not in members:
-                self.add_to_publication(table)
-                added.append(table)
+        else:
+            # A publication made by an earlier replog has other options: set these (changes
+            # still unread were decoded with the old ones: the stream maps either form).
+            self.connection.execute(sql.SQL("ALTER PUBLICATION {} SET ({})").format(name, options))
+            members = self._own_members()
+            for table in self.tables.values():
+                if table.oid not in members:
+                    self.add_to_publication(table)
+                    added.append(table)
+        self.connection.execute(
+            sql.SQL("COMMENT ON PUBLICATION {} IS {}").format(
+                name, sql.Literal(json.dumps({"replog": {"slot": self.options.slot, **owner}}))
+            )
+        )
         return added
+
+    def slot_owner(self) -> dict[str, str] | None:
+        """The log that owns the slot, as capture's own publication names it (None: no
+        such publication, or one no replog commented)."""
+        text = self._one(
+            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
+            (self.options.slot,),
+        )
+        try:
+            found = json.loads(text)["replog"] if text else None
+        except (ValueError, KeyError, TypeError):
+            return None
+        return found if isinstance(found, dict) and "log_id" in found else None
+
+    def remove_from_publication(self, name: str, oid: int) -> None:
+        """Stop publishing table ``oid`` (called ``name``) in capture's own publication."""
+        if self.own_publication and oid in self._own_members():
+            self.connection.execute(
+                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                    sql.Identifier(self.publication), sql.SQL(self._one(
+                        "SELECT %s::oid::regclass::text", (oid,)
+                    ))
+                )
+            )  # fmt: skip
+            logger.info("removed %s from publication %s", name, self.publication)
 
     def add_to_publication(self, table: Table) -> None:
         """Publish ``table`` in capture's own publication (its identity was checked)."""

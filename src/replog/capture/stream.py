@@ -52,12 +52,15 @@ class Relations:
         options: CaptureOptions,
         progress: CaptureProgress,
         joined: Callable[[Table], None],
+        released: dict[str, int] | None = None,
     ) -> None:
         self.source = source
         self.options = options
         self.progress = progress
         self.joined = joined
         """Called with a table that joined the user's publication while capturing."""
+        self.released = released or {}
+        """Tables no longer captured (name -> id): their changes still unread are skipped."""
         self._renames_noted: set[tuple[int, str]] = set()
         self._keys_followed: dict[int, Relation] = {}
         """Table id -> the relation description its key was last checked against."""
@@ -127,18 +130,25 @@ class Relations:
             logger.info("%s joined publication %s: captured from now on", name, source.publication)
             self.joined(table)
             return table, None
-        if source.own_publication:
+        self._not_captured(relation, txn)
+        return None
+
+    def _not_captured(self, relation: Relation, txn: SourceTransaction) -> None:
+        """A relation that is none of the captured tables: skipped by choice (counted,
+        warned), or, with capture's own publication, an error before anything of the
+        batch is committed."""
+        released = relation.oid in self.released.values() or relation.name in self.released
+        if self.source.own_publication and not released:
             raise CaptureError(
                 f"a change of {relation.name} (relation {relation.oid}, transaction "
                 f"{txn.xid}, LSN {lsn_to_text(txn.commit_lsn)}) is not a captured table, yet "
-                f"capture's own publication {source.publication} published it (was it added "
-                f"to the publication by hand?). Nothing of this batch was committed and the "
-                f"slot stays where it was: remove it from the publication "
-                f"(ALTER PUBLICATION {source.publication} DROP TABLE {relation.name}), or add "
+                f"capture's own publication {self.source.publication} published it (was it "
+                f"added to the publication by hand?). Nothing of this batch was committed and "
+                f"the slot stays where it was: remove it from the publication (ALTER "
+                f"PUBLICATION {self.source.publication} DROP TABLE {relation.name}), or add "
                 f"it to --tables"
             )
         self._skip(relation, txn)
-        return None
 
     def _skip(self, relation: Relation, txn: SourceTransaction) -> None:
         self.progress.skipped_changes += 1
@@ -148,11 +158,12 @@ class Relations:
             noted for noted in self._skips_noted if noted[0] == txn.xid
         }
         logger.warning(
-            "changes of %s (transaction %d) are not captured: publication %s publishes it, "
-            "--tables leaves it out (%d changes skipped so far)",
+            "changes of %s (transaction %d) are not captured: %s (%d changes skipped so far)",
             relation.name,
             txn.xid,
-            self.source.publication,
+            f"publication {self.source.publication} publishes it, --tables leaves it out"
+            if relation.name not in self.released
+            else "it is no longer captured (--tables-changed)",
             self.progress.skipped_changes,
         )
 

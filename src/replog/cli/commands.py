@@ -140,6 +140,10 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
         snapshot_chunk_rows=args.snapshot_chunk_rows,
         stage_events=args.stage_events,
         snapshot_workers=args.snapshot_workers,
+        heartbeat_s=args.heartbeat,
+        skip_truncate=args.skip_truncate,
+        reset_slot=args.reset_slot,
+        tables_changed=args.tables_changed,
     )
     options.check()
     postgres = _postgres()

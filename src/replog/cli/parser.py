@@ -9,6 +9,7 @@ from typing import NoReturn
 from replog.about import __version__
 from replog.capture.options import (
     DEFAULT_CHUNK_ROWS,
+    DEFAULT_HEARTBEAT_S,
     DEFAULT_MAX_CHANGES,
     DEFAULT_STAGE_EVENTS,
     SNAPSHOT_MODES,
@@ -123,7 +124,17 @@ def _capture_commands(command: _Command) -> None:
         help="an existing publication to capture (default: one named after the slot, "
         "created for --tables)",
     )
-    p.add_argument("--tables", help="schema.table[,schema.table...] (default: the publication's)")
+    p.add_argument(
+        "--tables",
+        help="schema.table[,schema.table...] (default: those the log's capture of the slot "
+        "captures when it resumes one, else the --publication's)",
+    )
+    p.add_argument(
+        "--tables-changed",
+        action="store_true",
+        help="let --tables leave out tables the log's capture of the slot captures (they are "
+        "no longer captured; their rows stay in tables built from the log)",
+    )
     p.add_argument(
         "--keys",
         action="append",
@@ -142,6 +153,26 @@ def _capture_commands(command: _Command) -> None:
         "--drop-slot",
         action="store_true",
         help="drop the slot when capture ends (the server stops keeping WAL for it)",
+    )
+    p.add_argument(
+        "--reset-slot",
+        action="store_true",
+        help="drop an existing slot this log does not own (or cannot resume) and start over "
+        "with a new slot and a snapshot: the log that followed the slot can then never resume",
+    )
+    p.add_argument(
+        "--heartbeat",
+        type=float,
+        default=DEFAULT_HEARTBEAT_S,
+        metavar="SECONDS",
+        help="--follow: confirm the position this often while the tables are idle and the "
+        "server writes WAL, so the slot never holds WAL without bound (default "
+        f"{DEFAULT_HEARTBEAT_S:g}; 0: never)",
+    )
+    p.add_argument(
+        "--skip-truncate",
+        action="store_true",
+        help="warn about and count TRUNCATE instead of capturing it as truncate events",
     )
     p.add_argument(
         "--shards",

@@ -28,8 +28,10 @@ from replog.errors import InvalidEventError
 from replog.format import jsontext
 from replog.timeutil import MICROSECONDS_ABOVE, SECONDS_BELOW, iso, now_utc
 
-OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk")
-"""The closed set of change operations."""
+OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk", "truncate")
+"""The closed set of change operations. ``truncate``: every row of the collection whose
+key routes to the event's shard, older than the event, is gone (a source's ``TRUNCATE``
+is one such event on each shard: FORMAT.md, "Truncate events")."""
 
 STORED_SCHEMA = pa.schema(
     [
