@@ -17,8 +17,10 @@ from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.pgoutput import lsn_to_int
 from replog.capture.postgres import UNAVAILABLE, PostgresCapture, capture
 from replog.capture.progress import CaptureProgress
+from replog.capture.source import PostgresSource
 from replog.errors import (
     CaptureError,
+    CaptureRunningError,
     InjectedFaultError,
     SourceConfigError,
     SourceConnectionError,
@@ -328,12 +330,12 @@ def test_cli_captures_and_reports(pg_dsn: str, tmp_path: Path) -> None:
     assert failed.returncode == 2 and "'public.nope' does not exist" in failed.stderr
 
 
-def test_a_truncate_of_a_captured_table_is_reported_not_silently_dropped(
+def test_a_truncate_skipped_by_choice_is_reported_not_silently_dropped(
     pg_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """The log has no "every row is gone" event, so a TRUNCATE is not captured: the
-    operator is told which table and where (a warning, a count, the CLI's summary), and
-    the changes around it are captured as ever."""
+    """--skip-truncate: a TRUNCATE is not captured, and the operator is told which table
+    and where (a warning, a count, the CLI's summary); the changes around it are captured
+    as ever."""
     url = str(tmp_path / "log")
     sql(
         pg_dsn,
@@ -349,9 +351,9 @@ def test_a_truncate_of_a_captured_table_is_reported_not_silently_dropped(
         "TRUNCATE other",
         "INSERT INTO t VALUES (4)",
     )
-    with caplog.at_level("WARNING", logger="replog.capture.postgres"):
-        progress = run(pg_dsn, url, tables=("t",))
-    assert progress.skipped_truncations == 1
+    with caplog.at_level("WARNING", logger="replog.capture"):
+        progress = run(pg_dsn, url, tables=("t",), skip_truncate=True)
+    assert progress.skipped_truncations == 1 and progress.truncations == 0
     assert progress.to_json()["skipped_truncations"] == 1
     [warning] = [r.getMessage() for r in caplog.records if "TRUNCATE" in r.getMessage()]
     assert "TRUNCATE of public.t (transaction " in warning and "LSN " in warning
@@ -359,7 +361,9 @@ def test_a_truncate_of_a_captured_table_is_reported_not_silently_dropped(
     assert [(e["op"], e["key"]) for e in changes] == [("c", '{"id":3}'), ("c", '{"id":4}')]
 
     sql(pg_dsn, "TRUNCATE t")
-    result = replog("capture", "postgres", pg_dsn, url, "--slot", "cap", "--tables", "t")
+    result = replog(
+        "capture", "postgres", pg_dsn, url, "--slot", "cap", "--tables", "t", "--skip-truncate"
+    )
     assert result.returncode == 0, result.stderr
     assert "warning: 1 TRUNCATE(s) of captured tables were not captured" in result.stdout
 
@@ -452,8 +456,31 @@ def test_a_stopped_follower_with_drop_slot_captures_what_is_left_first(
     assert len(changes) == 5 * 3
 
 
-def test_two_captures_of_one_slot_never_double_a_transaction(pg_dsn: str, tmp_path: Path) -> None:
-    """Nothing keeps a second capture of a slot from running between the first one's
+def test_a_second_capture_of_a_slot_is_refused_naming_the_first(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """The source's advisory lock of the slot, held by the first capture's session for its
+    life, refuses a second one (into any log) before it touches the slot, naming who holds
+    it; once the first ends, the slot is free again."""
+    _two_tables(pg_dsn)
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t", "u"))
+    with PostgresCapture(options, ReplicationLog.open_or_create(str(tmp_path / "a"), 2)):
+        with pytest.raises(
+            CaptureRunningError,
+            match=r"slot 'cap' is being captured by "
+            r"replog capture cap pid \d+ on .*server process \d+.*since",
+        ):
+            PostgresCapture(options, ReplicationLog.open_or_create(str(tmp_path / "b"), 2))
+        assert not os.path.exists(tmp_path / "b" / "_replog" / "captures")  # nothing written
+    with PostgresCapture(options, ReplicationLog.open(str(tmp_path / "a"))) as again:
+        again.run()
+
+
+def test_two_captures_of_one_slot_never_double_a_transaction(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the advisory lock cannot help (a pooler in transaction mode hands each
+    statement to another session), a second capture may run between the first one's
     peeks (a slot is active only during a peek). Capture A peeks four transactions;
     before it commits, capture B commits the first one and advances the slot. A's commit
     (a later position than B's) must not add that transaction a second time."""
@@ -464,6 +491,7 @@ def test_two_captures_of_one_slot_never_double_a_transaction(pg_dsn: str, tmp_pa
     _two_tables(pg_dsn)
     run(pg_dsn, url, tables=("t", "u"))
     _workload(pg_dsn, 4)
+    monkeypatch.setattr(PostgresSource, "lock_slot", lambda self: None)
     options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t", "u"))
     b_stop = threading.Event()
     with (

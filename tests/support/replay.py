@@ -20,14 +20,21 @@ from support.logcheck import check_log
 
 def log_table(url: str, collection: str) -> dict[str, dict[str, Any]]:
     """Key -> the row the log leaves for it. A placeholder with no earlier image to fill
-    it stays in the row (what a table built from the log would then hold)."""
+    it stays in the row (what a table built from the log would then hold); a truncate
+    event removes the older rows of the keys of its shard."""
     log = ReplicationLog.open(url)
     rows = sorted(check_log(log), key=lambda r: (r["shard"], r["sequence"]))
     state: dict[str, dict[str, Any]] = {}
+    shard_of: dict[str, int] = {}
     for row in rows:
         if row["collection"] != collection:
             continue
         key = row["key"]
+        if row["operation"] == "truncate":  # every older row of the keys of its shard
+            for gone in [k for k in state if shard_of[k] == row["shard"]]:
+                del state[gone]
+            continue
+        shard_of[key] = row["shard"]
         if row["operation"] == "delete":
             state.pop(key, None)
             continue

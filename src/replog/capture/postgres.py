@@ -74,7 +74,6 @@ from replog.capture.source import (
     PostgresSource,
     SlotInfo,
     Table,
-    qualified_name,
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
@@ -127,9 +126,11 @@ class PostgresCapture:
         options = self._remembered(options)
         self.options = options
         self.source = PostgresSource(options)
+        self.source.known = self._known
         try:
             self.source.lock_slot()  # before anything else touches the slot
             self.source.check()
+            self._check_left_out()
             self.run_record = RunRecord(log.storage, options.slot, log.log_id)
             self.run_record.claim()
         except BaseException:
@@ -306,7 +307,8 @@ class PostgresCapture:
         named (and no ``--publication``); a restart naming fewer is refused unless
         ``--tables-changed`` says so (more: each new one gets its snapshot)."""
         plan = SnapshotPlan.load(self.log.storage, options.slot, self.log.log_id)
-        remembered = sorted(plan.tables) if plan is not None else []
+        self._known = dict(plan.tables) if plan is not None else {}
+        remembered = sorted(self._known)
         if not options.tables and not options.publication:
             if not remembered:
                 raise InvalidOptionError(
@@ -316,19 +318,27 @@ class PostgresCapture:
             logger.info("capturing the tables the log's capture of slot %s captures: %s",
                         options.slot, ", ".join(remembered))  # fmt: skip
             return replace(options, tables=tuple(remembered))
-        if not options.tables or plan is None:
-            return options
-        named = {qualified_name(t) for t in options.tables}
-        left_out = [name for name in remembered if name not in named]
-        if left_out and not options.tables_changed:
-            raise InvalidOptionError(
-                f"--tables leaves out {', '.join(left_out)}, which the log's capture of slot "
-                f"{options.slot!r} captures ({', '.join(remembered)}): give them all (or no "
-                f"--tables: the log's are captured), or add --tables-changed to stop capturing "
-                f"them (their rows stay in tables built from the log)"
-            )
-        self.released = {name: plan.tables[name] for name in left_out}
         return options
+
+    def _check_left_out(self) -> None:
+        """Tables the log's capture of the slot captured and ``--tables`` leaves out
+        (a table renamed since is the same table, known by its id): refused unless
+        ``--tables-changed``; then released (no longer captured)."""
+        captured = {table.oid for table in self.source.tables.values()}
+        left_out = {
+            name: oid
+            for name, oid in self._known.items()
+            if oid not in captured and name not in self.source.tables
+        }
+        if left_out and not self.options.tables_changed:
+            raise InvalidOptionError(
+                f"--tables leaves out {', '.join(sorted(left_out))}, which the log's capture "
+                f"of slot {self.options.slot!r} captures ({', '.join(sorted(self._known))}): "
+                f"give them all (or no --tables: the log's are captured), or add "
+                f"--tables-changed to stop capturing them (their rows stay in tables built "
+                f"from the log)"
+            )
+        self.released.update(left_out)
 
     def _start(self) -> int:
         self._release_dead_leases()

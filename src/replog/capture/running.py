@@ -86,20 +86,23 @@ class RunRecord:
         self._written_ms = 0
 
     def claim(self) -> None:
-        """Write the record, unless another process's record of the slot still beats:
-        then :class:`CaptureRunningError` naming it."""
+        """Write the record, unless another live process of this machine runs the log's
+        capture of the slot: then :class:`CaptureRunningError` naming it. (A record of
+        another machine is taken over: the source's advisory lock, which the caller holds,
+        says no capture of the slot is connected; a killed capture is restarted at once.)"""
         found = read(self.storage, self.run.slot)
         now = now_ms()
         if (
             found is not None
             and found.state(now) == "running"
-            and (found.host, found.pid) != (self.run.host, self.run.pid)
+            and found.host == self.run.host
+            and found.pid != self.run.pid
+            and _alive(found.pid)
         ):
             raise CaptureRunningError(
                 f"the log's capture of slot {self.run.slot!r} is running on {found.host} "
                 f"(process {found.pid}, last seen {(now - found.beat_ms) / 1000:.0f} s ago): "
-                f"one capture per slot. Stop it first; a capture killed without stopping is "
-                f"taken for gone {STALE_MS // 1000} s after its last beat"
+                f"one capture per slot. Stop it first"
             )
         self._write(self.run)
 
@@ -127,6 +130,16 @@ class RunRecord:
         self._written_ms = run.beat_ms
         document = {"format_version": RUN_VERSION, **asdict(run)}
         self.storage.write(run_path(run.slot), seal(document))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def describe(run: CaptureRun, at_ms: int) -> dict[str, Any]:

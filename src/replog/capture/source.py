@@ -216,6 +216,9 @@ class PostgresSource:
         self._types: dict[int, PgType] = {}
         self._roots: dict[int, int | None] = {}
         self._leaf_roots: dict[int, int] = {}
+        self.known: dict[str, int] = {}
+        """Tables the log's capture captured (collection -> id): one renamed since is
+        described by its id, under its collection."""
         self._key_bounds: dict[tuple[tuple[int, int], ...], sql.Composed] = {}
 
     def close(self) -> None:
@@ -445,6 +448,12 @@ class PostgresSource:
             )
         )
 
+    def relation_sql(self, oid: int) -> sql.Composable:
+        """Relation ``oid`` by its current name (a captured table may have been renamed:
+        its collection keeps the old one)."""
+        name = self._one("SELECT %s::oid::regclass::text", (oid,))
+        return sql.SQL(str(name).replace("%", "%%"))
+
     def table_with_oid(self, oid: int) -> Table | None:
         """The captured table whose id is ``oid`` (whatever it is called now)."""
         return self._by_oid.get(oid)
@@ -543,11 +552,10 @@ class PostgresSource:
         range, list, hash and multi-level partitions all read as PostgreSQL reads them.
         A table keyed by its primary key is judged by the key alone (PostgreSQL makes
         every partition column part of it), any other by its row image."""
-        regclass = self._one("SELECT %s::oid::regclass::text", (table.oid,))
         by_key = table.key == self.primary_key(table.oid)
         images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
         keys = rows.column("key").to_pylist()
-        relation = sql.SQL(regclass.replace("%", "%%"))
+        relation = self.relation_sql(table.oid)
         query = sql.SQL(
             "SELECT x.replog_key FROM jsonb_to_recordset(%s::jsonb)"
             " AS x(replog_key text, replog_row jsonb)"
@@ -583,6 +591,11 @@ class PostgresSource:
             " AND c.relkind IN ('r', 'p')",
             (schema, table),
         ).fetchone()
+        if row is None and qualified in self.known:  # renamed since: captured by its id
+            row = self.connection.execute(
+                "SELECT oid, relkind FROM pg_class WHERE oid = %s AND relkind IN ('r', 'p')",
+                (self.known[qualified],),
+            ).fetchone()
         if row is None:
             raise SourceConfigError(
                 f"table {qualified!r} does not exist in database {self.database!r}"
@@ -877,7 +890,7 @@ class PostgresSource:
         now (each value its output text); None if no row has that key."""
         query = sql.SQL("SELECT {} FROM {} WHERE ({}) = ({})").format(
             sql.SQL(", ").join(sql.Identifier(name) for name in columns),
-            sql.Identifier(table.schema, table.name),
+            self.relation_sql(table.oid),
             sql.SQL(", ").join(sql.Identifier(name) for name in table.key),
             self.key_bound(table),
         )
@@ -994,7 +1007,7 @@ class PostgresSource:
         )
         added = []
         if not exists:
-            tables = [sql.Identifier(t.schema, t.name) for t in self.tables.values()]
+            tables = [self.relation_sql(t.oid) for t in self.tables.values()]
             self.connection.execute(
                 sql.SQL("CREATE PUBLICATION {} FOR TABLE {} WITH ({})").format(
                     name, sql.SQL(", ").join(tables), options
@@ -1035,9 +1048,7 @@ class PostgresSource:
         if self.own_publication and oid in self._own_members():
             self.connection.execute(
                 sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
-                    sql.Identifier(self.publication), sql.SQL(self._one(
-                        "SELECT %s::oid::regclass::text", (oid,)
-                    ))
+                    sql.Identifier(self.publication), self.relation_sql(oid)
                 )
             )  # fmt: skip
             logger.info("removed %s from publication %s", name, self.publication)
@@ -1048,7 +1059,7 @@ class PostgresSource:
             return
         self.connection.execute(
             sql.SQL("ALTER PUBLICATION {} ADD TABLE {}").format(
-                sql.Identifier(self.publication), sql.Identifier(table.schema, table.name)
+                sql.Identifier(self.publication), self.relation_sql(table.oid)
             )
         )
         logger.info("added %s to publication %s", table.qualified, self.publication)
