@@ -192,12 +192,16 @@ def _start(directory: Path) -> Broker | None:
         if process.poll() is not None:
             if "Address already in use" in broker.output():
                 return None
-            raise RuntimeError(f"the Kafka broker exited ({process.returncode}):\n{broker.output()}")
+            raise RuntimeError(
+                f"the Kafka broker exited ({process.returncode}):\n{broker.output()}"
+            )
         if _started(broker):
             return broker
         time.sleep(0.2)
     broker.stop()
-    raise RuntimeError(f"the Kafka broker did not answer in {READY_WITHIN_S:.0f}s:\n{broker.output()}")
+    raise RuntimeError(
+        f"the Kafka broker did not answer in {READY_WITHIN_S:.0f}s:\n{broker.output()}"
+    )
 
 
 @contextmanager
