@@ -78,6 +78,7 @@ bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/
 	for section in python age spark s3 writers stream; do \
 	  $(SPARK_PY) benchmarks/bench_commits.py $$section || exit 1; done
 	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_debezium.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_apply.py
 	$(SPARK_PY) benchmarks/bench_apply_scale.py
