@@ -37,12 +37,12 @@ import psycopg
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
 from bench_scale import accounts, capture_command, measured, pgbench, running_server
+from support.debezium_peer import DebeziumPeer, change_value
 
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture, capture
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms
-from support.debezium_peer import DebeziumPeer, change_value
 
 TABLES = ("public.pgbench_accounts", "public.pgbench_branches", "public.pgbench_tellers",
           "public.pgbench_history")  # fmt: skip
@@ -54,11 +54,6 @@ def peak_rss_mb(pid: int) -> float:
         if line.startswith("VmHWM:"):
             return int(line.split()[1]) / 1024
     raise RuntimeError(f"no VmHWM for {pid}")
-
-
-def _is_last_snapshot_row(record: dict[str, Any]) -> bool:
-    envelope = change_value(record)
-    return envelope is not None and envelope["source"].get("snapshot") == "last"
 
 
 def snapshot(scale: int) -> dict[str, Any]:
@@ -76,7 +71,7 @@ def snapshot(scale: int) -> dict[str, Any]:
             dsn, root / "debezium", tables=("public.pgbench_accounts",), variants="kafka",
             snapshot="initial", extra={"provide.transaction.metadata": "false"},
         ) as peer:  # fmt: skip
-            peer.wait_for(_is_last_snapshot_row)
+            peer.wait_for_text(rb"\"snapshot\":\"last\"")
             seconds = time.perf_counter() - started
             rss = peak_rss_mb(peer.process.pid)
         read = sum(1 for _ in peer.output.open("rb"))
@@ -107,16 +102,11 @@ def streaming(transactions: int) -> dict[str, Any]:
         changes = progress.rows
         directory = root / "debezium-0"  # the same offsets: it resumes at its slot
         (directory / "records.jsonl").unlink()
-        count = 0
-
-        def counted(record: dict[str, Any]) -> bool:
-            nonlocal count
-            count += change_value(record) is not None
-            return count >= changes
-
         with DebeziumPeer(dsn, directory, tables=TABLES, variants="kafka", **settings) as peer:
-            peer.wait_for(counted)
-        stamps = [r["at_ms"] for r in peer.records() if change_value(r) is not None]
+            peer.wait_for_text(rb"\"op\":", changes)
+        records = [r for r in peer.records() if change_value(r) is not None]
+        count = len(records)
+        stamps = [r["at_ms"] for r in records]
         debezium_s = (max(stamps) - min(stamps)) / 1000
         return {
             "transactions": transactions,

@@ -104,7 +104,7 @@ def _properties(directory: Path, broker_port: int, controller_port: int) -> str:
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
         "log.dirs": str(directory / "data"),
         "num.partitions": "1",
-        "auto.create.topics.enable": "false",
+        "auto.create.topics.enable": "true",  # Kafka's default: the docs' topics
         "offsets.topic.replication.factor": "1",
         "offsets.topic.num.partitions": "1",
         "transaction.state.log.replication.factor": "1",
