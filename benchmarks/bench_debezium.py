@@ -34,8 +34,8 @@ from typing import Any
 
 import psycopg
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "benchmarks"), str(ROOT / "tests")]
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))  # the Debezium peer
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scale import accounts, capture_command, measured, pgbench, running_server
 from support.debezium_peer import DebeziumPeer, change_value
 

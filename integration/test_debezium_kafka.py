@@ -192,8 +192,9 @@ def test_debezium_topics_into_replog_exactly_once_through_kills_and_redeliveries
     half = len(as_sent) // 2
     _produce(kafka_broker.bootstrap, as_sent[:half])
     target, checkpoint = str(tmp_path / "log"), str(tmp_path / "chk")
+    connector = ",".join(str(j) for j in jars("spark-kafka"))
     args = [kafka_broker.bootstrap, ",".join(rename.values()), target, checkpoint,
-            "--max-offsets", "40", "--jars", ",".join(str(j) for j in jars("spark-kafka"))]  # fmt: skip
+            "--max-offsets", "40", "--jars", connector]  # fmt: skip
     steps = ["staged", "after_pending", "after_log_commit", "after_committed"]
     for number, step in enumerate(steps):
         crashed = run_app("kafka_to_replog.py", *args, fault=f"{step}@{number + 1}")
@@ -305,12 +306,13 @@ def test_a_kafka_replay_from_a_time_and_a_consumer_reset_to_it_agree(
         ["id"],
     )  # fmt: skip
     iso = datetime.datetime.fromtimestamp(middle / 1000, datetime.timezone.utc)
+    when = iso.isoformat(timespec="milliseconds").replace("+00:00", "Z")
     done = replog("consumer", "set", url, "--consumer", "replay", "--create", "--execute",
-                  "--to-datetime", iso.isoformat(timespec="milliseconds").replace("+00:00", "Z"))  # fmt: skip
+                  "--to-datetime", when)  # fmt: skip
     assert done.returncode == 0, done.stderr
     replayed: list[str] = []
-    (spark.readStream.format("replog").option("consumer", "replay").load(url)
-     .writeStream.foreachBatch(lambda b, _: replayed.extend(r[0] for r in b.select("event_id").collect()))
+    (spark.readStream.format("replog").option("consumer", "replay").load(url).select("event_id")
+     .writeStream.foreachBatch(lambda b, _: replayed.extend(r[0] for r in b.collect()))
      .option("checkpointLocation", str(tmp_path / "chk-replay"))
      .trigger(availableNow=True).start().awaitTermination())  # fmt: skip
     from_kafka = sorted(r["event_id"] for r in replayed_kafka.collect())
