@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo demo-throughput test test-fast lint dist bench clean
+.PHONY: help install jars demo demo-throughput test test-fast lint dist bench clean
 
 help: ## show this help
 	@echo "replog — make targets:"
@@ -21,6 +21,21 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install replog with its dev tools
 
+# The JVM parts the tests run beside Spark (jvm/pom.xml): Apache Kafka's broker, Spark's
+# Kafka connector, Debezium's PostgreSQL connector. Fetched from Maven Central once into
+# .jars/ (Maven keeps its downloads in ~/.m2); never committed, never in the wheel.
+JARS       := .jars
+JARS_STAMP := $(JARS)/.installed-stamp
+JVM_SOURCES := $(shell find jvm -name pom.xml -o -name '*.java')
+
+$(JARS_STAMP): $(JVM_SOURCES)
+	@command -v mvn >/dev/null || { echo "the tests' Kafka and Debezium jars need Maven: apt-get install -y maven"; exit 1; }
+	rm -rf $(JARS)
+	mvn -q -B -f jvm/pom.xml package -Djars.dir=$(abspath $(JARS))
+	touch $(JARS_STAMP)
+
+jars: $(JARS_STAMP) ## fetch the Kafka, Spark-Kafka and Debezium jars the tests use into .jars/
+
 # Bytecode for replog, as pip writes it for an installed wheel: with PYTHONDONTWRITEBYTECODE
 # set (as on these machines), every Python process Spark starts would compile replog anew.
 BYTECODE := $(PY) -m compileall -q src
@@ -34,7 +49,7 @@ demo-throughput: $(STAMP) ## 1M synthetic CDC events -> replog -> mask -> replog
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo_throughput.py
 
 # Plain `pytest` deselects the spark and slow tiers (pyproject's addopts); -m "" selects all.
-test: $(STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
+test: $(STAMP) $(JARS_STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" --durations=20 $(PYTEST_ARGS)
 
@@ -53,7 +68,7 @@ dist: $(STAMP) ## build the wheel into dist/
 # docstring says to run it; hours in all (the chaos runs alone are 10 minutes each, more
 # with the pipeline's catch-up).
 SPARK_PY := PYSPARK_PYTHON=$(abspath $(PY)) $(PY)
-bench: $(STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
+bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	$(BYTECODE)
 	$(PY) benchmarks/bench_log.py
 	$(SPARK_PY) benchmarks/bench_source.py
@@ -63,6 +78,7 @@ bench: $(STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	for section in python age spark s3 writers stream; do \
 	  $(SPARK_PY) benchmarks/bench_commits.py $$section || exit 1; done
 	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_debezium.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_apply.py
 	$(SPARK_PY) benchmarks/bench_apply_scale.py
@@ -76,4 +92,4 @@ bench: $(STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	$(SPARK_PY) benchmarks/pgbench_follow.py
 
 clean: ## remove build outputs and demo data
-	rm -rf dist build demo-data bench-data .pytest_cache .mypy_cache .ruff_cache
+	rm -rf dist build demo-data bench-data .pytest_cache .mypy_cache .ruff_cache jvm/*/target

@@ -98,13 +98,26 @@ def memory_url() -> Iterator[str]:
         fs.rm(url, recursive=True)
 
 
+def _spark_kafka_jars() -> str:
+    """Spark's Kafka connector and its few dependencies beyond Spark's own, as local jars
+    (``make jars``): on the classpath at start-up, no resolution at each start. Empty when
+    they were not fetched (the Kafka tests then fail in their broker fixture, saying so)."""
+    from support.kafka import JARS
+
+    return ",".join(str(jar) for jar in sorted((JARS / "spark-kafka").glob("*.jar")))
+
+
 @pytest.fixture(scope="session")
 def spark():
-    """One SparkSession for the whole run; ``local[2,3]`` so failed tasks are retried."""
+    """One SparkSession for the whole run; ``local[2,3]`` so failed tasks are retried;
+    Spark's Kafka source and sink available (``format("kafka")``)."""
     from pyspark.sql import SparkSession
 
+    builder = SparkSession.builder
+    if _spark_kafka_jars():
+        builder = builder.config("spark.jars", _spark_kafka_jars())
     session = (
-        SparkSession.builder.master("local[2,3]")
+        builder.master("local[2,3]")
         .appName("replog-tests")
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
@@ -130,6 +143,16 @@ def pg_dsn(postgres_server) -> Iterator[str]:
     """A fresh database on the session's server, dropped after the test."""
     with postgres_server.database() as dsn:
         yield dsn
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """A real Apache Kafka broker (KRaft, one node) for the whole session
+    (tests/support/kafka.py): started on first use, stopped and deleted at the end."""
+    from support.kafka import running_broker
+
+    with running_broker() as broker:
+        yield broker
 
 
 _REMOTE_SESSIONS: list[Any] = []

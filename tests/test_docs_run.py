@@ -12,10 +12,12 @@ A block that cannot run here says why in a marker on the line before it::
 and one that uses what its reader has (their session, their log, their database, their
 input file) names it::
 
-    <!-- docs-test: given spark, url, dsn, debezium.jsonl -->
+    <!-- docs-test: given spark, url, dsn, debezium.jsonl, kafka -->
 
 which this test provides: the test session, a log of Debezium customer changes, a
-PostgreSQL database with a table ``public.orders``, a file of Debezium change events.
+PostgreSQL database with a table ``public.orders``, a file of Debezium change events, a
+Kafka broker (a real one, tests/support/kafka.py: ``broker:9092`` in the block is its
+address) whose topic ``dbserver1.inventory.products`` holds Debezium change events.
 Every other block must run as written.
 """
 
@@ -98,13 +100,29 @@ def script(block: Block) -> str:
     return block.text
 
 
+KAFKA_TOPIC = "dbserver1.inventory.products"
+
+
 class Reader:
     """What a block's reader has (``given``), made on first use."""
 
-    def __init__(self, root: Path, spark: Any, pg_dsn: str) -> None:
-        self.root, self.spark, self.pg_dsn = root, spark, pg_dsn
+    def __init__(self, root: Path, spark: Any, pg_dsn: str, kafka: Any) -> None:
+        self.root, self.spark, self.pg_dsn, self.kafka = root, spark, pg_dsn, kafka
         self._url: str | None = None
         self._dsn: str | None = None
+        self._topic = False
+
+    def bootstrap(self) -> str:
+        """The broker's address, its topic holding the Debezium file's change events."""
+        if not self._topic:
+            from confluent_kafka import Producer
+
+            producer = Producer({"bootstrap.servers": self.kafka.bootstrap, "log_level": 3})
+            for line in DEBEZIUM_FILE.read_text().splitlines():
+                producer.produce(KAFKA_TOPIC, value=line.encode())
+            assert producer.flush(120) == 0
+            self._topic = True
+        return str(self.kafka.bootstrap)
 
     def url(self) -> str:
         if self._url is None:
@@ -137,6 +155,8 @@ class Reader:
                 namespace["dsn"] = self.dsn()
             elif name == "chk":
                 namespace["chk"] = str(self.root / "given-checkpoint")
+            elif name == "kafka":
+                self.bootstrap()
             elif name.endswith(".jsonl"):
                 shutil.copy(DEBEZIUM_FILE, self.root / name)
             else:
@@ -164,11 +184,15 @@ def run_document(document: str, root: Path, reader: Reader) -> list[str]:
             skipped.append(f"{block.where}: {block.skip}")
             continue
         reader.provide(block, namespace)
+        text = moved(block.text, root)
+        if "kafka" in block.given:
+            text = text.replace("broker:9092", reader.bootstrap())
         if block.language == "python":
-            code = compile(moved(block.text, root), block.where, "exec")
+            code = compile(text, block.where, "exec")
             exec(code, namespace)
         elif block.language in SHELL:
             run(["bash", "-e", "-o", "pipefail", "-c", moved(script(block), root)], root)
+            assert "kafka" not in block.given, f"{block.where}: kafka is for Python blocks"
         else:
             raise AssertionError(f"{block.where}: a {block.language} block needs a marker")
     return skipped
@@ -178,11 +202,12 @@ def run_document(document: str, root: Path, reader: Reader) -> list[str]:
 @pytest.mark.slow
 @pytest.mark.parametrize("document", ["README.md", "docs/CDC.md"])
 def test_the_documents_code_blocks_run(
-    document: str, tmp_path: Path, spark: Any, pg_dsn: str
+    document: str, tmp_path: Path, spark: Any, pg_dsn: str, kafka_broker: Any
 ) -> None:
     for prefix in MOVED:
         (tmp_path / prefix.strip("/").replace("://", "-")).mkdir()
-    skipped = run_document(document, tmp_path, Reader(tmp_path, spark, pg_dsn))
+    reader = Reader(tmp_path, spark, pg_dsn, kafka_broker)
+    skipped = run_document(document, tmp_path, reader)
     for query in spark.streams.active:  # a block's query left running is a failure
         query.stop()
         raise AssertionError(f"{document}: a block left query {query.name or query.id} running")
@@ -197,6 +222,29 @@ def test_the_documents_code_blocks_run(
         orders = read_table(DeltaTable(str(tables / "orders")))
         assert customers.num_rows > 0
         assert sorted(orders.column("id").to_pylist()) == [1, 2]
+        # "Kafka -> replog in Spark": the topic's changes in the log; "Debezium out": the
+        # given log's events (and a tombstone per delete) in topic inventory.customers
+        from replog.log import ReplicationLog
+
+        products = ReplicationLog.open(str(tmp_path / "s3-bucket" / "logs" / "products"))
+        changes = [line for line in DEBEZIUM_FILE.read_text().splitlines() if '"op"' in line]
+        assert sum(products.head().values()) == len(changes)
+        given = spark.read.format("replog").load(reader.url())
+        expected = given.count() + given.where("operation = 'delete'").count()
+        assert _topic_size(kafka_broker.bootstrap, "inventory.customers") == expected
+
+
+def _topic_size(bootstrap: str, topic: str) -> int:
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "docs", "log_level": 3})
+    metadata = consumer.list_topics(topic, timeout=60).topics[topic]
+    total = 0
+    for partition in metadata.partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=60)
+        total += high - low
+    consumer.close()
+    return total
 
 
 def test_markers_are_few_and_every_block_is_run_or_says_why() -> None:

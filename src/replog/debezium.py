@@ -35,9 +35,11 @@ Out: :func:`original_envelope` rebuilds the Debezium value an event was appended
 
 from __future__ import annotations
 
+import datetime
 import functools
 import hashlib
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -375,7 +377,7 @@ def _mongo_canonical(value: Any) -> Any:  # noqa: PLR0911 - one return per BSON 
     return {name: _mongo_canonical(inner) for name, inner in value.items()}
 
 
-def _mongo_wrapper(name: str, inner: Any) -> Any:
+def _mongo_wrapper(name: str, inner: Any) -> Any:  # noqa: PLR0911 - one return per BSON form
     """A one-member extended-JSON wrapper of a number or date in its canonical form (None:
     not one of those)."""
     if name in _MONGO_NUMBERS and isinstance(inner, str):
@@ -387,6 +389,13 @@ def _mongo_wrapper(name: str, inner: Any) -> Any:
         return {"$date": _mongo_number(str(inner["$numberLong"]))}
     if name == "$date" and isinstance(inner, int | Decimal) and not isinstance(inner, bool):
         return {"$date": _mongo_number(str(inner))}
+    if name == "$date" and isinstance(inner, str):  # relaxed mode (a message key): ISO 8601
+        try:
+            moment = datetime.datetime.fromisoformat(inner.replace("Z", "+00:00"))
+        except ValueError:
+            return None
+        epoch = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
+        return {"$date": RawJSON(str((moment - epoch) // datetime.timedelta(milliseconds=1)))}
     return None
 
 
@@ -409,6 +418,101 @@ def _mongo_key(row: dict[str, Member] | None, message_key: dict[str, Member] | N
             'message key {"id": ...} (give Kafka record lines {"key": ..., "value": ...})'
         )
     return '{"_id":' + jsontext.encode(_mongo_canonical(value)) + "}"
+
+
+def _java_double(number: Decimal) -> str:
+    """A double as Java's ``Double.toString`` writes it (what the BSON writer's relaxed mode
+    gives for a double): ``1004.0``, ``0.5``, ``1.0E20``, ``1.5E-5``."""
+    value = float(number)
+    if value == 0:
+        return "-0.0" if math.copysign(1.0, value) < 0 else "0.0"
+    shortest = Decimal(repr(value))  # the shortest digits that read back, as Java 19+ gives
+    if 1e-3 <= abs(value) < 1e7:
+        text = format(shortest, "f")
+        return text if "." in text else text + ".0"
+    sign, digits, _ = shortest.as_tuple()
+    significant = "".join(map(str, digits)).rstrip("0") or "0"
+    mantissa = significant[0] + "." + (significant[1:] or "0")
+    return ("-" if sign else "") + f"{mantissa}E{shortest.adjusted()}"
+
+
+_DATE_MIN_MS, _DATE_MAX_MS = 0, 253402300799999  # 1970 .. 9999: relaxed mode's ISO range
+
+
+def _relaxed_date(inner: Any) -> str | None:
+    millis = inner["$numberLong"] if isinstance(inner, dict) and "$numberLong" in inner else inner
+    if isinstance(millis, bool) or not isinstance(millis, int | Decimal | str):
+        return None
+    try:
+        millis = int(millis)
+    except ValueError:
+        return None
+    if not _DATE_MIN_MS <= millis <= _DATE_MAX_MS:
+        return '{"$date": {"$numberLong": "' + str(millis) + '"}}'
+    moment = datetime.datetime.fromtimestamp(millis // 1000, datetime.timezone.utc)
+    fraction = f".{millis % 1000:03d}" if millis % 1000 else ""
+    return '{"$date": "' + moment.strftime("%Y-%m-%dT%H:%M:%S") + fraction + 'Z"}'
+
+
+def _relaxed_wrapper(name: str, inner: Any) -> str | None:
+    """A one-member extended-JSON wrapper (a number or date) in relaxed mode; None: not one."""
+    if name in ("$numberInt", "$numberLong") and isinstance(inner, str):
+        return str(int(inner))
+    if name == "$numberDouble" and isinstance(inner, str):
+        if inner in ("NaN", "Infinity", "-Infinity"):
+            return '{"$numberDouble": "' + inner + '"}'
+        return _java_double(Decimal(inner))
+    if name == "$date":
+        return _relaxed_date(inner)
+    return None
+
+
+def _relaxed(value: Any) -> str:
+    """A document id (as parsed from extended JSON, either mode) written as MongoDB's BSON
+    writer writes it in relaxed mode with Debezium's settings (indented with no indent and no
+    new lines: ``{"a": 1,"b": 2}``): the text Debezium's MongoDB connector puts in the message
+    key's ``id`` (``JsonSerialization.getDocumentIdOplog``)."""
+    if isinstance(value, bool) or value is None or isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, Decimal):  # a JSON number with a fraction or exponent: a double
+        return _java_double(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_relaxed(item) for item in value) + "]"
+    if not isinstance(value, dict):
+        raise InvalidEventError(f"a MongoDB id of an unknown form: {value!r}")
+    wrapped = _relaxed_wrapper(*next(iter(value.items()))) if len(value) == 1 else None
+    if wrapped is not None:
+        return wrapped
+    if set(value) == {"$binary", "$type"} and isinstance(value["$binary"], str):
+        value = {"$binary": {"base64": value["$binary"], "subType": value["$type"]}}
+    members = (
+        f"{json.dumps(name, ensure_ascii=False)}: {_relaxed(v)}" for name, v in value.items()
+    )
+    return "{" + ",".join(members) + "}"
+
+
+def message_key(key: str | None, metadata: str | None, data: str | None) -> str | None:
+    """The Kafka message key the event's connector writes: the event's key, except for
+    MongoDB, whose key inside the log is the canonical ``{"_id":...}`` but whose connector
+    writes ``{"id":"<the id as relaxed extended JSON>"}`` (``{"id":"1004"}``), so that a
+    consumer that looks a document up by the key's ``id`` finds it. The id is taken from the
+    document when the event holds it (its types exact: an int64, a double), else from the key."""
+    if key is None or not key.startswith('{"_id":'):
+        return key
+    members = _debezium_metadata(metadata)
+    if members is None or members["source"].value.get("connector") != "mongodb":
+        return key
+    document: Any = None
+    if data is not None:
+        try:
+            document = json.loads(data, parse_float=Decimal, parse_int=int)
+        except ValueError:
+            document = None
+    if not isinstance(document, dict) or "_id" not in document:
+        document = json.loads(key, parse_float=Decimal)
+    return '{"id":' + json.dumps(_relaxed(document["_id"]), ensure_ascii=False) + "}"
 
 
 def _mongo_partial(image: _Image, key: str) -> str:

@@ -142,15 +142,18 @@ def from_debezium(
     )
 
 
-def _envelope(row: Row, log: str | None) -> str:
-    """The Debezium value of one replog event: the envelope it was appended from when
-    its metadata holds one (:func:`replog.debezium.original_envelope`), else replog's."""
+def _record_out(row: Row, log: str | None) -> tuple[str | None, str]:
+    """The Kafka message key and Debezium value of one replog event: the key the event's
+    connector writes (:func:`replog.debezium.message_key`: MongoDB's ``{"id":"1004"}``, every
+    other event's own key) and the envelope it was appended from when its metadata holds one
+    (:func:`replog.debezium.original_envelope`), else replog's."""
     data, before = _text(row["data"]), _text(row["before"])
+    key = debezium.message_key(row["key"], row["metadata"], data)
     original = debezium.original_envelope(
         row["metadata"], operation=row["operation"], data=data, before=before
     )
     if original is not None:
-        return original
+        return key, original
     source = {
         "connector": "replog",
         "log": log,
@@ -160,7 +163,7 @@ def _envelope(row: Row, log: str | None) -> str:
         "event_id": row["event_id"],
         "ts_ms": row["ts_ms"],
     }
-    return debezium.envelope(
+    return key, debezium.envelope(
         operation=row["operation"], data=data, before=before, ts_ms=row["ts_ms"], source=source
     )
 
@@ -196,7 +199,8 @@ def to_debezium(
     storage_options: dict[str, str] | None = None,
 ) -> DataFrame:
     """The replog source's rows as Kafka records of Debezium change events, ready for
-    ``df.write.format("kafka")``: ``key`` (the event's key, Debezium's message-key form),
+    ``df.write.format("kafka")``: ``key`` (the event's key, Debezium's message-key form; for
+    MongoDB the connector's own ``{"id":"<id as extended JSON>"}``),
     ``value`` (the envelope) and ``headers`` (``replog.shard``, ``replog.sequence``,
     ``replog.event_id`` and, when ``log`` names the log, ``replog.log_id``; UTF-8 text).
 
@@ -214,6 +218,7 @@ def to_debezium(
         "shard",
         "sequence",
         "event_id",
+        "key",
         F.unix_millis(F.col("timestamp")).alias("ts_ms"),
         "operation",
         "collection",
@@ -221,7 +226,9 @@ def to_debezium(
         "before",
         F.col("metadata").cast("string").alias("metadata"),
     )
-    envelope = F.udf(lambda row: _envelope(row, log), "string", useArrow=False)(fields)
+    record = F.udf(lambda row: _record_out(row, log), "key string, value string", useArrow=False)(
+        fields
+    )
     log_id = _log_id(log, storage_options)
     headers = [
         _header(SHARD_HEADER, F.col("shard")),
@@ -231,9 +238,8 @@ def to_debezium(
     if log_id is not None:
         headers.append(_header(LOG_ID_HEADER, F.lit(log_id)))
     records = frame.select(
-        F.col("key"),
+        record.alias("record"),
         F.col("operation"),
-        envelope.alias("value"),
         F.array(*headers).cast(HEADERS_TYPE).alias("headers"),
     )
     values = F.array(F.col("value"))
@@ -242,6 +248,7 @@ def to_debezium(
             F.col("operation") == F.lit("delete"),
             F.array(F.col("value"), F.lit(None).cast("string")),
         ).otherwise(values)
+    records = records.select("record.key", "operation", "record.value", "headers")
     return records.select("key", F.explode(values).alias("value"), "headers")
 
 
