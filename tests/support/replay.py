@@ -44,15 +44,21 @@ def log_table(url: str, collection: str) -> dict[str, dict[str, Any]]:
             name: previous.get(name, value) if value == UNAVAILABLE else value
             for name, value in image.items()
         }
-    defaults: dict[str, Any] = {}
-    for version in registry.versions(log.storage, collection):
-        for column in version.columns():
-            if column.default is not None:
-                defaults[column.name] = column.default
+    defaults = _defaults(log, collection)
     for image in state.values():
         for name, value in defaults.items():
             image.setdefault(name, value)
     return state
+
+
+def _defaults(log: ReplicationLog, collection: str) -> dict[str, Any]:
+    """What rows written before a column was added hold in it (the registry's defaults)."""
+    return {
+        column.name: column.default
+        for version in registry.versions(log.storage, collection)
+        for column in version.columns()
+        if column.default is not None
+    }
 
 
 def source_table(dsn: str, table: str, key: tuple[str, ...] = ("id",)) -> dict[str, Any]:
