@@ -495,6 +495,8 @@ class PostgresCapture:
     def _save_plan(self) -> None:
         self._plan_changed |= self.watch.changed or self.removals.changed
         self.watch.changed = self.removals.changed = False
+        if self.plan is not None and self.plan.tables != self._table_ids():
+            self._plan_changed = True  # a table joined, was released or replaced
         if self.plan is not None and self._plan_changed:
             self.plan.tables = self._table_ids()
             self.plan.save(self.log.storage)
