@@ -19,6 +19,8 @@ from support.logs import commit_offsets, filled_log, log_rows
 from replog import ingest
 from replog.capture.options import capture_app_id as app_id
 from replog.capture.progress import CaptureProgress
+from replog.capture.running import RunRecord
+from replog.capture.slots import Holder, ServerSlots, SlotState
 from replog.checkpoints.consumers import committed_position
 from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
 from replog.cli import results
@@ -84,8 +86,19 @@ def _cases(tmp_path: Path) -> list[Case]:
     consumer = status.consumer_position(log, "etl")
     position = committed_position(log, "etl")
     assert position is not None
-    log_status = status.with_server(
-        status.log_status(log), 0x16B4000, {"orders": 0x16B3748, "other": None}
+    RunRecord(log.storage, "orders", log.log_id).claim()  # a capture of "orders" running
+    orders = _slot("orders", owner={"log_id": log.log_id, "log": url})
+    log_status = status.with_server(status.log_status(log), 0x16B4000, {"orders": orders})
+    server = ServerSlots(
+        "shop",
+        0x16B4000,
+        orders.server_ms,
+        "10GB",
+        (
+            orders,
+            _slot("taken", holder=Holder(4711, "replog capture taken pid 9 on h", "h", 1)),
+            _slot("debezium", plugin="decoderbufs", lag_note="measured for pgoutput only"),
+        ),
     )
     plan = retention.plan_truncation(log, {0: 2, 1: 2})
     captured = CaptureProgress(
@@ -96,7 +109,10 @@ def _cases(tmp_path: Path) -> list[Case]:
         position=0x16B3748,
         slot_dropped=True,
         publication_dropped="orders",
+        table_events={"public.orders": {"read": 5, "insert": 10, "update": 2}},
     )
+    kept = CaptureProgress(position=0x16B3748, retained_wal_bytes=81_920,
+                           slot_wal_status="reserved", heartbeats=3, truncations=1)  # fmt: skip
     recovered = recovery.recover(ReplicationLog.open(url), grace_ms=0, dry_run=True)
     assert recovered.garbage
     merges = compaction.CompactionResult(tuple(plan_full(log.refresh())), None)
@@ -191,9 +207,35 @@ def _cases(tmp_path: Path) -> list[Case]:
                 "  etl ",
                 "  s1 ",
                 "captures (1):",
-                "  orders ",
+                "  orders                   running on ",
                 "at LSN 0/16B3748 (log version ",
-                "server at 0/16B4000, lag 2,232 bytes, slot confirmed 0/16B3748",
+                "server at 0/16B4000, slot confirmed 0/16B3748: lag 2,232 bytes and 1.5s; "
+                "2,272 bytes of WAL kept (reserved, 1,000,000 bytes before it is at risk)",
+            ),
+        ),
+        Case(
+            "slots",
+            r.Slots.of(server),
+            (
+                "server at 0/16B4000, max_slot_wal_keep_size 10GB; 3 logical slot(s)",
+                "orders  database shop, pgoutput: not read, last released ",
+                f"    owner     log {url} (id {log.log_id})",
+                "    confirmed 0/16B3748: 2,232 bytes of WAL behind; 1.5s behind (oldest "
+                "unconfirmed commit)",
+                "    keeps     2,272 bytes of WAL (wal_status reserved, 1,000,000 bytes before",
+                "taken  database shop, pgoutput: captured by replog capture taken pid 9 on h "
+                "(server process 4711, from h)",
+                "debezium  database shop, decoderbufs: ",
+                "seconds behind unknown: measured for pgoutput only",
+            ),
+        ),
+        Case(
+            "slot_dropped",
+            r.SlotDropped.of(orders, dropped=True, publication="orders"),
+            (
+                "dropped slot orders and capture's own publication orders in database shop (it "
+                "kept 2,272 bytes of WAL)",
+                f"the capture of log {url} can no longer resume",
             ),
         ),
         Case(
@@ -213,16 +255,27 @@ def _cases(tmp_path: Path) -> list[Case]:
         ),
         Case(
             "captured",
-            r.Captured.of(url, captured),
+            r.Captured.of(url, captured, "orders", "replog slots drop 'dbname=shop' orders", 9),
             (
                 f"captured 12 rows (5 in the snapshot) of 4 transactions into {url}",
                 "position 0/16B3748",
+                "  public.orders: 5 read, 10 insert, 2 update",
                 "dropped the replication slot and its publication orders",
             ),
         ),
         Case(
+            "captured_kept",
+            r.Captured.of(url, kept, "orders", "replog slots drop 'dbname=shop' orders"),
+            (
+                "1 TRUNCATE(s) captured, 3 heartbeats written",
+                "slot orders keeps 81,920 bytes of WAL on the server (wal_status reserved), "
+                "growing with every write until a capture reads it again; if none will, drop "
+                "it: replog slots drop 'dbname=shop' orders",
+            ),
+        ),
+        Case(
             "snapshot_requested",
-            r.SnapshotRequested.of("shop", ["public.orders"], 0x16B3748),
+            r.SnapshotRequested.of("shop", ["public.orders"], 0x16B3748, "a1b2"),
             ("asked the capture of slot shop to snapshot public.orders", "LSN 0/16B3748"),
         ),
         Case(
@@ -243,6 +296,29 @@ def _cases(tmp_path: Path) -> list[Case]:
     ]
 
 
+def _slot(name: str, **given: Any) -> SlotState:
+    """A slot as ``replog slots`` reads it: 2,232 bytes of WAL behind, 1.5 s."""
+    fields: dict[str, Any] = {
+        "name": name,
+        "database": "shop",
+        "plugin": "pgoutput",
+        "temporary": False,
+        "active_pid": None,
+        "restart_lsn": 0x16B3720,
+        "confirmed_lsn": 0x16B3748,
+        "server_lsn": 0x16B4000,
+        "server_ms": 1_800_000_001_500,
+        "wal_status": "reserved",
+        "safe_bytes": 1_000_000,
+        "invalidation": None,
+        "inactive_since_ms": 1_800_000_000_000,
+        "oldest_unconfirmed_ms": 1_800_000_000_000,
+        "lag_note": None,
+        "publication": name,
+    }
+    return SlotState(**{**fields, **given})
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
     return {case.name: case for case in _cases(tmp_path_factory.mktemp("output"))}
@@ -251,8 +327,8 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
 NAMES = [
     "created", "schemas", "appended", "info", "verified", "history", "manifests", "manifest",
     "validated", "consumers", "consumer", "consumer_set", "consumer_deleted", "status",
-    "truncation_plan", "truncated", "recovered", "captured", "snapshot_requested", "compacted",
-    "key_compacted", "failed",
+    "truncation_plan", "truncated", "recovered", "captured", "captured_kept",
+    "snapshot_requested", "compacted", "key_compacted", "failed", "slots", "slot_dropped",
 ]  # fmt: skip
 
 

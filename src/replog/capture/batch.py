@@ -10,6 +10,8 @@ position (the staged-commit protocol, :meth:`~replog.log.ReplicationLog.commit_s
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,10 +55,13 @@ class Batch:
         """Transactions it holds that are heartbeats (they carry no event)."""
         self.removed: list[str] = []
         """What the deletes at its head are for (:mod:`~replog.capture.removals`)."""
+        self.counts: Counter[tuple[str, str]] = Counter()
+        """Its events by (collection, operation; ``read``: a snapshot chunk's rows)."""
 
     def add(self, events: list[Event]) -> None:
         self.held.add(events)
         self.events += len(events)
+        self.counts.update((event.collection, event.operation) for event in events)
         self._stage_if_many()
 
     def add_chunk(self, chunk: Chunk) -> None:
@@ -64,6 +69,7 @@ class Batch:
         rows = list(chunk.events.values())
         self.held.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata, rows)
         self.events += len(rows)
+        self.counts[(chunk.table.qualified, "read")] += len(rows)
         self.chunk = chunk
         self._stage_if_many()
 

@@ -616,6 +616,7 @@ class PostgresCapture:
             self._plan_changed = True  # saved with the next change of the plan
         self.progress.position = max(position, last)
         self.progress.rows += batch.events - (len(batch.chunk.events) if batch.chunk else 0)
+        self.progress.count(batch.counts)
         self.progress.transactions += batch.captured
         self.progress.skipped_transactions += batch.transactions - batch.captured - batch.heartbeats
         if batch.last_commit_ms is not None:

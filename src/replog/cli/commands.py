@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -147,9 +148,13 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     )
     options.check()
     postgres = _postgres()
+    from replog.capture.slots import SlotProbe  # noqa: PLC0415 - needs psycopg
+    from replog.capture.source import safe_dsn  # noqa: PLC0415 - needs psycopg
+
     stop = threading.Event()
-    metrics = CaptureMetrics(args.slot, args.url)
-    server = serve(metrics, args.metrics_port) if args.metrics_port is not None else None
+    probe = SlotProbe(options.dsn, options.slot, options.publication or options.slot)
+    metrics = CaptureMetrics(args.slot, args.url, probe=lambda: _measured(probe))
+    server, port = _serve_metrics(metrics, args.metrics_port)
     try:
         with _display(out) as display:
             shown = CaptureDisplay(display)
@@ -187,11 +192,75 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
         if server is not None:
             server[0].shutdown()
             server[0].server_close()
-    out.show(results.Captured.of(args.url, captured))
+        probe.close()
+    given = safe_dsn(options.dsn)  # never the password
+    where = shlex.quote(given) if "=" in given else "DSN"
+    drop = f"replog slots drop {where} {options.slot}"
+    out.show(results.Captured.of(args.url, captured, options.slot, drop, port))
     return 0
 
 
+def _serve_metrics(metrics: CaptureMetrics, port: int | None) -> tuple[Any, int | None]:
+    """The ``--metrics-port`` endpoint (None without one) and the port it bound (0 asks
+    for any free one), said at once on stderr (also under --json, whose stdout holds only
+    the summary): a script learns where to scrape as soon as the endpoint is up."""
+    if port is None:
+        return None, None
+    server = serve(metrics, port)
+    bound = int(server[0].server_port)
+    print(f"replog: metrics at http://{socket.gethostname()}:{bound}/metrics",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return server, bound
+
+
+def _measured(probe: Any) -> dict[str, Any] | None:
+    """The capture's slot on the server at a scrape, as ``status --json`` names its fields."""
+    slot = probe.measure()
+    return None if slot is None else slot.to_json()
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def cmd_slots(args: argparse.Namespace, out: Output) -> int:
+    """``replog slots DSN`` lists the server's logical slots; ``replog slots drop DSN
+    NAME`` drops one, after naming what depends on it and (on a terminal, unless
+    ``--force``) asking."""
+    words = list(args.words)
+    _postgres()  # the 'postgres' extra, or a clear error
+    from replog.capture import slots  # noqa: PLC0415 - needs psycopg
+
+    if words[0] != "drop":
+        if len(words) != 1 or args.force:
+            raise InvalidOptionError(
+                "slots: give one DSN to list the slots ('replog slots DSN'), or 'replog slots "
+                "drop DSN NAME [--force]' to drop one"
+            )
+        out.show(results.Slots.of(slots.list_slots(words[0])))
+        return 0
+    if len(words) != 3:
+        raise InvalidOptionError("slots drop: give the DSN and the slot's name: "
+                                 "'replog slots drop DSN NAME [--force]'")  # fmt: skip
+    dsn, name = words[1], words[2]
+    slot = slots.inspect(dsn, name)
+    slots.check_free(slot)
+    if not args.force:
+        if not sys.stdin.isatty():
+            raise InvalidOptionError(
+                f"slots drop {name}: not asking without a terminal; give --force to drop it "
+                f"from a script ({'; '.join(slots.dependents(slot))})"
+            )
+        print(f"slot {name} (database {slot.database}, plug-in {slot.plugin}):", file=sys.stderr)
+        for said in slots.dependents(slot):
+            print(f"  - {said}", file=sys.stderr)
+        print(f"drop slot {name}? [y/N] ", end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
+        if answer.strip().lower() not in ("y", "yes"):
+            out.show(results.SlotDropped.of(slot, dropped=False))
+            return 1
+    done = slots.drop(dsn, slot)
+    out.show(results.SlotDropped.of(slot, dropped=True, publication=done.publication))
+    return 0
 
 
 def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
@@ -548,10 +617,19 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
-    report = status.log_status(open_log(args))
+    log = open_log(args)
+    report = status.log_status(log)
     if args.source_dsn:
-        postgres = _postgres()
-        report = status.with_server(report, *postgres.server_positions(args.source_dsn))
+        _postgres()  # the 'postgres' extra, or a clear error
+        from replog.capture import slots  # noqa: PLC0415 - needs psycopg
+        from replog.capture.snapshot import SnapshotPlan  # noqa: PLC0415 - needs psycopg
+
+        tables = {}
+        for capture in report.captures:
+            plan = SnapshotPlan.load(log.storage, capture.slot, log.log_id)
+            tables[capture.slot] = sorted(plan.tables) if plan is not None else []
+        server, states = slots.capture_slots(args.source_dsn, tables)
+        report = status.with_server(report, server.server_lsn, states)
     shown = results.Status.of(report)
     if args.format == "prometheus":
         out.stream.write(status_metrics(shown.document))

@@ -29,6 +29,8 @@ COMMAND_SCHEMAS = {
     "append": "append",
     "capture": "capture",
     "snapshot": "snapshot",
+    "slots": "slots",
+    "slots drop": "slots-drop",
     "info": "info",
     "schemas": "schemas",
     "read": "event",

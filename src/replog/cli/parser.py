@@ -35,13 +35,13 @@ def _count(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    """A TCP port, 1..65535."""
+    """A TCP port to listen on, 0..65535 (0: any free port, chosen when it binds)."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1..65535)")
+        value = -1
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0..65535; 0: any free port)")
     return value
 
 
@@ -191,7 +191,8 @@ def _capture_commands(command: _Command) -> None:
         type=_port,
         metavar="PORT",
         help="serve Prometheus metrics on this port while capturing (/metrics on every "
-        "interface): changes, snapshot, lag, errors",
+        "interface): changes per table, snapshot, lag in WAL bytes and seconds, retained "
+        "WAL, heartbeats, errors. 0: any free port, said on stderr and in --json",
     )
     p.add_argument(
         "--snapshot-chunk-rows",
@@ -212,6 +213,32 @@ def _capture_commands(command: _Command) -> None:
         default=DEFAULT_STAGE_EVENTS,
         help="events held in memory before they are staged as files: bounds the memory of "
         f"a large transaction, still committed once (default {DEFAULT_STAGE_EVENTS})",
+    )
+
+    p = command(
+        "slots",
+        commands.cmd_slots,
+        help="list the server's logical replication slots, or drop one ('slots drop DSN NAME')",
+        description="'replog slots DSN' lists every logical replication slot of the server "
+        "(any database): its plug-in, who reads or captures it, the log that owns it (named "
+        "in capture's own publication), the WAL it keeps, its confirmed position and how far "
+        "behind it is in bytes and in seconds (the oldest commit it holds unconfirmed, on the "
+        "server's clock). 'replog slots drop DSN NAME' drops one after naming what depends "
+        "on it, and capture's own publication of it; it asks first on a terminal (--force: "
+        "never), and refuses a slot that is being read or captured.",
+    )
+    p.add_argument(
+        "words",
+        nargs="+",
+        metavar="DSN | drop DSN NAME",
+        help="a libpq connection string or URI (any database of the server); drop: also "
+        "the slot's name",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="drop without asking (for scripts; a slot being read or captured is refused "
+        "all the same)",
     )
 
     p = command(
