@@ -140,6 +140,13 @@ def test_errors_are_json_documents_with_their_exit_code(tmp_path: Path) -> None:
 
 
 def test_snapshot_request(pg_dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_dsn, autocommit=True) as connection:  # what capture of s publishes
+        connection.execute(
+            "CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE u (id int PRIMARY KEY)"
+        )
+        connection.execute("CREATE PUBLICATION s FOR TABLE t, u")
     document = run_json(
         "snapshot",
         "postgres",
