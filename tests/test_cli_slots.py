@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 from psycopg.conninfo import make_conninfo
-from support.capture import query, run, sql
+from support.capture import captured, query, run, sql
 from support.cli import REPLOG, replog
 from test_cli_output import validate
 
+from replog.capture import slots
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture
 from replog.errors import SourcePositionError
@@ -53,7 +54,7 @@ def _status(url: str, dsn: str) -> dict[str, Any]:
 
 
 @contextmanager
-def following(dsn: str, url: str, slot: str, tables: tuple[str, ...]) -> Iterator[None]:
+def following(dsn: str, url: str, slot: str, tables: tuple[str, ...]) -> Iterator[threading.Thread]:
     """A capture following ``tables`` in a thread while the block runs (its errors are
     raised at the end)."""
     stop = threading.Event()
@@ -75,7 +76,7 @@ def following(dsn: str, url: str, slot: str, tables: tuple[str, ...]) -> Iterato
                              f"'{slot}'") == [(0,)]:  # fmt: skip
                 assert thread.is_alive(), errors
                 time.sleep(0.05)
-            yield
+            yield thread
         finally:
             stop.set()
             thread.join(300)
@@ -258,6 +259,40 @@ def test_lag_in_seconds_grows_while_capture_is_down_and_reads_zero_when_caught_u
     caught = _status(url, pg_dsn)
     assert (caught["lag_s"], caught["oldest_unconfirmed_commit_ms"]) == (0, None)
     assert caught["lsn"] == caught["slot_lsn"]
+
+
+def test_measuring_the_lag_never_disturbs_a_running_capture(pg_dsn: str, tmp_path: Path) -> None:
+    """The lag is read from a copy of the slot: a peek of the slot itself while the
+    capture reads it would make one of the two fail ("replication slot ... is active"),
+    which measuring without a pause while the capture follows writes would meet."""
+    _tables(pg_dsn)
+    url = str(tmp_path / "log")
+    notes: list[str | None] = []
+    done = threading.Event()
+
+    def measure() -> None:
+        with slots.connect(pg_dsn) as connection:
+            while not done.is_set():
+                slot = slots.read_slots(connection, "live").get("live")
+                if slot is not None:
+                    notes.append(slots.with_lag(connection, slot, ["live"]).lag_note)
+
+    with following(pg_dsn, url, "live", ("t",)) as capture:
+        measuring = threading.Thread(target=measure, daemon=True)
+        measuring.start()
+        written = 0
+        while len(notes) < 100:  # a hundred measures while the capture reads writes
+            sql(pg_dsn, f"UPDATE t SET v = {written} WHERE id = {written % 10 + 1}")
+            written += 1
+            assert capture.is_alive() and measuring.is_alive()
+        while _slots(pg_dsn)["live"]["lag_s"] != 0:  # the capture catches up
+            assert capture.is_alive()
+            time.sleep(0.05)
+        done.set()
+        measuring.join(300)
+    assert set(notes) == {None}, [n for n in notes if n][:3]
+    updates = [e for e in captured(ReplicationLog.open(url)) if e["op"] == "u"]
+    assert len(updates) == written
 
 
 def test_status_says_when_a_capture_cannot_resume_and_how_its_last_run_ended(
