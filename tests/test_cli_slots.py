@@ -16,20 +16,16 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 from psycopg.conninfo import make_conninfo
-from support.capture import captured, query, run, sql
+from support.capture import captured, following, query, run, sql
 from support.cli import REPLOG, replog
 from test_cli_output import validate
 
 from replog.capture import slots
-from replog.capture.options import CaptureOptions
-from replog.capture.postgres import PostgresCapture
 from replog.errors import SourcePositionError
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms, use_clock
@@ -51,36 +47,6 @@ def _slots(dsn: str) -> dict[str, dict[str, Any]]:
 def _status(url: str, dsn: str) -> dict[str, Any]:
     [capture] = _json("status", url, "--source-dsn", dsn, schema="status")["captures"]
     return capture  # type: ignore[no-any-return]
-
-
-@contextmanager
-def following(dsn: str, url: str, slot: str, tables: tuple[str, ...]) -> Iterator[threading.Thread]:
-    """A capture following ``tables`` in a thread while the block runs (its errors are
-    raised at the end)."""
-    stop = threading.Event()
-    errors: list[BaseException] = []
-    options = CaptureOptions(dsn=dsn, slot=slot, tables=tables, follow=True, poll_s=0.05)
-    log = ReplicationLog.open_or_create(url, 2)
-    with PostgresCapture(options, log, stop=stop) as capture:
-
-        def body() -> None:
-            try:
-                capture.run()
-            except BaseException as exc:  # raised by the test below
-                errors.append(exc)
-
-        thread = threading.Thread(target=body, daemon=True)
-        thread.start()
-        try:
-            while query(dsn, f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
-                             f"'{slot}'") == [(0,)]:  # fmt: skip
-                assert thread.is_alive(), errors
-                time.sleep(0.05)
-            yield thread
-        finally:
-            stop.set()
-            thread.join(300)
-    assert not errors, errors
 
 
 def _tables(dsn: str) -> None:
