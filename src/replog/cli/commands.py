@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -48,6 +48,9 @@ from replog.ops.recovery import DEFAULT_GRACE_MS
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
+
+if TYPE_CHECKING:  # psycopg is the 'postgres' extra's
+    from replog.capture.slots import SlotProbe
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 """``append`` shows its progress for files at least this large."""
@@ -213,7 +216,7 @@ def _serve_metrics(metrics: CaptureMetrics, port: int | None) -> tuple[Any, int 
     return server, bound
 
 
-def _measured(probe: Any) -> dict[str, Any] | None:
+def _measured(probe: SlotProbe) -> dict[str, Any] | None:
     """The capture's slot on the server at a scrape, as ``status --json`` names its fields."""
     slot = probe.measure()
     return None if slot is None else slot.to_json()

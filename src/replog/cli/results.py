@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from replog.capture.options import capture_slot
 from replog.capture.pgoutput import lsn_to_text
@@ -35,6 +35,9 @@ from replog.ops.status import ConsumerStatus, LogStatus
 from replog.ops.verify import VerifyReport
 from replog.schemas.registry import SchemaVersion
 from replog.timeutil import now_ms
+
+if TYPE_CHECKING:  # psycopg is the 'postgres' extra's: the CLI works without it
+    from replog.capture.slots import ServerSlots, SlotState
 
 
 def age(ms: int | None) -> str:
@@ -280,8 +283,7 @@ class Slots(Result):
     schema = "slots"
 
     @classmethod
-    def of(cls, found: Any) -> Slots:
-        """``found``: a :class:`~replog.capture.slots.ServerSlots`."""
+    def of(cls, found: ServerSlots) -> Slots:
         return cls(found.to_json())
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
@@ -327,8 +329,10 @@ class SlotDropped(Result):
     schema = "slots-drop"
 
     @classmethod
-    def of(cls, slot: Any, *, dropped: bool, publication: str | None = None) -> SlotDropped:
-        """``slot``: the :class:`~replog.capture.slots.SlotState` before the drop."""
+    def of(
+        cls, slot: SlotState, *, dropped: bool, publication: str | None = None
+    ) -> SlotDropped:
+        """``slot``: as it was before the drop."""
         return cls(
             {
                 "slot": slot.name,
