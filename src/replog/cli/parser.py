@@ -219,6 +219,7 @@ def _capture_commands(command: _Command) -> None:
         "slots",
         commands.cmd_slots,
         help="list the server's logical replication slots, or drop one ('slots drop DSN NAME')",
+        usage="replog slots [--json] DSN\n       replog slots drop [--json] [--force] DSN NAME",
         description="'replog slots DSN' lists every logical replication slot of the server "
         "(any database): its plug-in, who reads or captures it, the log that owns it (named "
         "in capture's own publication), the WAL it keeps, its confirmed position and how far "
