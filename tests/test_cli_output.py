@@ -502,3 +502,22 @@ def test_status_shows_captures_without_a_server(tmp_path: Path) -> None:
     assert document["captures"][0]["lag_bytes"] is None
     elsewhere = status.with_server(report, 0x16B4000, {})
     assert "the server has no slot 'orders'" in render(TextOutput, results.Status.of(elsewhere))
+
+
+def test_status_says_why_a_capture_cannot_resume(tmp_path: Path) -> None:
+    """An invalidated slot, and one consumed past the log's position: each named, with
+    --reset-slot as the way on (the missing and foreign slots: tests/test_cli_slots.py)."""
+    log = filled_log(str(tmp_path / "log"), commits=1, per_commit=2, shards=1)
+    log.append([{"key": "b", "data": {}}], transaction=Transaction(app_id("orders"), 0x16B3748))
+    report = status.log_status(log)
+    lost = _slot("orders", wal_status="lost", invalidation="wal_removed", lag_note="invalidated")
+    ahead = _slot("orders", confirmed_lsn=0x16B3800)
+    for slot, said in (
+        (lost, "the server invalidated slot 'orders' (wal_removed): the WAL after the log's "
+               "position is gone; 'replog capture ... --reset-slot' starts over"),
+        (ahead, "slot 'orders' was advanced to 0/16B3800, past the log's position 0/16B3748"),
+    ):  # fmt: skip
+        document = results.Status.of(status.with_server(report, 0x16B4000, {"orders": slot}))
+        validate(document.document, "status")
+        assert document.document["captures"][0]["problem"].startswith(said)
+        assert f"CANNOT RESUME: {said}" in render(TextOutput, document)
