@@ -242,10 +242,10 @@ def _check_head(storage: Storage, state: LogState, base: bytes | None, idle_ms: 
 def _check_no_gap(
     storage: Storage, state: LogState, seen: dict[int, bool], probe: int
 ) -> None:
-    """After commit ``state.version + 1`` was found missing and commit ``state.version``
-    checked to be the state's (:func:`_check_head`): raise :class:`MissingCommitError`
-    if one of the ``probe`` commits after the missing one exists (``seen``: which of
-    them the caller already looked at).
+    """After commit ``state.version + 1`` was found missing: raise
+    :class:`MissingCommitError` if one of the ``probe`` commits after it exists
+    (``seen``: which of them the caller already looked at) and it is still missing when
+    read again, with commit ``state.version`` still the state's.
 
     A writer puts commit v + 1 only once commit v exists, and retention deletes commits
     oldest first: a missing commit below one that exists, above a commit that is still
