@@ -402,10 +402,13 @@ def test_damage_is_named_or_read_past_by_the_source_as_by_replog_read(
     own commit deleted, the hint deleted: every event; a commit missing in the middle:
     an error naming it (it read the 128 events before it as the whole log)."""
     root = Path(str(tmp_path))
+
+    def misnamed(p: Path) -> None:  # and a hint without the copy, which would serve
+        shutil.copyfile(p / history.header_path(20), p / history.header_path(30))
+        (p / history.SNAPSHOT_HINT_PATH).write_text(json.dumps({"version": 30}))
+
     damages = {
-        "misnamed": lambda p: shutil.copyfile(
-            p / history.header_path(20), p / history.header_path(30)
-        ),
+        "misnamed": misnamed,
         "corrupt_header": lambda p: (p / history.header_path(30)).write_bytes(b"{}"),
         "checkpoint_commit": lambda p: (p / commit_path(30)).unlink(),
         "hint": lambda p: (p / history.SNAPSHOT_HINT_PATH).unlink(),
