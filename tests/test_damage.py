@@ -319,3 +319,25 @@ def test_corruption_in_a_commit_after_a_gap_is_no_reason_to_read_past_it(
     (url / commit_path(34)).write_bytes(b"not json")
     with pytest.raises(CorruptionError, match="commit 33 is missing, but commit 34 exists"):
         ReplicationLog.open(str(url)).refresh()
+
+
+# -- on S3, where commits are read in parallel rounds ---------------------------------------
+
+
+def test_a_gap_on_s3_is_named_at_open_and_by_a_running_reader(s3: Any) -> None:
+    """On remote storage the commits after a header are read C at once, and a reader's
+    check reads the commit after the round alongside: the same gaps are found there."""
+    options = s3.storage_options
+    log = ReplicationLog.create(s3.url("log"), 3, storage_options=options, auto_compact=False)
+    add(log, 1, 15)
+    reader = ReplicationLog.open(log.url, storage_options=options)
+    assert reader.refresh().version == 15
+    add(log, 16, 19)
+    log.storage.delete(commit_path(17))
+    with pytest.raises(MissingCommitError, match="commit 17 is missing, but commit 18 exists"):
+        reader.refresh()
+    with pytest.raises(MissingCommitError, match="commit 17 is missing, but commit 18 exists"):
+        ReplicationLog.open(log.url, storage_options=options).refresh()
+    with pytest.raises(MissingCommitError, match="commit 17 is missing"):
+        ReplicationLog.open(log.url, storage_options=options).append([{"key": "k", "data": 1}])
+    assert not log.storage.exists(commit_path(17))
