@@ -299,6 +299,7 @@ def test_a_commit_far_ahead_is_named_by_verify(tmp_path: Path) -> None:
     problems = verified(url)
     missing = [p for p in problems if "commit is missing (later commits exist)" in p["message"]]
     assert [p["path"][-25:-5] for p in missing] == [f"{v:020d}" for v in range(36, 60)]
+    assert all("readers and writers stop at version 35" in p["message"] for p in missing)
     assert any(p["path"].endswith(commit_path(60)) and "holds version 35" in p["message"]
                for p in problems)  # fmt: skip
 

@@ -77,8 +77,9 @@ def _problem(exc: BaseException, fallback_path: str) -> Problem:
     return Problem(path, str(exc).removeprefix(f"{path}: "))
 
 
-def _missing(version: int, headers: list[int]) -> str:
-    """What a commit missing below later ones means, given the usable ``headers``."""
+def _missing(version: int, headers: list[int], stop: int) -> str:
+    """What a commit missing below later ones means, given the usable ``headers``
+    (``stop``: the version readers stop at, before the first commit they need)."""
     above = [header for header in headers if header >= version]
     if above:
         return (
@@ -88,7 +89,8 @@ def _missing(version: int, headers: list[int]) -> str:
         )
     return (
         f"commit is missing (later commits exist): readers and writers stop at version "
-        f"{version - 1} with an error naming it, and 'replog recover' deletes nothing; "
+        f"{stop} with an error naming the first missing commit, and 'replog recover' "
+        f"deletes nothing; "
         f"restore it from a backup (or the object's previous version)"
     )
 
@@ -104,12 +106,15 @@ def _commits(
     oldest = _oldest_retained(log, versions)
     state, applied_from = _replay_start(log, oldest - 1, problems)
     broken = False
+    stop: int | None = None
     for version in range(oldest, last + 1):
         path = log.storage.path(commit_path(version))
         try:
             record = history.read_commit(log.storage, version)
             if record is None:
-                raise CorruptionError(path, _missing(version, headers))
+                if stop is None and not any(header >= version for header in headers):
+                    stop = version - 1
+                raise CorruptionError(path, _missing(version, headers, stop or version - 1))
             if not broken and version >= applied_from:
                 state.apply(record)
         except (ReplogError, OSError) as exc:
