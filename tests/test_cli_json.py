@@ -136,6 +136,14 @@ def test_errors_are_json_documents_with_their_exit_code(tmp_path: Path) -> None:
 
 
 def test_snapshot_request(pg_dsn: str) -> None:
+    from support.capture import sql
+
+    sql(  # what the capture of slot s made: its publication, named after the slot
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE TABLE u (id int PRIMARY KEY)",
+        "CREATE PUBLICATION s FOR TABLE t, u",
+    )
     document = run_json(
         "snapshot",
         "postgres",
@@ -147,6 +155,7 @@ def test_snapshot_request(pg_dsn: str) -> None:
         schema=covered("snapshot"),
     )
     assert document["tables"] == ["t", "public.u"] and document["slot"] == "s"
+    assert document["signal_id"]
 
 
 def test_every_command_with_a_schema_was_run() -> None:
