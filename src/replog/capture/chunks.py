@@ -44,8 +44,15 @@ logger = logging.getLogger(__name__)
 ATTEMPTS = 5
 """Reads of one chunk before capture gives up on a table whose columns change each time."""
 
-_MOVED = (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable, RelationGone)
-"""What a read meets when the table changed under it (a column or the relation gone)."""
+_MOVED = (
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    RelationGone,
+)
+"""What a read meets when the table changed under it: a column or the relation gone, a
+key column retyped so that its old type's bound no longer compares with it (``text >
+integer``). Taken as such only when the catalog shows the change (else raised)."""
 
 
 @dataclass
@@ -148,7 +155,7 @@ class ChunkReader:
 
     def read(self, snapshot: TableSnapshot, table: Table) -> Chunk | None:
         """The next chunk of ``snapshot`` (of ``table``, described anew), read between
-        its watermarks; None if the table was dropped meanwhile."""
+        its watermarks; None if the table (or the partition read) left meanwhile."""
         for _ in range(ATTEMPTS):
             described = self._describe(snapshot, table)
             if described is None:
@@ -159,12 +166,14 @@ class ChunkReader:
             try:
                 read = self._read(snapshot, table, low)
             except _MOVED as exc:
-                logger.info("%s changed while a chunk was read (%s): read again", table.qualified,
+                if not self._moved(snapshot, table):
+                    raise
+                logger.info("%s changed while a chunk was read (%s): read again", snapshot.name,
                             str(exc).strip().splitlines()[0])  # fmt: skip
                 continue
-            if self.source.columns_of(table.oid) != table.columns:
-                logger.info("the columns of %s changed while a chunk was read: read again",
-                            table.qualified)  # fmt: skip
+            if self._moved(snapshot, table):
+                logger.info("%s changed while a chunk was read: read again",
+                            snapshot.name)  # fmt: skip
                 continue
             events, after, leaf, block, finished = read
             high = self.source.emit_message(WATERMARK_PREFIX, watermark_content(mark, "high"))
@@ -175,11 +184,21 @@ class ChunkReader:
             f"(start it again once the DDL on the table is done)"
         )
 
+    def _moved(self, snapshot: TableSnapshot, table: Table) -> bool:
+        """Whether ``table`` changed since it was described: its columns (or the table
+        gone), or the partition the snapshot reads no longer one of its leaves."""
+        return self.source.columns_of(table.oid) != table.columns or bool(
+            snapshot.relation and not self.source.is_leaf_of(snapshot.relation, table.oid)
+        )
+
     def _describe(self, snapshot: TableSnapshot, table: Table) -> Table | None:
-        """``table`` as the catalog has it now (None: dropped); a key column retyped
-        starts its snapshot again from the first key."""
+        """``table`` as the catalog has it now (None: dropped, or the partition the
+        snapshot reads dropped or detached: its rows are no longer the table's); a key
+        column retyped starts its snapshot again from the first key."""
         described = self.source.refresh_columns(table)
         if described is None:
+            return None
+        if snapshot.relation and not self.source.is_leaf_of(snapshot.relation, table.oid):
             return None
         if _key_types(described) != _key_types(table) and snapshot.after is not None:
             logger.warning(

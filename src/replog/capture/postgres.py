@@ -168,8 +168,8 @@ class PostgresCapture:
                 if not self.options.follow:
                     self.watch.check(now=True)  # DDL since the last look owes nothing
                     self._save_plan()
-                    if self._snapshot_owed() or self.removals.end_before is not None:
-                        continue
+                    if self._snapshot_owed() or self.removals.owed:
+                        continue  # a marker written at that look is in the WAL: read to it
                     break
                 self.stop.wait(self.options.poll_s)
         if self.options.drop_slot:
@@ -352,10 +352,10 @@ class PostgresCapture:
         if not owed.started_ms:
             owed.started_ms = now_ms()
         chunk = self.chunks.read(owed, table)
-        if chunk is None:  # the table was dropped: the watch says what comes of it
-            logger.warning("%s was dropped while its snapshot was read: the snapshot is "
-                           "given up", owed.name)  # fmt: skip
-            self.plan.drop(owed.table)
+        if chunk is None:  # the table, or the partition, left: the watch says what comes of it
+            logger.warning("%s was dropped (or detached) while its snapshot was read: the "
+                           "snapshot is given up", owed.name)  # fmt: skip
+            self.plan.give_up(owed)
             self._plan_changed = True
             self.watch.check(now=True)
             return

@@ -19,7 +19,7 @@ from typing import Any
 import psycopg
 from psycopg import sql
 
-from replog.capture.source import PostgresSource, Table, text_rows
+from replog.capture.source import PostgresSource, Table, relation_of, text_rows
 
 Key = list[str | None]
 """A key as its columns' text, in key order."""
@@ -40,18 +40,12 @@ class TableRows:
         self.connection = connection
 
     def relation(self, oid: int) -> sql.Composable:
-        """Relation ``oid`` as a read names it: ``ONLY`` a plain table (inheritance children
-        are published as themselves), a partitioned table with its partitions. Raises
-        :class:`RelationGone` for one dropped meanwhile."""
-        row = self.connection.execute(
-            "SELECT c.relkind, quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
-            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
-            (oid,),
-        ).fetchone()
-        if row is None:
+        """Relation ``oid`` as a read names it (:func:`~replog.capture.source.relation_of`).
+        Raises :class:`RelationGone` for one dropped meanwhile."""
+        found = relation_of(self.connection, oid)
+        if found is None:
             raise RelationGone(oid)
-        only = sql.SQL("ONLY ") if row[0] == "r" else sql.SQL("")
-        return sql.SQL("{}{}").format(only, sql.SQL(row[1]))
+        return found
 
     def _select(self, table: Table, relation: sql.Composable) -> sql.Composed:
         columns = sql.SQL(", ").join(sql.Identifier(name) for name, _, _ in table.columns)

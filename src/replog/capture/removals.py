@@ -126,6 +126,16 @@ class Removals:
 
     # -- what is owed -------------------------------------------------------------------
 
+    @property
+    def owed(self) -> bool:
+        """Deletes are owed at a point of the stream not read yet (a batch ended before
+        it, or a marker of a partition's removal is still ahead): a capture that is not
+        following reads on to it before it ends."""
+        return self.end_before is not None or any(
+            removal.get("done_at") is None
+            for removal in (self.plan.removals if self.plan is not None else [])
+        )
+
     def _reset(self, name: str) -> str:
         return f"{RESET}:{name}"
 

@@ -245,6 +245,16 @@ class SnapshotPlan:
             return True
         return self.enqueue(table, reason, estimate)
 
+    def give_up(self, snapshot: TableSnapshot) -> None:
+        """Stop taking ``snapshot`` (what it reads left the table)."""
+        self.queue = [item for item in self.queue if item is not snapshot]
+        pending = self.pending
+        if pending is not None and (pending.table, pending.relation) == (
+            snapshot.table,
+            snapshot.relation,
+        ):
+            self.pending = None
+
     def drop(self, table: str) -> None:
         """Stop snapshotting ``table`` (it was dropped)."""
         self.queue = [item for item in self.queue if item.table != table]

@@ -291,6 +291,15 @@ class PostgresSource:
             self._roots[oid] = int(root) if root is not None and int(root) != oid else None
         return self._roots[oid]
 
+    def is_leaf_of(self, leaf: int, root: int) -> bool:
+        """Whether relation ``leaf`` is a leaf partition of table ``root`` now."""
+        return bool(
+            self._one(
+                "SELECT count(*) FROM pg_partition_tree(%s) WHERE relid = %s::oid AND isleaf",
+                (root, leaf),
+            )
+        )
+
     def relation_name(self, oid: int) -> str:
         """``schema.table`` of relation ``oid``."""
         return str(
@@ -681,15 +690,29 @@ class PostgresSource:
         self, table: Table, key: Sequence[str | None], columns: Sequence[str]
     ) -> dict[str, str | None] | None:
         """``columns`` of the row whose key columns' text is ``key``, as the table holds it
-        now (each value its output text); None if no row has that key."""
+        now (each value its output text); None if no row has that key. The change that
+        asks may be older than DDL on the table: the table is named by its id (renamed
+        since: still found), only the columns it still has are read (a column renamed or
+        dropped since is left out: its value is not the row's any more under that name),
+        and the key is compared as its columns are typed now; a table, or a key column,
+        gone since holds no row."""
+        relation = relation_of(self.connection, table.oid)
+        now = self.columns_of(table.oid)
+        present = {name for name, _, _ in now}
+        if relation is None or not set(table.key) <= present:
+            return None
+        wanted = [name for name in columns if name in present]
         query = sql.SQL("SELECT {} FROM {} WHERE ({}) = ({})").format(
-            sql.SQL(", ").join(sql.Identifier(name) for name in columns),
-            sql.Identifier(table.schema, table.name),
+            sql.SQL(", ").join([sql.SQL("true"), *(sql.Identifier(name) for name in wanted)]),
+            relation,
             sql.SQL(", ").join(sql.Identifier(name) for name in table.key),
-            self.key_bound(table),
+            self.key_bound(replace(table, columns=now)),
         )
-        rows = text_rows(self.connection, query, list(key))
-        return dict(zip(columns, rows[0], strict=True)) if rows else None
+        try:
+            rows = text_rows(self.connection, query, list(key))
+        except psycopg.errors.DataException:  # the key's text is no value of its type now
+            return None
+        return dict(zip(wanted, rows[0][1:], strict=True)) if rows else None
 
     def estimated_rows(self, table: Table, relation: int = 0) -> int:
         """The planner's estimate of the rows of ``table`` (or of its partition
@@ -865,6 +888,21 @@ class PostgresSource:
     def reader(self) -> psycopg.Connection[Any]:
         """A second session, for reading table rows (the snapshot's chunks)."""
         return connect(self.options.dsn)
+
+
+def relation_of(connection: psycopg.Connection[Any], oid: int) -> sql.Composable | None:
+    """Relation ``oid`` as a query names it (None: it no longer exists): ``ONLY`` a plain
+    table (inheritance children are published as themselves), a partitioned table with
+    its partitions; by its name now, so a table renamed is still found."""
+    row = connection.execute(
+        "SELECT c.relkind, quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
+    if row is None:
+        return None
+    only = sql.SQL("ONLY ") if row[0] == "r" else sql.SQL("")
+    return sql.SQL("{}{}").format(only, sql.SQL(row[1]))
 
 
 def publication_tables(connection: psycopg.Connection[Any], publication: str) -> list[str] | None:
