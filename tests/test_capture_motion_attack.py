@@ -4,14 +4,19 @@ builds with the source, row by row (tests/support/replay.py)."""
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 from support.capture import query, run, sql
+from support.cli import REPLOG
 from support.logcheck import check_log
 from support.replay import differences, log_table, source_table
 from test_capture_motion import Moved, _rows, assert_equal, capture_moved
@@ -202,6 +207,13 @@ def test_a_column_dropped_and_added_again_under_its_name_between_chunks(
     assert_equal(url, pg_dsn)
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="a column renamed and renamed back leaves the catalog as it was (same attnum, "
+    "name and type; only its pg_attribute xmin moved, as SET DEFAULT moves it): rows "
+    "changed meanwhile keep the transient name downstream; only the stream's Relation "
+    "messages witness it (see the review's report)",
+)
 def test_a_column_renamed_and_back_while_capture_is_down_keeps_its_name(
     pg_dsn: str, tmp_path: Path
 ) -> None:
@@ -548,4 +560,70 @@ def test_a_partition_removed_at_the_last_look_is_deleted_before_capture_ends(
     _partitioned(pg_dsn)
     moved = Moved(pg_dsn, before={4: ["ALTER TABLE t DETACH PARTITION t_2"]})
     capture_moved(pg_dsn, url, moved, snapshot_chunk_rows=500)
+    assert_equal(url, pg_dsn)
+
+
+def test_a_capture_killed_while_it_reads_a_chunk_again(pg_dsn: str, tmp_path: Path) -> None:
+    """A column added after a chunk's columns were described: the chunk is read again
+    between new watermarks, and the capture dies there (the statement run at that
+    watermark fails, as a kill would stop it). The restart reads on from the plan."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int, body text)", _rows(500))
+    moved = Moved(
+        pg_dsn,
+        before={
+            3: ["ALTER TABLE t ADD COLUMN c int DEFAULT 7", "UPDATE t SET c = id WHERE id > 250"],
+            4: ["SELECT 1 / 0"],  # the chunk read again: the capture dies here
+            6: ["UPDATE t SET c = -1 WHERE id < 20"],
+        },
+    )
+    with pytest.raises(psycopg.errors.DivisionByZero):
+        capture_moved(pg_dsn, url, moved, snapshot_chunk_rows=100)
+    assert moved.chunks == 4
+    capture_moved(pg_dsn, url, moved, snapshot_chunk_rows=100)
+    assert_equal(url, pg_dsn)
+
+
+@pytest.mark.slow
+def test_sigkills_at_every_commit_through_ddl_and_partitions(pg_dsn: str, tmp_path: Path) -> None:
+    """``replog capture postgres`` SIGKILLed (its process group, as a machine failure)
+    just after each commit, DDL between the runs: a partition detached, one attached, a
+    column dropped and added again, a table rewritten, a partition detached and attached
+    again. Every row equal at the end, no event twice."""
+    url = str(tmp_path / "log")
+    _partitioned(pg_dsn)
+    sql(
+        pg_dsn,
+        "CREATE TABLE t_3 PARTITION OF t FOR VALUES FROM (2001) TO (3001)",
+        "INSERT INTO t SELECT g, 0, 'c' FROM generate_series(2001, 3000) g",
+        "CREATE TABLE t_4 (LIKE t INCLUDING ALL)",
+        "INSERT INTO t_4 SELECT g, 4, 'late' FROM generate_series(3001, 3300) g",
+    )
+    ddl = {
+        2: ["ALTER TABLE t DETACH PARTITION t_1", "UPDATE t SET v = 2 WHERE id % 7 = 0"],
+        4: ["ALTER TABLE t ATTACH PARTITION t_4 FOR VALUES FROM (3001) TO (4001)"],
+        6: ["ALTER TABLE t DROP COLUMN v", "ALTER TABLE t ADD COLUMN v int"],
+        8: ["ALTER TABLE t ALTER COLUMN v TYPE int USING 8"],
+        10: [
+            "ALTER TABLE t DETACH PARTITION t_3; DELETE FROM t_3 WHERE id > 2900;"
+            " ALTER TABLE t ATTACH PARTITION t_3 FOR VALUES FROM (2001) TO (3001)"
+        ],
+    }
+    env = {**os.environ, "REPLOG_FAULT": "capture_committed"}
+    command = [REPLOG, "capture", "postgres", pg_dsn, url, "--slot", "cap", "--tables", "t",
+               "--snapshot-chunk-rows", "300"]  # fmt: skip
+    kills = 0
+    for attempt in range(300):
+        sql(pg_dsn, *ddl.get(attempt, ()))
+        done = subprocess.run(
+            command, env=env, capture_output=True, start_new_session=True, check=False
+        )
+        if done.returncode == 0:
+            break
+        assert done.returncode == -signal.SIGKILL, done.stderr.decode()[-2000:]
+        kills += 1
+    else:
+        raise AssertionError("capture never ended")
+    assert kills > max(ddl)
+    check_log(ReplicationLog.open(url))  # gapless, no event id twice
     assert_equal(url, pg_dsn)

@@ -69,6 +69,7 @@ from replog.capture.source import (
     WATERMARK_PREFIX,
     PostgresSource,
     Table,
+    qualified_name,
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
@@ -396,7 +397,7 @@ class PostgresCapture:
         logger.info("signal %s asks for snapshots of %s", signal_id, ", ".join(names))
         self._plan_changed = True
         for name in names:
-            table = self.source.tables.get(name if "." in name else f"public.{name}")
+            table = self.source.captured(qualified_name(name))
             if table is None:
                 logger.warning(
                     "a signal asks for a snapshot of %s, which this capture does not capture",

@@ -163,6 +163,7 @@ class Removals:
         what = self._removal(removal_id)
         if what not in batch.removed:
             raise EndBefore(commit_lsn, what)
+        self.source.place_partition(int(removal["leaf"]), None)  # its later changes: not ours
 
     def _owed_removal(self, removal_id: str) -> dict[str, Any] | None:
         if self.plan is None:

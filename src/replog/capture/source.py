@@ -24,7 +24,7 @@ import json
 import logging
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
@@ -87,6 +87,27 @@ class Table:
         """The key of a row read with every column of :attr:`columns`, in key order."""
         names = [name for name, _, _ in self.columns]
         return [row[names.index(k)] for k in self.key]
+
+
+class CatalogEntry(NamedTuple):
+    """What the catalog says now of a captured table, named and known by id."""
+
+    oid: int | None
+    """The id its name has now (None: no such table)."""
+    name: str | None
+    """The name its id has now (None: dropped)."""
+    leaves: dict[str, str] | None
+    """Its leaf partitions: id (as text) -> partition constraint (None: not partitioned)."""
+    columns: dict[str, list[str]]
+    """Its columns: ``attnum`` (as text) -> [name, type, the ``xmin`` of its catalog row
+    (written anew by a rename, a retype, ``SET DEFAULT``...)]."""
+    attached: dict[str, str]
+    """Leaf partitions -> the ``xmin`` of the catalog rows that attach it and its parents
+    (written anew by each ATTACH: one detached and attached again has other ones)."""
+    storage: dict[str, int]
+    """The table, or each leaf partition -> its storage (``relfilenode``: new when the
+    relation is rewritten: a retype, a column added with a volatile default, ``VACUUM
+    FULL``)."""
 
 
 def safe_dsn(dsn: str) -> str:
@@ -278,14 +299,25 @@ class PostgresSource:
             )
         )
 
+    def captured(self, name: str) -> Table | None:
+        """The captured table ``schema.table`` names: its collection, or the name a
+        captured table has now (renamed while captured: ``replog snapshot`` checks the
+        publication, which knows it by that name)."""
+        found = self.tables.get(name)
+        if found is None:
+            found = self.table_with_oid(self.current_oids([name])[name] or 0)
+        return found
+
     def table_with_oid(self, oid: int) -> Table | None:
         """The captured table whose id is ``oid`` (whatever it is called now)."""
         return self._by_oid.get(oid)
 
     def partition_root(self, oid: int) -> int | None:
         """The partitioned table at the top of relation ``oid``'s tree (None if it is no
-        partition, or no longer exists). Cached: a partition's root never changes while
-        it stays attached, and a detached one is no longer published through it."""
+        partition, or no longer exists). Cached: the stream's changes of a partition are
+        older than the catalog, so a partition that left its table is placed where its
+        changes still unread belong (:meth:`place_partition`) until the point of the
+        stream where it left."""
         if oid not in self._roots:
             root = self._one("SELECT pg_partition_root(%s::regclass)::oid", (oid,))
             self._roots[oid] = int(root) if root is not None and int(root) != oid else None
@@ -299,6 +331,17 @@ class PostgresSource:
                 (root, leaf),
             )
         )
+
+    def place_partition(self, oid: int, root: int | None) -> None:
+        """Map changes of relation ``oid`` to the table ``root`` from now on (a partition
+        that left it, whose changes up to that point are still to be read); None: to
+        whatever the catalog says at its next change (the stream passed the point where it
+        left: a detached partition a publication of the user's still publishes, as
+        ``FOR ALL TABLES`` does, is no longer that table's)."""
+        if root is None:
+            self._roots.pop(oid, None)
+        else:
+            self._roots[oid] = root
 
     def relation_name(self, oid: int) -> str:
         """``schema.table`` of relation ``oid``."""
@@ -317,13 +360,9 @@ class PostgresSource:
         )
         return {name: (int(oid) if oid is not None else None) for name, oid in rows}
 
-    def catalog_now(
-        self, known: dict[str, int]
-    ) -> dict[str, tuple[int | None, str | None, dict[str, str] | None, dict[str, list[str]]]]:
-        """For each captured table (name -> id), one query: the id its name has now (None:
-        no such table), the name its id has now (None: dropped), its leaf partitions (id
-        as text -> partition constraint; None: not partitioned) and its columns (attnum as
-        text -> [name, type])."""
+    def catalog_now(self, known: dict[str, int]) -> dict[str, CatalogEntry]:
+        """For each captured table (name -> id), what the catalog says of it now (one
+        query for all: :class:`CatalogEntry`)."""
         rows = self._all(
             "SELECT k.name, to_regclass(k.name)::oid,"
             " (SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
@@ -333,20 +372,30 @@ class PostgresSource:
             "  FROM pg_partition_tree(k.oid) t WHERE t.isleaf"
             "  AND (SELECT relkind FROM pg_class WHERE oid = k.oid) = 'p'),"
             " (SELECT json_object_agg(a.attnum::text,"
-            "   json_build_array(a.attname, format_type(a.atttypid, a.atttypmod)))"
+            "   json_build_array(a.attname, format_type(a.atttypid, a.atttypmod), a.xmin::text))"
             "  FROM pg_attribute a"
-            "  WHERE a.attrelid = k.oid AND a.attnum > 0 AND NOT a.attisdropped)"
+            "  WHERE a.attrelid = k.oid AND a.attnum > 0 AND NOT a.attisdropped),"
+            " (SELECT json_object_agg(t.relid::oid::text,"
+            "   (SELECT string_agg(i.xmin::text, '.' ORDER BY u.n)"
+            "    FROM pg_partition_ancestors(t.relid) WITH ORDINALITY AS u(relid, n)"
+            "    JOIN pg_inherits i ON i.inhrelid = u.relid))"
+            "  FROM pg_partition_tree(k.oid) t WHERE t.isleaf),"
+            " (SELECT json_object_agg(c.oid::text, c.relfilenode) FROM pg_class c"
+            "  WHERE c.oid = k.oid AND c.relkind = 'r' OR c.oid IN (SELECT relid FROM"
+            "  pg_partition_tree(k.oid) WHERE isleaf))"
             " FROM unnest(%s::text[], %s::oid[]) AS k(name, oid)",
             (list(known), list(known.values())),
         )
         return {
-            name: (
+            name: CatalogEntry(
                 int(oid) if oid is not None else None,
                 current,
                 dict(leaves) if leaves is not None else None,
                 dict(columns or {}),
+                dict(attached or {}),
+                {leaf: int(node) for leaf, node in (storage or {}).items()},
             )
-            for name, oid, current, leaves, columns in rows
+            for name, oid, current, leaves, columns, attached, storage in rows
         }
 
     def rows_of_partition(
@@ -359,6 +408,7 @@ class PostgresSource:
         range, list, hash and multi-level partitions all read as PostgreSQL reads them.
         A table keyed by its primary key is judged by the key alone (PostgreSQL makes
         every partition column part of it), any other by its row image."""
+        constraint = self._evaluable(constraint)
         regclass = self._one("SELECT %s::oid::regclass::text", (table.oid,))
         by_key = table.key == self.primary_key(table.oid)
         images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
@@ -388,6 +438,27 @@ class PostgresSource:
             ]
             found.extend(row[0] for row in self._all(query, ("[" + ",".join(members) + "]",)))
         return found
+
+    def _evaluable(self, constraint: str) -> str:
+        """``constraint`` with each hash bound whose partitioned table is gone taken as
+        true. A hash partition's constraint names its parent by id
+        (``satisfies_hash_partition('16391'::oid, 2, 0, id)``: the parent's key says how to
+        hash), which no longer answers once that parent was dropped (a sub-partitioned
+        partition dropped whole). Every leaf went with it, so together they held the rows
+        the bounds around the call select: taken as true, the call leaves those."""
+        calls = list(_hash_calls(constraint))
+        if not calls:
+            return constraint
+        present = {
+            int(oid)
+            for (oid,) in self._all(
+                "SELECT oid FROM pg_class WHERE oid = ANY(%s::oid[])", ([o for o, _, _ in calls],)
+            )
+        }
+        for oid, start, end in reversed(calls):
+            if oid not in present:
+                constraint = constraint[:start] + "true" + constraint[end:]
+        return constraint
 
     def describe(self, name: str) -> Table:
         """Table ``name`` as the catalog describes it now, its identity checked."""
@@ -825,6 +896,19 @@ class PostgresSource:
         )
         logger.info("added %s to publication %s", table.qualified, self.publication)
 
+    def remove_from_publication(self, oid: int) -> bool:
+        """Stop publishing relation ``oid`` in capture's own publication; whether it was
+        published there (and still exists)."""
+        if oid not in self._own_members():
+            return False
+        self.connection.execute(
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                sql.Identifier(self.publication),
+                sql.SQL(self._one("SELECT %s::oid::regclass::text", (oid,))),
+            )
+        )
+        return True
+
     def drop_own_publication(self) -> str | None:
         """Drop capture's own publication (with the slot, at ``--drop-slot``); its name,
         or None (a ``--publication`` given is the user's, never dropped)."""
@@ -888,6 +972,32 @@ class PostgresSource:
     def reader(self) -> psycopg.Connection[Any]:
         """A second session, for reading table rows (the snapshot's chunks)."""
         return connect(self.options.dsn)
+
+
+_HASH_CALL = "satisfies_hash_partition('"
+
+
+def _hash_calls(constraint: str) -> Iterator[tuple[int, int, int]]:
+    """(parent id, start, end) of each ``satisfies_hash_partition('<id>'::oid, ...)`` call
+    in a partition constraint (its parentheses matched, quoted text skipped)."""
+    start = constraint.find(_HASH_CALL)
+    while start >= 0:
+        oid_start = start + len(_HASH_CALL)
+        oid = int(constraint[oid_start : constraint.index("'", oid_start)])
+        depth, index, quoted = 0, start + len(_HASH_CALL) - 2, False
+        while True:
+            char = constraint[index]
+            if char == "'":
+                quoted = not quoted  # a doubled quote leaves and enters again: the same
+            elif not quoted and char == "(":
+                depth += 1
+            elif not quoted and char == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            index += 1
+        yield oid, start, index + 1
+        start = constraint.find(_HASH_CALL, index + 1)
 
 
 def relation_of(connection: psycopg.Connection[Any], oid: int) -> sql.Composable | None:
