@@ -526,6 +526,8 @@ class PostgresCapture:
         if mapped is None:
             return order
         table = mapped.table
+        if self.removals.replaced(table):
+            return order
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
             self.watch.replaced(table.qualified, mapped.replaced)
         self.removals.first(table, batch, txn.commit_lsn)

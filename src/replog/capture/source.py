@@ -399,33 +399,63 @@ class PostgresSource:
         }
 
     def rows_of_partition(
-        self, table: Table, rows: pa.Table, constraint: str, *, keep_held: bool
+        self,
+        table: Table,
+        rows: pa.Table,
+        constraint: str,
+        columns: dict[str, list[str]] | None = None,
     ) -> list[str]:
         """The keys of ``rows`` (newest events of ``table``'s collection: ``key`` and
         ``data``) whose row the partition constraint ``constraint``
-        (``pg_get_partition_constraintdef``) selects; with ``keep_held`` False, only those
-        whose key the table does not hold now. The server evaluates the constraint, so
-        range, list, hash and multi-level partitions all read as PostgreSQL reads them.
-        A table keyed by its primary key is judged by the key alone (PostgreSQL makes
-        every partition column part of it), any other by its row image."""
+        (``pg_get_partition_constraintdef``) selects and whose key the table does not
+        hold now. The server evaluates the constraint, so range, list, hash and
+        multi-level partitions all read as PostgreSQL reads them. A table keyed by its
+        primary key is judged by the key alone (PostgreSQL makes every partition column
+        part of it), any other by its row image. ``columns``: the table's columns as they
+        were when the constraint was taken (``attnum`` -> [name, type, ...]), which it
+        names: a column renamed since is read under the name the constraint gives it
+        (else the table's columns now)."""
         constraint = self._evaluable(constraint)
         regclass = self._one("SELECT %s::oid::regclass::text", (table.oid,))
         by_key = table.key == self.primary_key(table.oid)
         images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
         keys = rows.column("key").to_pylist()
         relation = sql.SQL(regclass.replace("%", "%%"))
+        record: sql.Composable = sql.SQL("jsonb_populate_record(NULL::{}, x.replog_row)").format(
+            relation
+        )
+        named = list(table.key)
+        if columns:
+            then = {int(attnum): column[0] for attnum, column in columns.items()}
+            now = {
+                name: int(attnum)
+                for name, attnum in self._all(
+                    "SELECT attname, attnum FROM pg_attribute WHERE attrelid = %s"
+                    " AND attname = ANY(%s) AND NOT attisdropped",
+                    (table.oid, list(table.key)),
+                )
+            }
+            named = [then.get(now.get(name, 0), name) for name in table.key]
+            record = sql.SQL("jsonb_to_record(x.replog_row) AS r({})").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(column[0]), sql.SQL(column[1]))
+                    for _, column in sorted(columns.items(), key=lambda item: int(item[0]))
+                )
+            )
+        else:
+            record = sql.SQL("{} AS r").format(record)
         query = sql.SQL(
             "SELECT x.replog_key FROM jsonb_to_recordset(%s::jsonb)"
             " AS x(replog_key text, replog_row jsonb)"
-            " CROSS JOIN LATERAL jsonb_populate_record(NULL::{}, x.replog_row) AS r WHERE ({})"
-        ).format(relation, sql.SQL(constraint.replace("%", "%%")))
-        if not keep_held:
-            query = sql.SQL("{} AND NOT EXISTS (SELECT FROM {} AS held WHERE ({}) = ({}))").format(
-                query,
-                relation,
-                sql.SQL(", ").join(sql.Identifier("held", k) for k in table.key),
-                sql.SQL(", ").join(sql.Identifier("r", k) for k in table.key),
-            )
+            " CROSS JOIN LATERAL {} WHERE ({})"
+            " AND NOT EXISTS (SELECT FROM {} AS held WHERE ({}) = ({}))"
+        ).format(
+            record,
+            sql.SQL(constraint.replace("%", "%%")),
+            relation,
+            sql.SQL(", ").join(sql.Identifier("held", k) for k in table.key),
+            sql.SQL(", ").join(sql.Identifier("r", k) for k in named),
+        )
         found: list[str] = []
         for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):
             members = [

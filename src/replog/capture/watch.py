@@ -222,9 +222,15 @@ class CatalogWatch:
         assert self.plan is not None
         removal_id = uuid.uuid4().hex
         self.plan.removals.append(
-            {"id": removal_id, "table": name, "leaf": int(leaf),
-             "constraint": constraint, "done_at": None}
-        )  # fmt: skip
+            {
+                "id": removal_id,
+                "table": name,
+                "leaf": int(leaf),
+                "constraint": constraint,
+                "columns": self.plan.columns.get(name),
+                "done_at": None,
+            }
+        )  # fmt: skip  (the columns as the constraint names them: seen at the same look)
         self.source.emit_message(MARKER_PREFIX, json.dumps({"removal": removal_id}))
         logger.warning(
             "partition %s left %s (detached or dropped): its rows are deleted from the "
