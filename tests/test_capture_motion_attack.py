@@ -23,6 +23,7 @@ from support.replay import differences, log_table, source_table
 from test_capture_motion import Moved, _rows, assert_equal, capture_moved
 
 from replog.capture import watch
+from replog.capture.batch import Batch
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture
 from replog.capture.snapshot import request_snapshot
@@ -423,12 +424,35 @@ def test_a_snapshot_asked_for_under_a_tables_new_name_is_taken(pg_dsn: str, tmp_
 
 
 def _killed_at_every_commit(
-    dsn: str, url: str, moved: Moved, monkeypatch: pytest.MonkeyPatch, **options: Any
+    dsn: str,
+    url: str,
+    moved: Moved,
+    monkeypatch: pytest.MonkeyPatch,
+    when: str,
+    **options: Any,
 ) -> int:
-    """Captures each killed (an injected fault) just after its first commit, until one
-    ends with nothing left to commit; how many were killed."""
-    monkeypatch.setenv("REPLOG_FAULT", "capture_committed")
-    monkeypatch.setenv("REPLOG_FAULT_ACTION", "raise")
+    """Captures killed (an injected fault) at each commit until one ends with nothing
+    left to commit; how many were killed. ``when``: ``after`` each commit landed (before
+    the slot moves), or ``before`` every other one lands, and the first of each batch
+    that carries deletes (the plan that names it is written: a restart finds it did not
+    land)."""
+    if when == "after":
+        monkeypatch.setenv("REPLOG_FAULT", "capture_committed")
+        monkeypatch.setenv("REPLOG_FAULT_ACTION", "raise")
+    else:
+        commit = Batch.commit
+        calls = [0]
+        deleting: set[tuple[str, ...]] = set()
+
+        def dies(self: Batch, transaction: Any) -> Any:
+            calls[0] += 1
+            first_deletes = self.removed and tuple(self.removed) not in deleting
+            deleting.add(tuple(self.removed))
+            if calls[0] % 2 or first_deletes:  # the commit of each delete batch, once
+                raise InjectedFaultError("killed before the commit landed")
+            return commit(self, transaction)
+
+        monkeypatch.setattr(Batch, "commit", dies)
     for kills in range(500):
         try:
             capture_moved(dsn, url, moved, **options)
@@ -438,30 +462,36 @@ def _killed_at_every_commit(
     raise AssertionError("capture never ended")
 
 
+@pytest.mark.parametrize("when", ["after", "before"])
 def test_a_partition_detached_mid_snapshot_under_a_kill_at_every_commit(
-    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
     url = str(tmp_path / "log")
     _partitioned(pg_dsn)
-    sql(pg_dsn, "CREATE TABLE t_3 PARTITION OF t FOR VALUES FROM (2001) TO (3001)")
-    moved = Moved(
+    sql(
+        pg_dsn,
+        "CREATE TABLE t_3 PARTITION OF t FOR VALUES FROM (2001) TO (3001)",
+        "INSERT INTO t SELECT g, 0, 'c' FROM generate_series(2001, 3000) g",
+    )
+    moved = Moved(  # chunks count reads, also those read again: at 14, t_2 was read
         pg_dsn,
         before={
-            3: ["ALTER TABLE t DETACH PARTITION t_2", "UPDATE t SET v = 3 WHERE id < 300"],
-            6: [
+            14: ["ALTER TABLE t DETACH PARTITION t_2", "UPDATE t SET v = 3 WHERE id < 300"],
+            18: [
                 "CREATE TABLE t_2b PARTITION OF t FOR VALUES FROM (1001) TO (2001)",
                 "INSERT INTO t SELECT g, 4, 'again' FROM generate_series(1500, 1600) g",
                 "DELETE FROM t WHERE id BETWEEN 100 AND 120",
             ],
         },
     )
-    kills = _killed_at_every_commit(pg_dsn, url, moved, monkeypatch, snapshot_chunk_rows=200)
+    kills = _killed_at_every_commit(pg_dsn, url, moved, monkeypatch, when, snapshot_chunk_rows=200)
     assert kills > 5
     assert_equal(url, pg_dsn)
 
 
+@pytest.mark.parametrize("when", ["after", "before"])
 def test_a_table_dropped_and_created_again_mid_snapshot_under_a_kill_at_every_commit(
-    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, when: str
 ) -> None:
     url = str(tmp_path / "log")
     sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v int, body text)", _rows(600))
@@ -476,7 +506,7 @@ def test_a_table_dropped_and_created_again_mid_snapshot_under_a_kill_at_every_co
             5: ["UPDATE t SET v = 10 WHERE id < 400", "DELETE FROM t WHERE id > 650"],
         },
     )
-    kills = _killed_at_every_commit(pg_dsn, url, moved, monkeypatch, snapshot_chunk_rows=100)
+    kills = _killed_at_every_commit(pg_dsn, url, moved, monkeypatch, when, snapshot_chunk_rows=100)
     assert kills > 5
     assert_equal(url, pg_dsn)
 
