@@ -14,11 +14,20 @@ compares the catalog with what capture knows, by table id:
   their keys fall, are snapshotted: nothing in the WAL brings them);
 * a leaf partition gone: **detached or dropped** (a marker into the WAL now; where the
   stream meets it, its rows are deleted);
+* a leaf partition whose attachment is new (the ``xmin`` of its ``pg_inherits`` rows):
+  **detached and attached again** between two looks (both of the above: its rows may
+  have changed meanwhile, unpublished);
 * a column with the same ``attnum`` and another name or type: **renamed** or **retyped**
   (the table is snapshotted again: every row carries the new name; a rewrite ``USING`` an
-  expression changed values no row change reports).
+  expression changed values no row change reports); a column **dropped and added again**
+  under its name; the table **rewritten** (new ``relfilenode``) with a column's catalog
+  row written anew or a column added (``TYPE ... USING`` of the same type, a volatile
+  default, ``serial``): each is snapshotted again. A rewrite alone (``VACUUM FULL``)
+  changes no value.
 
-Each costs one catalog query for all captured tables.
+Each costs one catalog query for all captured tables. Not seen: a column renamed and
+renamed back between two looks (the catalog is as it was; rows changed meanwhile carry
+the transient name downstream).
 """
 
 from __future__ import annotations
