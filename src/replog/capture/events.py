@@ -134,8 +134,8 @@ Fetch = Callable[[Table, Sequence[str | None], Sequence[str]], "dict[str, str | 
 Unsent = Callable[[str, list[str]], "dict[str, str]"]
 """(event key, columns the server did not send) -> the JSON text of those of them an
 earlier image of the row holds."""
-"""(table, its key columns' text, columns) -> those columns' text in the row with that key
-now, or None if there is none."""
+"""(table, its key columns' text, columns) -> the text of those columns the table still has,
+in the row with that key now, or None if there is none."""
 
 
 class Event(NamedTuple):
@@ -468,7 +468,7 @@ class EventMaker:
         if found is None:  # deleted since: a later event of the stream deletes it too
             return self._row(shape, change.new)[0], unavailable, []
         values = [
-            found.get(name) if isinstance(value, Unchanged) else value
+            found[name] if isinstance(value, Unchanged) and name in found else value
             for name, value in zip(shape.names, change.new, strict=False)
         ]
         after, still = self._row(shape, values)

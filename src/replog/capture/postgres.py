@@ -74,6 +74,7 @@ from replog.capture.source import (
     PostgresSource,
     SlotInfo,
     Table,
+    qualified_name,
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
@@ -204,8 +205,8 @@ class PostgresCapture:
                 if not self.options.follow:
                     self.watch.check(now=True)  # DDL since the last look owes nothing
                     self._save_plan()
-                    if self._snapshot_owed() or self.removals.end_before is not None:
-                        continue
+                    if self._snapshot_owed() or self.removals.owed:
+                        continue  # a marker written at that look is in the WAL: read to it
                     break
                 self._heartbeat()
                 self.stop.wait(self.options.poll_s)
@@ -366,7 +367,7 @@ class PostgresCapture:
         plan = SnapshotPlan.load(self.log.storage, self.options.slot, self.log.log_id)
         added = self.source.ensure_publication(self._owner)
         for name, oid in self.released.items():
-            self.source.remove_from_publication(name, oid)
+            self.source.remove_from_publication(oid)
             logger.warning("%s is no longer captured (--tables-changed): its rows stay in "
                            "tables built from the log", name)  # fmt: skip
         if plan is None:  # a capture of an earlier replog, or one that never had a plan
@@ -523,10 +524,10 @@ class PostgresCapture:
         if not owed.started_ms:
             owed.started_ms = now_ms()
         chunk = self.chunks.read(owed, table)
-        if chunk is None:  # the table was dropped: the watch says what comes of it
-            logger.warning("%s was dropped while its snapshot was read: the snapshot is "
-                           "given up", owed.name)  # fmt: skip
-            self.plan.drop(owed.table)
+        if chunk is None:  # the table, or the partition, left: the watch says what comes of it
+            logger.warning("%s was dropped (or detached) while its snapshot was read: the "
+                           "snapshot is given up", owed.name)  # fmt: skip
+            self.plan.give_up(owed)
             self._plan_changed = True
             self.watch.check(now=True)
             return
@@ -567,7 +568,7 @@ class PostgresCapture:
         logger.info("signal %s asks for snapshots of %s", signal_id, ", ".join(names))
         self._plan_changed = True
         for name in names:
-            table = self.source.tables.get(name if "." in name else f"public.{name}")
+            table = self.source.captured(qualified_name(name))
             if table is None:
                 logger.warning(
                     "a signal asks for a snapshot of %s, which this capture does not capture",
@@ -702,6 +703,8 @@ class PostgresCapture:
         if mapped is None:
             return order
         table = mapped.table
+        if self.removals.replaced(table):
+            return order
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
             self.watch.replaced(table.qualified, mapped.replaced)
         self.removals.first(table, batch, txn.commit_lsn)
