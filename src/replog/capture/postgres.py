@@ -168,6 +168,8 @@ class PostgresCapture:
         """When the last heartbeat was written (or the capture started)."""
         self._heartbeat_seen = False
         """The transaction being read holds a heartbeat (it carries no event)."""
+        self._slot_ours = False
+        """The slot's owner, as capture's own publication records it, is this log."""
 
     def close(self) -> None:
         self._resources.close()
@@ -402,11 +404,14 @@ class PostgresCapture:
         capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly."""
         owner = self.source.slot_owner()
         name = self.options.slot
-        foreign = owner is not None and owner.get("log_id") != self.log.log_id
-        if slot is None or not (foreign or logged is None) or self.options.reset_slot:
-            return
+        self._slot_ours = owner is not None and owner.get("log_id") == self.log.log_id
+        if slot is None or self.options.reset_slot or self._slot_ours:
+            return  # none, taken over explicitly, or this log's (maybe killed before its
+            # first commit: the log holds nothing of it yet)
         if logged is None and owner is None and self.options.snapshot == "never":
             return  # a slot of the user's, adopted without a snapshot (as documented)
+        if logged is not None and owner is None:
+            return  # a --publication capture's: the log's position is the only record
         whose = (
             f"log {owner.get('log', '?')} (id {owner['log_id']})"
             if owner is not None
@@ -439,10 +444,13 @@ class PostgresCapture:
 
     def _start_new(self, slot: SlotInfo | None) -> int:
         """A capture the log holds nothing of: a new slot, every table's snapshot owed."""
-        if slot is not None and self.options.reset_slot:
+        ours_to_redo = self._slot_ours and self.options.snapshot == "initial"
+        if slot is not None and (self.options.reset_slot or ours_to_redo):
             logger.warning(
-                "--reset-slot: dropping slot %s (the log holds no capture of it) to start "
-                "over with a new slot and a snapshot",
+                "%s: dropping slot %s (the log holds no capture of it) to start over with a "
+                "new slot and a snapshot",
+                "--reset-slot" if self.options.reset_slot else "this log's earlier run "
+                "ended before its first commit",
                 self.options.slot,
             )
             self.source.drop_slot()
