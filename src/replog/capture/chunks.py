@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 
-from replog.capture.events import EventMaker, Read
+from replog.capture.events import ChunkRows, EventMaker
 from replog.capture.options import DEFAULT_CHUNK_ROWS
-from replog.capture.reads import Key, RelationGone, Row, TableRows, next_leaf
+from replog.capture.reads import Key, RelationGone, TableRows, last_key, next_leaf, no_rows
 from replog.capture.snapshot import PendingChunk, TableSnapshot, watermark_content
 from replog.capture.source import WATERMARK_PREFIX, PostgresSource, Table
 from replog.capture.workers import RangeReaders
@@ -68,7 +69,7 @@ class Chunk:
     """Names this chunk's watermarks (they carry it)."""
     low_lsn: int
     high_lsn: int
-    events: dict[str, Read]
+    events: ChunkRows
     """Key -> the read event of the row, in key order."""
     after: Key | None
     leaf: int
@@ -219,7 +220,7 @@ class ChunkReader:
 
     def _read(
         self, snapshot: TableSnapshot, table: Table, low: int
-    ) -> tuple[dict[str, Read], Key | None, Block, bool]:
+    ) -> tuple[ChunkRows, Key | None, Block, bool]:
         """The chunk's read events, the last key read (key order) or the next block
         (physical order), and whether the table (or partition) was read to its end."""
         relation = snapshot.relation or table.oid
@@ -230,12 +231,13 @@ class ChunkReader:
             events, after, finished = self._by_key_ranges(snapshot, table, relation, low)
             return events, after, _NO_BLOCK, finished
         rows = self.rows.key_range(table, relation, snapshot.after, None, self.chunk_rows)
-        after = table.key_of(rows[-1]) if rows else snapshot.after
-        return self.maker.reads(table, rows, low), after, _NO_BLOCK, len(rows) < self.chunk_rows
+        after = last_key(table, rows) or snapshot.after
+        finished = rows.num_rows < self.chunk_rows
+        return self.maker.reads(table, rows, low), after, _NO_BLOCK, finished
 
     def _by_key_ranges(
         self, snapshot: TableSnapshot, table: Table, relation: int, low: int
-    ) -> tuple[dict[str, Read], Key | None, bool]:
+    ) -> tuple[ChunkRows, Key | None, bool]:
         """The next ``workers`` x ``chunk_rows`` rows, cut into ranges at every
         ``chunk_rows``-th key (the last range ending at the table's last key when fewer
         are left), read by the workers at once."""
@@ -245,17 +247,15 @@ class ChunkReader:
         cuts, last = self.rows.key_cuts(table, relation, snapshot.after, self.chunk_rows, count)
         ends = [*cuts, last] if last is not None and last not in cuts else cuts
         if not ends:
-            return {}, snapshot.after, True
+            return ChunkRows.empty(), snapshot.after, True
         starts = [snapshot.after, *ends[:-1]]
         found = self._workers.read(table, relation, list(zip(starts, ends, strict=True)), low)
-        events: dict[str, Read] = {}
-        for reads, _ in found:
-            events.update(reads)
+        events = ChunkRows.joined([reads for reads, _ in found])
         return events, ends[-1], len(cuts) < count
 
     def _by_block(
         self, snapshot: TableSnapshot, table: Table, relation: int
-    ) -> tuple[list[Row], Block, bool]:
+    ) -> tuple[pa.Table, Block, bool]:
         """A table whose key is no unique index of NOT NULL columns is read in physical
         order, a range of blocks of one leaf relation at a time, leaves in the order of
         their ids (the plan names the one being read by its id, and the storage its
@@ -270,11 +270,11 @@ class ChunkReader:
                     table, leaf, block, self.chunk_rows, filenode
                 )
             except RelationGone:  # detached and dropped between two looks
-                rows, end = [], block
-            if rows or end > block:
+                rows, end = no_rows(table), block
+            if rows.num_rows or end > block:
                 return rows, (leaf, end, filenode), False
             leaf, block, filenode = next_leaf(leaves, leaf) or 0, 0, 0
-        return [], _NO_BLOCK, True
+        return no_rows(table), _NO_BLOCK, True
 
 
 Block = tuple[int, int, int]

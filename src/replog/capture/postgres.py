@@ -449,8 +449,9 @@ class PostgresCapture:
             logger.warning(
                 "%s: dropping slot %s (the log holds no capture of it) to start over with a "
                 "new slot and a snapshot",
-                "--reset-slot" if self.options.reset_slot else "this log's earlier run "
-                "ended before its first commit",
+                "--reset-slot"
+                if self.options.reset_slot
+                else "this log's earlier run ended before its first commit",
                 self.options.slot,
             )
             self.source.drop_slot()

@@ -18,16 +18,15 @@ from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
-from replog.capture.source import PostgresSource, Table, relation_of, text_rows
+from replog.capture.source import PostgresSource, Table, copy_rows, relation_of, text_rows
 
 logger = logging.getLogger(__name__)
 
 Key = list[str | None]
 """A key as its columns' text, in key order."""
-
-Row = tuple[str | None, ...]
 
 
 class RelationGone(Exception):  # noqa: N818 - a state the chunk reader acts on, never escapes
@@ -64,7 +63,7 @@ class TableRows:
         after: Key | None,
         upto: Key | None,
         limit: int | None = None,
-    ) -> list[Row]:
+    ) -> pa.Table:
         """Rows of relation ``relation`` (``table`` or one of its partitions) with keys
         after ``after`` (None: from the first) up to and including ``upto`` (None: no
         bound), in key order, at most ``limit``."""
@@ -84,7 +83,7 @@ class TableRows:
         query = sql.SQL("{} ORDER BY {}").format(query, keys)
         if limit is not None:
             query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(limit))
-        return text_rows(self.connection, query, params)
+        return copy_rows(self.connection, query, params)
 
     def key_cuts(
         self, table: Table, relation: int, after: Key | None, every: int, count: int
@@ -141,7 +140,7 @@ class TableRows:
 
     def blocks(
         self, table: Table, leaf: int, block: int, rows: int, filenode: int
-    ) -> tuple[list[Row], int, int]:
+    ) -> tuple[pa.Table, int, int]:
         """About ``rows`` rows of leaf relation ``leaf`` from block ``block`` on (every row
         of a range of whole blocks), the block after the range, and the storage
         (``relfilenode``) the blocks count in; no rows and the block past the relation's
@@ -173,13 +172,27 @@ class TableRows:
                 )
                 block = 0
             if block >= size:
-                return [], block, storage
+                return no_rows(table), block, storage
             step = max(1, int(rows / per_block))
             query = sql.SQL("{} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
                 self._select(table, relation)
             )
-            found = text_rows(self.connection, query, (f"({block},0)", f"({block + step},0)"))
+            found = copy_rows(self.connection, query, (f"({block},0)", f"({block + step},0)"))
         return found, block + step, storage
+
+
+def no_rows(table: Table) -> pa.Table:
+    """No row of ``table``, as :meth:`TableRows.key_range` gives rows."""
+    return pa.table({f"c{index}": pa.array([], pa.string()) for index in range(len(table.columns))})
+
+
+def last_key(table: Table, rows: pa.Table) -> Key | None:
+    """The key (each key column's text) of the last of ``rows`` (every column of
+    ``table``, in order); None for no rows."""
+    if rows.num_rows == 0:
+        return None
+    names = [name for name, _, _ in table.columns]
+    return [rows.column(names.index(key))[rows.num_rows - 1].as_py() for key in table.key]
 
 
 def next_leaf(leaves: Sequence[int], current: int) -> int | None:

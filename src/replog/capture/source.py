@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
+import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -211,6 +212,33 @@ def sql_ident(name: str) -> str:
         name
         if name.isidentifier() and name == name.lower()
         else '"' + name.replace('"', '""') + '"'
+    )
+
+
+def copy_rows(
+    connection: psycopg.Connection[Any], query: sql.Composable, params: Sequence[Any] = ()
+) -> pa.Table:
+    """The rows of ``query`` as columns of strings, each value its type's output text (as
+    :func:`text_rows` gives it; NULL a null), read as ``COPY (query) TO STDOUT`` in CSV and
+    parsed by Arrow's CSV reader: no Python object per value (a snapshot chunk's path)."""
+    copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
+    with connection.cursor() as cursor:
+        with cursor.copy(copy, params or None) as stream:
+            raw = b"".join(bytes(block) for block in stream)
+        described = cursor.description or []
+    names = [f"c{index}" for index in range(len(described))]
+    if not raw:
+        return pa.table({name: pa.array([], pa.string()) for name in names})
+    return pacsv.read_csv(
+        pa.py_buffer(raw),
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.string()),
+            null_values=[""],  # not Arrow's default list, which holds "null" and "NaN"
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,  # "" is an empty string, nothing a NULL
+        ),
     )
 
 
