@@ -140,13 +140,14 @@ def test_errors_are_json_documents_with_their_exit_code(tmp_path: Path) -> None:
 
 
 def test_snapshot_request(pg_dsn: str) -> None:
-    import psycopg
+    from support.capture import sql
 
-    with psycopg.connect(pg_dsn, autocommit=True) as connection:  # what capture of s publishes
-        connection.execute(
-            "CREATE TABLE t (id int PRIMARY KEY); CREATE TABLE u (id int PRIMARY KEY)"
-        )
-        connection.execute("CREATE PUBLICATION s FOR TABLE t, u")
+    sql(  # what the capture of slot s made: its publication, named after the slot
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE TABLE u (id int PRIMARY KEY)",
+        "CREATE PUBLICATION s FOR TABLE t, u",
+    )
     document = run_json(
         "snapshot",
         "postgres",
@@ -158,6 +159,7 @@ def test_snapshot_request(pg_dsn: str) -> None:
         schema=covered("snapshot"),
     )
     assert document["tables"] == ["t", "public.u"] and document["slot"] == "s"
+    assert document["signal_id"]
 
 
 def test_slots_list_and_drop(pg_dsn: str) -> None:

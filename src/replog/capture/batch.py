@@ -66,10 +66,9 @@ class Batch:
 
     def add_chunk(self, chunk: Chunk) -> None:
         """The read events of a snapshot chunk (its rows the window left)."""
-        rows = list(chunk.events.values())
-        self.held.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata, rows)
-        self.events += len(rows)
-        self.counts[(chunk.table.qualified, "read")] += len(rows)
+        self.held.add_table(chunk.events.table(chunk.table.qualified, chunk.ts_ms, chunk.metadata))
+        self.events += len(chunk.events)
+        self.counts[(chunk.table.qualified, "read")] += len(chunk.events)
         self.chunk = chunk
         self._stage_if_many()
 

@@ -74,6 +74,7 @@ from replog.capture.source import (
     PostgresSource,
     SlotInfo,
     Table,
+    qualified_name,
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
@@ -167,6 +168,8 @@ class PostgresCapture:
         """When the last heartbeat was written (or the capture started)."""
         self._heartbeat_seen = False
         """The transaction being read holds a heartbeat (it carries no event)."""
+        self._slot_ours = False
+        """The slot's owner, as capture's own publication records it, is this log."""
 
     def close(self) -> None:
         self._resources.close()
@@ -204,8 +207,8 @@ class PostgresCapture:
                 if not self.options.follow:
                     self.watch.check(now=True)  # DDL since the last look owes nothing
                     self._save_plan()
-                    if self._snapshot_owed() or self.removals.end_before is not None:
-                        continue
+                    if self._snapshot_owed() or self.removals.owed:
+                        continue  # a marker written at that look is in the WAL: read to it
                     break
                 self._heartbeat()
                 self.stop.wait(self.options.poll_s)
@@ -366,7 +369,7 @@ class PostgresCapture:
         plan = SnapshotPlan.load(self.log.storage, self.options.slot, self.log.log_id)
         added = self.source.ensure_publication(self._owner)
         for name, oid in self.released.items():
-            self.source.remove_from_publication(name, oid)
+            self.source.remove_from_publication(oid)
             logger.warning("%s is no longer captured (--tables-changed): its rows stay in "
                            "tables built from the log", name)  # fmt: skip
         if plan is None:  # a capture of an earlier replog, or one that never had a plan
@@ -401,11 +404,14 @@ class PostgresCapture:
         capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly."""
         owner = self.source.slot_owner()
         name = self.options.slot
-        foreign = owner is not None and owner.get("log_id") != self.log.log_id
-        if slot is None or not (foreign or logged is None) or self.options.reset_slot:
-            return
+        self._slot_ours = owner is not None and owner.get("log_id") == self.log.log_id
+        if slot is None or self.options.reset_slot or self._slot_ours:
+            return  # none, taken over explicitly, or this log's (maybe killed before its
+            # first commit: the log holds nothing of it yet)
         if logged is None and owner is None and self.options.snapshot == "never":
             return  # a slot of the user's, adopted without a snapshot (as documented)
+        if logged is not None and owner is None:
+            return  # a --publication capture's: the log's position is the only record
         whose = (
             f"log {owner.get('log', '?')} (id {owner['log_id']})"
             if owner is not None
@@ -438,10 +444,14 @@ class PostgresCapture:
 
     def _start_new(self, slot: SlotInfo | None) -> int:
         """A capture the log holds nothing of: a new slot, every table's snapshot owed."""
-        if slot is not None and self.options.reset_slot:
+        ours_to_redo = self._slot_ours and self.options.snapshot == "initial"
+        if slot is not None and (self.options.reset_slot or ours_to_redo):
             logger.warning(
-                "--reset-slot: dropping slot %s (the log holds no capture of it) to start "
-                "over with a new slot and a snapshot",
+                "%s: dropping slot %s (the log holds no capture of it) to start over with a "
+                "new slot and a snapshot",
+                "--reset-slot"
+                if self.options.reset_slot
+                else "this log's earlier run ended before its first commit",
                 self.options.slot,
             )
             self.source.drop_slot()
@@ -523,10 +533,10 @@ class PostgresCapture:
         if not owed.started_ms:
             owed.started_ms = now_ms()
         chunk = self.chunks.read(owed, table)
-        if chunk is None:  # the table was dropped: the watch says what comes of it
-            logger.warning("%s was dropped while its snapshot was read: the snapshot is "
-                           "given up", owed.name)  # fmt: skip
-            self.plan.drop(owed.table)
+        if chunk is None:  # the table, or the partition, left: the watch says what comes of it
+            logger.warning("%s was dropped (or detached) while its snapshot was read: the "
+                           "snapshot is given up", owed.name)  # fmt: skip
+            self.plan.give_up(owed)
             self._plan_changed = True
             self.watch.check(now=True)
             return
@@ -567,7 +577,7 @@ class PostgresCapture:
         logger.info("signal %s asks for snapshots of %s", signal_id, ", ".join(names))
         self._plan_changed = True
         for name in names:
-            table = self.source.tables.get(name if "." in name else f"public.{name}")
+            table = self.source.captured(qualified_name(name))
             if table is None:
                 logger.warning(
                     "a signal asks for a snapshot of %s, which this capture does not capture",
@@ -703,6 +713,8 @@ class PostgresCapture:
         if mapped is None:
             return order
         table = mapped.table
+        if self.removals.replaced(table):
+            return order
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
             self.watch.replaced(table.qualified, mapped.replaced)
         self.removals.first(table, batch, txn.commit_lsn)

@@ -123,8 +123,23 @@ class Removals:
         """What the batch ended before: the resets and removals whose deletes are made next."""
         self.ready: dict[str, list[Event]] = {}
         """Deletes for the head of the next batch, by what they are for."""
+        self._warned: set[int] = set()
+        self.superseded: set[int] = set()
+        """Ids of tables replaced under their name whose rows are deleted at the head of
+        the batch: changes of theirs later in the stream are no longer the collection's
+        (a table renamed away while another took its name, still written)."""
 
     # -- what is owed -------------------------------------------------------------------
+
+    @property
+    def owed(self) -> bool:
+        """Deletes are owed at a point of the stream not read yet (a batch ended before
+        it, or a marker of a partition's removal is still ahead): a capture that is not
+        following reads on to it before it ends."""
+        return self.end_before is not None or any(
+            removal.get("done_at") is None
+            for removal in (self.plan.removals if self.plan is not None else [])
+        )
 
     def _reset(self, name: str) -> str:
         return f"{RESET}:{name}"
@@ -153,6 +168,7 @@ class Removals:
         what = self._removal(removal_id)
         if what not in batch.removed:
             raise EndBefore(commit_lsn, what)
+        self.source.place_partition(int(removal["leaf"]), None)  # its later changes: not ours
 
     def _owed_removal(self, removal_id: str) -> dict[str, Any] | None:
         if self.plan is None:
@@ -173,6 +189,25 @@ class Removals:
         for what, made in self.ready.items():
             batch.add(made)
             batch.removed.append(what)
+            kind, _, name = what.partition(":")
+            reset = self.plan.resets.get(name) if kind == RESET and self.plan else None
+            if reset is not None:
+                self.superseded.add(int(reset["old_oid"] or 0))
+
+    def replaced(self, table: Table) -> bool:
+        """Whether ``table`` (a change's) was replaced under its name and its rows deleted
+        before this point of the stream: its change is not captured (warned once)."""
+        if table.oid not in self.superseded:
+            return False
+        if table.oid not in self._warned:
+            self._warned.add(table.oid)
+            logger.warning(
+                "changes of table %d, which another table replaced as %s, are no longer "
+                "captured (it was renamed away: capture follows the name)",
+                table.oid,
+                table.qualified,
+            )
+        return True
 
     def done(self, batch: Batch, position: int) -> None:
         """Write down, before ``batch``'s commit at ``position``, the deletes it carries."""
@@ -238,7 +273,9 @@ class Removals:
         keys = (
             []
             if rows is None
-            else self.source.rows_of_partition(table, rows, removal["constraint"], keep_held=False)
+            else self.source.rows_of_partition(
+                table, rows, removal["constraint"], removal.get("columns")
+            )
         )
         logger.warning(
             "partition %s left %s (detached or dropped): deleting its %d rows from the log",

@@ -78,6 +78,10 @@ class TableSnapshot:
     read in the order of their ids."""
     block: int = 0
     """Physical order: the next block of that relation to read."""
+    filenode: int = 0
+    """Physical order: the storage of that relation (``relfilenode``) the block counts
+    in: rewritten since (``VACUUM FULL``, ``CLUSTER``, pg_repack move rows and write no
+    change), the relation is read again from its first block."""
     rows: int = 0
     chunks: int = 0
     estimate: int = 0
@@ -98,7 +102,7 @@ class TableSnapshot:
 
     def restart(self) -> None:
         """Read the table again from its start."""
-        self.after, self.leaf, self.block = None, 0, 0
+        self.after, self.leaf, self.block, self.filenode = None, 0, 0, 0
 
 
 @dataclass
@@ -113,6 +117,7 @@ class PendingChunk:
     rows: int
     finished: bool
     relation: int = 0
+    filenode: int = 0
 
 
 def _from_version_1(item: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +162,15 @@ class SnapshotPlan:
     """Captured partitioned tables -> their leaf partitions (id as text -> partition
     constraint, ``pg_get_partition_constraintdef``), as last seen."""
     columns: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    """Captured tables -> their columns (``attnum`` as text -> [name, type]), as last seen."""
+    """Captured tables -> their columns (``attnum`` as text -> [name, type, the ``xmin`` of
+    its catalog row]), as last seen."""
+    attached: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Captured partitioned tables -> their leaf partitions -> how each was attached (the
+    ``xmin`` of its catalog rows), as last seen: one detached and attached again between
+    two looks has other ones."""
+    storage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Captured tables -> the table or its leaf partitions -> their storage
+    (``relfilenode``), as last seen: a table rewritten has another one."""
     removals: list[dict[str, Any]] = field(default_factory=list)
     """Partitions that left a captured table (detached, dropped): ``id`` (their marker in
     the WAL), ``table``, ``leaf``, ``constraint``, ``done_at`` (the position of the commit
@@ -192,6 +205,8 @@ class SnapshotPlan:
                 resets=dict(body.get("resets", {})),
                 partitions=dict(body.get("partitions", {})),
                 columns=dict(body.get("columns", {})),
+                attached=dict(body.get("attached", {})),
+                storage=dict(body.get("storage", {})),
                 removals=list(body.get("removals", [])),
             )
         except (KeyError, TypeError) as exc:
@@ -244,6 +259,16 @@ class SnapshotPlan:
             found.restart()
             return True
         return self.enqueue(table, reason, estimate)
+
+    def give_up(self, snapshot: TableSnapshot) -> None:
+        """Stop taking ``snapshot`` (what it reads left the table)."""
+        self.queue = [item for item in self.queue if item is not snapshot]
+        pending = self.pending
+        if pending is not None and (pending.table, pending.relation) == (
+            snapshot.table,
+            snapshot.relation,
+        ):
+            self.pending = None
 
     def drop(self, table: str) -> None:
         """Stop snapshotting ``table`` (it was dropped)."""
@@ -305,6 +330,7 @@ class SnapshotPlan:
         ):
             return True
         current.after, current.leaf, current.block = pending.after, pending.leaf, pending.block
+        current.filenode = pending.filenode
         current.rows += pending.rows
         current.chunks += 1
         if pending.finished:

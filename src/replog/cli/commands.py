@@ -39,12 +39,11 @@ from replog.errors import (
     ReplogError,
 )
 from replog.format.commits import DEFAULT_SHARDS, DESCRIPTOR_PATH, Transaction
-from replog.format.gc import CLOCK_SKEW_MS
+from replog.format.limits import check_retention, check_shards, check_snapshot_interval
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
 from replog.ops import compaction, history, keys, recovery, retention, status, verify
-from replog.ops.recovery import DEFAULT_GRACE_MS
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
@@ -285,6 +284,8 @@ def _capture_log(
     server or a missing table must leave nothing behind, nor a log whose shard count a
     later, corrected command could no longer choose)."""
     fs_options = storage_options(args.fs_option)
+    if args.shards is not None:
+        check_shards(args.shards, "--shards")
     try:
         log = ReplicationLog.open(args.url, storage_options=fs_options)
     except LogNotFoundError:
@@ -309,33 +310,18 @@ def _capture_log(
 # -- create / append / info / read / tail / verify -----------------------------------------
 
 
-def _retention(text: str) -> int:
-    """``--retention`` in ms: refused below the clock skew writers allow (no age can be
-    judged that finely), warned about below recover's default grace plus that skew (the
-    documented minimum: files a merge replaced must outlive recover's grace)."""
-    retention = duration_ms(text, "--retention")
-    if retention < CLOCK_SKEW_MS:
-        raise InvalidOptionError(
-            f"--retention {text}: at least {CLOCK_SKEW_MS // 60_000}m (the clock skew writers "
-            f"allow); keep it at least recover's --grace plus 10m "
-            f"(default {(DEFAULT_GRACE_MS + CLOCK_SKEW_MS) // 60_000}m)"
-        )
-    if retention < DEFAULT_GRACE_MS + CLOCK_SKEW_MS:
-        print(
-            f"replog: warning: --retention {text} is below recover's default --grace "
-            f"({DEFAULT_GRACE_MS // 60_000}m) plus 10m: run 'replog recover' with --grace "
-            f"{(retention - CLOCK_SKEW_MS) // 60_000}m or less on this log",
-            file=sys.stderr,
-        )
-    return retention
-
-
 def cmd_create(args: argparse.Namespace, out: Output) -> int:
+    """The limits are ReplicationLog.create's (:mod:`replog.format.limits`), checked
+    first under the options' names here."""
+    retention = check_retention(
+        duration_ms(args.retention, "--retention"), "--retention", given=args.retention
+    )
     log = ReplicationLog.create(
         args.url,
-        args.shards,
+        check_shards(args.shards, "--shards"),
         storage_options=storage_options(args.fs_option),
-        retention_ms=_retention(args.retention),
+        snapshot_interval=check_snapshot_interval(args.snapshot_interval, "--snapshot-interval"),
+        retention_ms=retention,
         auto_compact=args.auto_compact,
     )
     out.show(results.Created.of(log.info()))

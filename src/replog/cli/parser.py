@@ -15,7 +15,7 @@ from replog.capture.options import (
     SNAPSHOT_MODES,
 )
 from replog.cli import commands
-from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS
+from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS, DEFAULT_SNAPSHOT_INTERVAL
 from replog.ingest import FORMATS
 from replog.ops.compaction import DEFAULT_TARGET_BYTES
 from replog.ops.recovery import DEFAULT_GRACE_MS
@@ -68,7 +68,14 @@ def _write_commands(command: _Command) -> None:
         default=_duration(DEFAULT_RETENTION_MS),
         help="how long commits, snapshots and the files of merged or truncated segments "
         f"are kept before writers delete them (default {_duration(DEFAULT_RETENTION_MS)}; "
-        "at least recover's --grace)",
+        "at least 10m; warned below recover's --grace plus 10m)",
+    )
+    p.add_argument(
+        "--snapshot-interval",
+        type=int,
+        default=DEFAULT_SNAPSHOT_INTERVAL,
+        help="commits between segment tables, which readers load instead of the commits "
+        f"(default {DEFAULT_SNAPSHOT_INTERVAL})",
     )
     p.add_argument(
         "--no-auto-compact",

@@ -192,6 +192,16 @@ class Appended(Result):
             yield f"{d['source_transactions']} whole source transactions{more}"
         if d["skipped"]:
             yield "skipped " + ", ".join(f"{n} {kind}" for kind, n in d["skipped"].items())
+        if d["unkeyed"] and d["version"] is not None:
+            yield (
+                f"{d['unkeyed']} events had no key: each is keyed by its event_id (no order "
+                f"with other events)"
+            )
+        if d["without_source_position"] and d["version"] is not None:
+            yield (
+                f"{d['without_source_position']} events had no usable source position: "
+                f"appended without redelivery detection"
+            )
 
 
 class Captured(Result):
