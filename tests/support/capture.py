@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 
-from replog.capture.options import CaptureOptions
+from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.postgres import PostgresCapture, capture
 from replog.capture.progress import CaptureProgress
 from replog.format.commits import APPEND, CommitRecord, commit_path
@@ -91,8 +91,8 @@ def following(
     dsn: str, url: str, slot: str, tables: tuple[str, ...]
 ) -> Iterator[threading.Thread]:
     """A capture of ``dsn`` into the log at ``url`` following ``tables`` in a thread while
-    the block runs, from once its slot exists (its errors are raised when the block
-    ends); the block is given the thread (alive while the capture runs)."""
+    the block runs, from once the log holds its first commit (its errors are raised when
+    the block ends); the block is given the thread (alive while the capture runs)."""
     stop = threading.Event()
     errors: list[BaseException] = []
     options = CaptureOptions(dsn=dsn, slot=slot, tables=tables, follow=True, poll_s=0.05)
@@ -108,8 +108,7 @@ def following(
         thread = threading.Thread(target=body, daemon=True)
         thread.start()
         try:
-            while query(dsn, f"SELECT count(*) FROM pg_replication_slots WHERE slot_name = "
-                             f"'{slot}'") == [(0,)]:  # fmt: skip
+            while log.transaction_version(capture_app_id(slot)) is None:
                 assert thread.is_alive(), errors
                 time.sleep(0.05)
             yield thread

@@ -15,7 +15,6 @@ decoding of the WAL from the slot's restart position to that transaction, bounde
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import secrets
@@ -30,7 +29,13 @@ from psycopg.conninfo import make_conninfo
 
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import Decoder, SourceTransaction, lsn_to_int, lsn_to_text
-from replog.capture.source import CAPTURE_LOCK_CLASS, PostgresSource, connect, safe_dsn
+from replog.capture.source import (
+    CAPTURE_LOCK_CLASS,
+    PostgresSource,
+    connect,
+    parse_owner,
+    safe_dsn,
+)
 from replog.errors import CaptureRunningError, SourceConfigError, SourceConnectionError
 
 logger = logging.getLogger(__name__)
@@ -40,16 +45,6 @@ LAG_TIMEOUT = "10s"
 the slot's restart position; a huge first transaction is sent whole)."""
 
 NOT_MEASURED = "not measured"
-
-
-def parse_owner(comment: str | None) -> dict[str, str] | None:
-    """The log that owns a slot, from the comment of capture's own publication of it
-    (``{"replog": {"slot": ..., "log_id": ..., "log": ...}}``); None for any other."""
-    try:
-        found = json.loads(comment)["replog"] if comment else None
-    except (ValueError, KeyError, TypeError):
-        return None
-    return found if isinstance(found, dict) and "log_id" in found else None
 
 
 @dataclass(frozen=True)
@@ -586,7 +581,6 @@ __all__ = [
     "drop",
     "inspect",
     "list_slots",
-    "parse_owner",
     "read_slots",
     "with_lag",
     "with_owner",

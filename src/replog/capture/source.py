@@ -147,6 +147,16 @@ class CatalogEntry(NamedTuple):
     FULL``)."""
 
 
+def parse_owner(comment: str | None) -> dict[str, str] | None:
+    """The log that owns a slot, from the comment of capture's own publication of it
+    (``{"replog": {"slot": ..., "log_id": ..., "log": ...}}``); None for any other."""
+    try:
+        found = json.loads(comment)["replog"] if comment else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return found if isinstance(found, dict) and "log_id" in found else None
+
+
 def safe_dsn(dsn: str) -> str:
     """The DSN without its password, for messages."""
     try:
@@ -1188,15 +1198,13 @@ class PostgresSource:
     def slot_owner(self) -> dict[str, str] | None:
         """The log that owns the slot, as capture's own publication names it (None: no
         such publication, or one no replog commented)."""
-        text = self._one(
-            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
-            (self.options.slot,),
+        return parse_owner(
+            self._one(
+                "SELECT obj_description(oid, 'pg_publication') FROM pg_publication"
+                " WHERE pubname = %s",
+                (self.options.slot,),
+            )
         )
-        try:
-            found = json.loads(text)["replog"] if text else None
-        except (ValueError, KeyError, TypeError):
-            return None
-        return found if isinstance(found, dict) and "log_id" in found else None
 
     def add_to_publication(self, table: Table) -> None:
         """Publish ``table`` in capture's own publication (its identity was checked)."""
