@@ -232,8 +232,11 @@ class CatalogWatch:
 
     def _remove(self, name: str, leaf: str, constraint: str) -> None:
         """Partition ``leaf`` left table ``name``: a marker into the WAL now, where the
-        stream meets it its rows are deleted."""
+        stream meets it its rows are deleted. Its changes before the marker are the
+        table's: the stream names the partition (capture's own publication publishes
+        partitions as themselves), which the catalog no longer places under the table."""
         assert self.plan is not None
+        self.source.place_partition(int(leaf), self.source.tables[name].oid)
         removal_id = uuid.uuid4().hex
         self.plan.removals.append(
             {
