@@ -13,9 +13,11 @@ Two rules protect the source:
   one, every UPDATE and DELETE on it fails (a DEFERRABLE primary key cannot be the
   identity; ``REPLICA IDENTITY NOTHING`` has none; a partitioned table's partitions each
   need their own).
-* Capture's own publication publishes through partitioned tables' roots
-  (``publish_via_partition_root``) and, from PostgreSQL 18, STORED generated columns
-  (``publish_generated_columns``), so the stream carries what the snapshot reads.
+* Capture's own publication publishes partitions as themselves
+  (``publish_via_partition_root = false``: only then is a TRUNCATE of one partition in
+  the stream; the stream maps each partition to its root) and, from PostgreSQL 18,
+  STORED generated columns (``publish_generated_columns``), so the stream carries what
+  the snapshot reads.
 """
 
 from __future__ import annotations
@@ -287,6 +289,47 @@ class PostgresSource:
                     )
         self._check_privileges()
         self._check_slot()
+        if publication is not None:
+            self._warn_unpublished(publication)
+
+    def _warn_unpublished(self, publication: str) -> None:
+        """Say what the user's publication keeps out of the stream (nothing is skipped
+        silently): the operations it does not publish, and, through partition roots, a
+        TRUNCATE of one partition (PostgreSQL sends none)."""
+        row = self.connection.execute(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot"
+            " FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        ).fetchone()
+        if row is None:
+            return
+        *actions, via_root = row
+        names = ("insert", "update", "delete", "truncate")
+        missing = [
+            name
+            for name, published in zip(names, actions, strict=True)
+            if not published and not (name == "truncate" and self.options.skip_truncate)
+        ]
+        if missing:
+            logger.warning(
+                "publication %s does not publish %s: those changes of its tables never reach "
+                "the stream and are not captured (tables built from the log keep what they "
+                "changed). ALTER PUBLICATION %s SET (publish = '%s')",
+                publication, ", ".join(missing), sql_ident(publication), ", ".join(names),
+            )  # fmt: skip
+        partitioned = self._all(
+            "SELECT oid::regclass::text FROM pg_class WHERE oid = ANY(%s) AND relkind = 'p'"
+            " ORDER BY 1",
+            ([table.oid for table in self.tables.values()],),
+        )
+        if via_root and partitioned and not self.options.skip_truncate:
+            logger.warning(
+                "publication %s publishes through partition roots (publish_via_partition_root)"
+                ": PostgreSQL sends no TRUNCATE of one partition of %s through it, so such a "
+                "TRUNCATE is not captured (tables built from the log keep the partition's "
+                "rows). ALTER PUBLICATION %s SET (publish_via_partition_root = false)",
+                publication, ", ".join(name for (name,) in partitioned), sql_ident(publication),
+            )  # fmt: skip
 
     @property
     def role(self) -> str:
