@@ -43,6 +43,7 @@ from replog.errors import (
     CaptureError,
     CaptureRunningError,
     InvalidOptionError,
+    SlotOwnershipError,
     SourceConfigError,
     SourceConnectionError,
     SourcePrivilegeError,
@@ -69,6 +70,17 @@ PARTITION_ROWS_PER_QUERY = 50_000
 
 SlotInfo = tuple[str, str, int, int | None]
 """A slot's plug-in, database, confirmed position and active server process."""
+
+
+class LogHolds(NamedTuple):
+    """What the log a capture writes holds of its slot: whose slot it is depends on it."""
+
+    log_id: str
+    position: int | None
+    """The capture position the log holds (None: none yet)."""
+    slot_lsn: int
+    """The consistent point of the slot this log's capture created (0: none known)."""
+
 
 Columns = tuple[tuple[str, int, int], ...]
 """A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
@@ -243,6 +255,9 @@ class PostgresSource:
         """Tables the log's capture captured (collection -> id): one renamed since is
         described by its id, under its collection."""
         self._key_bounds: dict[tuple[tuple[int, int], ...], sql.Composed] = {}
+        self.slot_ours = False
+        """The slot is the log's (:meth:`check` judged it): named its owner in capture's
+        own publication, or the one its capture created and never advanced."""
 
     def close(self) -> None:
         self.connection.close()
@@ -256,9 +271,11 @@ class PostgresSource:
 
     # -- checks, before anything is written ------------------------------------------
 
-    def check(self) -> None:
+    def check(self, log: LogHolds | None = None) -> None:
         """Every reason capture cannot run, as an error naming the value at fault and the
-        statement that fixes it: before anything is written (to the log or the source)."""
+        statement that fixes it: before anything is written (to the log or the source).
+        ``log``: what the capture's log holds of the slot (None: a log not created yet),
+        whose slot it is judged by (:attr:`slot_ours`)."""
         wal_level = self._one("SHOW wal_level")
         if wal_level != "logical":
             raise SourceConfigError(
@@ -289,6 +306,7 @@ class PostgresSource:
                     )
         self._check_privileges()
         self._check_slot()
+        self.slot_ours = self._check_owner(log)
         if publication is not None:
             self._warn_unpublished(publication)
 
@@ -1080,6 +1098,44 @@ class PostgresSource:
         )
         return int(value or 0)
 
+    def _check_owner(self, log: LogHolds | None) -> bool:
+        """Never drop or advance a slot another log owns: the log that created it (named
+        in capture's own publication, or by its plan's ``slot_lsn``: the slot is where
+        that log's capture created it), or, without that record, one this log holds no
+        capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly.
+        Whether the slot is this log's."""
+        slot = self.slot()
+        if slot is None:
+            return False
+        owner = self.slot_owner()
+        name, logged = self.options.slot, log.position if log is not None else None
+        if owner is not None:
+            ours = log is not None and owner.get("log_id") == log.log_id
+        else:
+            ours = log is not None and bool(log.slot_lsn) and slot[2] == log.slot_lsn
+        if ours or self.options.reset_slot:
+            return ours  # or taken over explicitly
+        if logged is None and owner is None and self.options.snapshot == "never":
+            return False  # a slot of the user's, adopted without a snapshot (as documented)
+        if logged is not None and owner is None:
+            return False  # a --publication capture's: the log's position is the only record
+        whose = (
+            f"log {owner.get('log', '?')} (id {owner['log_id']})"
+            if owner is not None
+            else "another log, or none (no capture's publication names its owner)"
+        )
+        here = (
+            f"this log holds capture position {lsn_to_text(logged)} of it, but"
+            if logged is not None
+            else "this log holds no capture of it:"
+        )
+        raise SlotOwnershipError(
+            f"slot {name!r} exists and {here} it belongs to {whose}. Capture into that "
+            f"log's URL to resume it; use another slot (--slot) for this log; or give "
+            f"--reset-slot to drop {name!r} and start over here with a new slot and a "
+            f"snapshot (the log that follows {name!r} can then never resume)"
+        )
+
     def _check_slot(self) -> None:
         slot = self.slot()
         if slot is None:
@@ -1199,6 +1255,30 @@ class PostgresSource:
             )
         )
         return added
+
+    def own_publication_state(self) -> str | None:
+        """Capture's own publication as it is now: None (it does not exist), ``root`` (it
+        publishes through partition roots, as replog before 0.6 made it) or
+        ``partitions``; ``user`` with ``--publication``."""
+        if not self.own_publication:
+            return "user"
+        row = self.connection.execute(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (self.publication,)
+        ).fetchone()
+        return None if row is None else "root" if row[0] else "partitions"
+
+    def unpublished(self, oids: Sequence[int]) -> list[int] | None:
+        """Those of tables ``oids`` capture's own publication does not publish now (None:
+        the publication is gone; [] with ``--publication``)."""
+        if not self.own_publication:
+            return []
+        if self.own_publication_state() is None:
+            return None
+        members = self._own_members()
+        return [oid for oid in oids if oid not in members]
+
+    def is_partitioned(self, oid: int) -> bool:
+        return bool(self._one("SELECT relkind = 'p' FROM pg_class WHERE oid = %s", (oid,)))
 
     def slot_owner(self) -> dict[str, str] | None:
         """The log that owns the slot, as capture's own publication names it (None: no

@@ -163,12 +163,13 @@ class Truncations:
         logged = live_rows(self.log, table.qualified)
         if logged is not None:
             parts.append(logged.select(["key", "data", "operation"]))
-        for rows in batch.rows_of(table.qualified):
-            truncated = np.flatnonzero(pc.equal(rows.column("operation"), TRUNCATE_OPERATION))
+        for held in batch.rows_of(table.qualified):
+            truncated = np.flatnonzero(pc.equal(held.column("operation"), TRUNCATE_OPERATION))
             if truncated.size:  # the table's TRUNCATE (its copies are together): after it
                 parts = []
-                rows = rows.slice(int(truncated[-1]) + 1)
-            parts.append(rows.select(["key", "data", "operation"]))
+            parts.append(held.slice(int(truncated[-1]) + 1 if truncated.size else 0).select(
+                ["key", "data", "operation"]
+            ))  # fmt: skip
         if chunk is not None and chunk.low_seen and chunk.events:
             reads = list(chunk.events.values())
             parts.append(
