@@ -25,6 +25,7 @@ from test_capture_motion_attack import Follower
 from replog.capture.batch import Batch
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.postgres import PostgresCapture
+from replog.capture.source import CAPTURE_LOCK_CLASS
 from replog.errors import (
     CaptureError,
     CaptureRunningError,
@@ -212,6 +213,41 @@ def test_two_captures_into_two_logs_started_at_once_one_wins(pg_dsn: str, tmp_pa
                                " FROM pg_publication WHERE pubname = 'cap'")[0]  # fmt: skip
     assert json.loads(comment)["replog"]["log_id"] == ReplicationLog.open(winner).log_id
     _equal(winner, pg_dsn)
+
+
+def test_a_capture_started_while_its_predecessor_s_session_ends_is_let_in(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """A capture that just stopped holds the slot's lock until its server process has
+    exited; one started at that moment (a supervisor's restart) was refused at once as a
+    second capture. Here the holder lets go as soon as the newcomer asks."""
+    url = str(tmp_path / "log")
+    _table(pg_dsn)
+    run(pg_dsn, url, tables=("t",))
+    holder = psycopg.connect(pg_dsn, autocommit=True)
+    holder.execute("SELECT pg_advisory_lock(%s, hashtext('cap'))", (CAPTURE_LOCK_CLASS,))
+    done = threading.Event()
+
+    def lets_go_when_asked() -> None:
+        with psycopg.connect(pg_dsn, autocommit=True) as watcher:
+            while not done.wait(0.01):
+                (waiting,) = watcher.execute(
+                    "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted"
+                ).fetchone() or (0,)
+                if waiting:
+                    holder.close()
+                    return
+
+    thread = threading.Thread(target=lets_go_when_asked, daemon=True)
+    thread.start()
+    try:
+        _gap(pg_dsn)
+        run(pg_dsn, url, tables=("t",))
+    finally:
+        done.set()
+        thread.join(HANG_S)
+        holder.close()
+    _equal(url, pg_dsn)
 
 
 def test_a_terminated_capture_that_still_commits_never_doubles_a_transaction(

@@ -211,6 +211,10 @@ def text_rows(
 
 CAPTURE_LOCK_CLASS = 0x7265706C
 """The first key of replog's advisory locks ("repl"); the second is the slot name's hash."""
+CAPTURE_LOCK_WAIT = "3s"
+"""How long a capture waits for its slot's lock: a capture that ended a moment ago holds
+it until its server process has exited (a restart at once was refused as a second
+capture)."""
 
 
 def session_name(slot: str) -> str:
@@ -433,8 +437,13 @@ class PostgresSource:
         one that holds it, before it touches anything. The server releases it when the
         session ends, however the capture ended."""
         key = (CAPTURE_LOCK_CLASS, self.options.slot)
-        if self._one("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key):
+        try:
+            with self.connection.transaction():  # a session lock: it outlives the transaction
+                self.connection.execute(f"SET LOCAL lock_timeout = '{CAPTURE_LOCK_WAIT}'")
+                self.connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", key)
             return
+        except psycopg.errors.LockNotAvailable:
+            pass
         holder = self.connection.execute(
             "SELECT a.pid, coalesce(a.client_hostname, host(a.client_addr), 'a local socket'),"
             " a.application_name, a.backend_start FROM pg_locks l"
@@ -1272,9 +1281,14 @@ class PostgresSource:
         the publication is gone; [] with ``--publication``)."""
         if not self.own_publication:
             return []
-        if self.own_publication_state() is None:
+        row = self.connection.execute(
+            "SELECT array(SELECT prrelid::bigint FROM pg_publication_rel WHERE prpubid = p.oid)"
+            " FROM pg_publication p WHERE pubname = %s",
+            (self.publication,),
+        ).fetchone()
+        if row is None:
             return None
-        members = self._own_members()
+        members = set(row[0])
         return [oid for oid in oids if oid not in members]
 
     def is_partitioned(self, oid: int) -> bool:

@@ -100,7 +100,6 @@ class CatalogWatch:
         clock = time.monotonic()
         if (not now and clock - self._checked < CHECK_S) or self.plan is None:
             return
-        self._checked = clock
         known = {name: table.oid for name, table in self.source.tables.items()}
         found = self.source.catalog_now(known)
         self._published([self.source.tables[name] for name, e in found.items() if e.name])
@@ -115,6 +114,7 @@ class CatalogWatch:
                     continue
             self._partitions(table, entry.leaves, entry.attached)
             self._columns(table, entry.columns, self._rewritten(table, entry.storage))
+        self._checked = clock  # a look that ended (what it saw is in the plan)
 
     def _published(self, tables: list[Table]) -> None:
         """Capture's own publication still publishes each captured table that exists: one
