@@ -60,11 +60,15 @@ class EndBefore(Exception):  # noqa: N818 - control flow of the capture loop, ne
         self.what = what
 
 
+_LIVE_COLUMNS = ["collection", "key", "data", "operation", "shard", "sequence"]
+"""What a live row needs: its metadata (most of an event's bytes) is left out."""
+
+
 def _of_collection(log: ReplicationLog, collection: str) -> Iterator[pa.RecordBatch]:
     for batch in log.scan():
         kept = batch.filter(pc.equal(batch.column("collection"), collection))
         if kept.num_rows:
-            yield kept
+            yield kept.select(_LIVE_COLUMNS)
 
 
 def live_rows(log: ReplicationLog, collection: str) -> pa.Table | None:

@@ -693,8 +693,8 @@ class PostgresSource:
         (else the table's columns now)."""
         constraint = self._evaluable(constraint)
         by_key = table.key == self.primary_key(table.oid)
-        images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
-        keys = rows.column("key").to_pylist()
+        images = rows.column("key" if by_key else "data").cast(pa.string())
+        keys = rows.column("key")
         relation = self.relation_sql(table.oid)
         record: sql.Composable = sql.SQL("jsonb_populate_record(NULL::{}, x.replog_row)").format(
             relation
@@ -731,12 +731,12 @@ class PostgresSource:
                 sql.SQL(", ").join(sql.Identifier("r", k) for k in named),
             )
         found: list[str] = []
-        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):
+        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):  # a piece in memory
             members = [
                 '{"replog_key":' + json.dumps(key) + ',"replog_row":' + image + "}"
                 for key, image in zip(
-                    keys[start : start + PARTITION_ROWS_PER_QUERY],
-                    images[start : start + PARTITION_ROWS_PER_QUERY],
+                    keys.slice(start, PARTITION_ROWS_PER_QUERY).to_pylist(),
+                    images.slice(start, PARTITION_ROWS_PER_QUERY).to_pylist(),
                     strict=True,
                 )
             ]
