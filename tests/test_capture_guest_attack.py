@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -648,6 +649,51 @@ def test_a_capture_killed_after_each_heartbeat_commit_keeps_slot_and_log_in_step
                                  " pg_replication_slots WHERE slot_name = 'cap'")[0]  # fmt: skip
     assert int(confirmed) == log.transaction_version(app)
     _equal(url, pg_dsn)
+
+
+def test_an_idle_server_is_not_kept_writing_wal_by_heartbeats(pg_dsn: str, tmp_path: Path) -> None:
+    """A heartbeat is WAL, after which the server writes its own bookkeeping (a
+    running-transactions record every 15 s, a checkpoint): taken as 'the server writes WAL',
+    that called for the next heartbeat, and so on forever: on an idle database a heartbeat
+    every ~15 s, each waking the checkpointer, and with archive_timeout a WAL segment
+    switched and archived each time. Counted in idle polls, not timed."""
+    _table(pg_dsn)
+    sql(pg_dsn, "CREATE TABLE u (id int, filler text)")
+    seen: list[Any] = []
+    options = CaptureOptions(dsn=pg_dsn, slot="cap", tables=("t",), follow=True, poll_s=0.02,
+                             heartbeat_s=0.05)  # fmt: skip
+    stop = threading.Event()
+    ended: dict[str, BaseException] = {}
+
+    def body() -> None:
+        try:
+            with PostgresCapture(options, ReplicationLog.open_or_create(str(tmp_path / "l"), 2),
+                                 stop=stop, progress=lambda p: seen.append(p.heartbeats)) as c:  # fmt: skip
+                c.run()
+        except BaseException as exc:  # handed to the test below
+            ended["error"] = exc
+
+    def polls_until(done: Any) -> None:
+        start = len(seen)
+        while not done(start):
+            assert "error" not in ended, ended
+            assert len(seen) < start + 100_000, "never"  # a hang, not a speed
+            time.sleep(0.01)
+
+    follower = threading.Thread(target=body, daemon=True)
+    follower.start()
+    try:
+        sql(pg_dsn, "INSERT INTO u SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g")
+        polls_until(lambda start: seen and seen[-1] >= 1)  # other tables write: a heartbeat
+        beats = seen[-1]
+        sql(pg_dsn, "SELECT pg_log_standby_snapshot()", "CHECKPOINT")  # the server's own
+        polls_until(lambda start: len(seen) > start + 60)  # 60 idle polls: over 20 heartbeats due
+        assert seen[-1] == beats, (beats, seen[-1])
+        sql(pg_dsn, "INSERT INTO u SELECT g, repeat('x', 500) FROM generate_series(1, 2000) g")
+        polls_until(lambda start: seen[-1] > beats)  # writes elsewhere: heartbeats again
+    finally:
+        stop.set()
+        follower.join(HANG_S)
 
 
 def test_a_capture_killed_before_a_heartbeat_commit_lands_commits_it_once(

@@ -102,6 +102,12 @@ __all__ = ["UNAVAILABLE", "PostgresCapture", "capture", "server_positions"]
 
 ProgressCallback = Callable[[CaptureProgress], None]
 
+IDLE_WAL_BYTES = 64 * 1024
+"""WAL the server may write past capture's position and still be idle: after a heartbeat
+it writes its own bookkeeping (a running-transactions record every 15 s, a checkpoint),
+which must not call for the next heartbeat, or an idle server writes WAL forever (and,
+with ``archive_timeout``, switches and archives a segment each time)."""
+
 
 class PostgresCapture:
     """One capture of a PostgreSQL database into one log (see the module docstring).
@@ -229,15 +235,16 @@ class PostgresCapture:
         """While the tables are idle and the server writes WAL elsewhere, confirm how far
         capture got every ``heartbeat_s``: a transactional message, which the next batch
         reads and commits (with no events) like any transaction, so the slot advances
-        and keeps WAL within a few heartbeats of the server's position. Also looks at the
-        slot: how much WAL it keeps, and whether the server invalidated it."""
+        and keeps WAL within a few heartbeats of the server's position (WAL moved: more
+        than :data:`IDLE_WAL_BYTES`). Also looks at the slot: how much WAL it keeps, and
+        whether the server invalidated it."""
         interval = self.options.heartbeat_s
         clock = time.monotonic()
         if not interval or clock - self._beat_at < interval:
             return
         self._beat_at = clock
         self._look_at_slot()
-        if self.source.current_position() > self.progress.position:
+        if self.source.current_position() - self.progress.position > IDLE_WAL_BYTES:
             self.source.emit_message(HEARTBEAT_PREFIX, json.dumps({"slot": self.options.slot}))
             self.progress.heartbeats += 1
 
