@@ -92,6 +92,10 @@ def event_id(identity: str) -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
+TRUNCATE_OPERATION = "truncate"
+"""The operation of a truncate event (FORMAT.md, "Truncate events")."""
+
+
 def truncate_key(shard: int, shards: int) -> str:
     """The key of a truncate event meant for ``shard`` of a log of ``shards``:
     ``{"__truncate":n}`` with the smallest ``n`` that routes there."""
@@ -623,7 +627,7 @@ class EventMaker:
             Event(
                 event_id(f"{self.slot}:{txn.commit_lsn}:{order}:truncate:{shard}"),
                 txn.commit_ms,
-                "truncate",
+                TRUNCATE_OPERATION,
                 table.qualified,
                 truncate_key(shard, shards),
                 "{}",

@@ -49,6 +49,10 @@ plan keeps the captured tables' partitions and column names (what the catalog wa
 compares against)."""
 CAPTURES_DIR = "_replog/captures"
 INITIAL, ADDED, REQUESTED, RECREATED = "initial", "added", "requested", "recreated"
+RESYNC = "resync"
+"""A table whose changes the stream missed (a new slot in place of one that cannot be
+resumed, capture's publication dropped or left by the table): read again whole, after
+its rows the source no longer holds were deleted."""
 ATTACHED, COLUMNS_CHANGED = "attached", "columns-changed"
 _KEPT_SIGNALS = 100
 _KEPT_FINISHED = 20
@@ -69,7 +73,8 @@ class TableSnapshot:
     oid: int
     reason: str
     """``initial``, ``added`` (joined the capture later), ``requested`` (a signal),
-    ``recreated`` (dropped and created again under its name), ``attached`` (a partition
+    ``recreated`` (dropped and created again under its name), ``resync`` (its changes
+    were missed: :data:`RESYNC`), ``attached`` (a partition
     attached to it), ``columns-changed`` (a column renamed or retyped)."""
     after: list[str | None] | None = None
     """Key order: the key (each column's text) of the last row read; None: none yet."""
@@ -174,7 +179,17 @@ class SnapshotPlan:
     removals: list[dict[str, Any]] = field(default_factory=list)
     """Partitions that left a captured table (detached, dropped): ``id`` (their marker in
     the WAL), ``table``, ``leaf``, ``constraint``, ``done_at`` (the position of the commit
-    that deletes their rows, once one is made)."""
+    that deletes their rows, once one is made). With ``cause`` ``resync``: a table whose
+    changes the stream missed (``leaf`` its id, ``constraint`` ``true``): its rows the
+    source no longer holds are deleted."""
+    slot_lsn: int = 0
+    """The consistent point of the slot this log's capture created (0: a slot it adopted,
+    or a plan of replog before 0.6): a slot found still there is this log's, never
+    advanced (its run was killed before its first commit), whoever names its owner."""
+    released: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Tables ``--tables-changed`` stopped capturing -> ``oid`` and ``at`` (the server's
+    WAL position once they left capture's publication): their changes before it, still
+    in the slot, are skipped (counted), until the log's position passes it."""
 
     # -- storage -----------------------------------------------------------------------
 
@@ -208,6 +223,8 @@ class SnapshotPlan:
                 attached=dict(body.get("attached", {})),
                 storage=dict(body.get("storage", {})),
                 removals=list(body.get("removals", [])),
+                slot_lsn=int(body.get("slot_lsn", 0)),
+                released=dict(body.get("released", {})),
             )
         except (KeyError, TypeError) as exc:
             raise CorruptionError(storage.path(path), f"malformed capture plan: {exc}") from exc

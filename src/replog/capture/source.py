@@ -13,9 +13,11 @@ Two rules protect the source:
   one, every UPDATE and DELETE on it fails (a DEFERRABLE primary key cannot be the
   identity; ``REPLICA IDENTITY NOTHING`` has none; a partitioned table's partitions each
   need their own).
-* Capture's own publication publishes through partitioned tables' roots
-  (``publish_via_partition_root``) and, from PostgreSQL 18, STORED generated columns
-  (``publish_generated_columns``), so the stream carries what the snapshot reads.
+* Capture's own publication publishes partitions as themselves
+  (``publish_via_partition_root = false``: only then is a TRUNCATE of one partition in
+  the stream; the stream maps each partition to its root) and, from PostgreSQL 18,
+  STORED generated columns (``publish_generated_columns``), so the stream carries what
+  the snapshot reads.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ from replog.errors import (
     CaptureError,
     CaptureRunningError,
     InvalidOptionError,
+    SlotOwnershipError,
     SourceConfigError,
     SourceConnectionError,
     SourcePrivilegeError,
@@ -68,6 +71,17 @@ PARTITION_ROWS_PER_QUERY = 50_000
 
 SlotInfo = tuple[str, str, int, int | None]
 """A slot's plug-in, database, confirmed position and active server process."""
+
+
+class LogHolds(NamedTuple):
+    """What the log a capture writes holds of its slot: whose slot it is depends on it."""
+
+    log_id: str
+    position: int | None
+    """The capture position the log holds (None: none yet)."""
+    slot_lsn: int
+    """The consistent point of the slot this log's capture created (0: none known)."""
+
 
 Columns = tuple[tuple[str, int, int], ...]
 """A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
@@ -208,6 +222,10 @@ def text_rows(
 
 CAPTURE_LOCK_CLASS = 0x7265706C
 """The first key of replog's advisory locks ("repl"); the second is the slot name's hash."""
+CAPTURE_LOCK_WAIT = "3s"
+"""How long a capture waits for its slot's lock: a capture that ended a moment ago holds
+it until its server process has exited (a restart at once was refused as a second
+capture)."""
 
 
 def session_name(slot: str) -> str:
@@ -279,6 +297,9 @@ class PostgresSource:
         """Tables the log's capture captured (collection -> id): one renamed since is
         described by its id, under its collection."""
         self._key_bounds: dict[tuple[tuple[int, int], ...], sql.Composed] = {}
+        self.slot_ours = False
+        """The slot is the log's (:meth:`check` judged it): named its owner in capture's
+        own publication, or the one its capture created and never advanced."""
 
     def close(self) -> None:
         self.connection.close()
@@ -292,9 +313,11 @@ class PostgresSource:
 
     # -- checks, before anything is written ------------------------------------------
 
-    def check(self) -> None:
+    def check(self, log: LogHolds | None = None) -> None:
         """Every reason capture cannot run, as an error naming the value at fault and the
-        statement that fixes it: before anything is written (to the log or the source)."""
+        statement that fixes it: before anything is written (to the log or the source).
+        ``log``: what the capture's log holds of the slot (None: a log not created yet),
+        whose slot it is judged by (:attr:`slot_ours`)."""
         wal_level = self._one("SHOW wal_level")
         if wal_level != "logical":
             raise SourceConfigError(
@@ -325,6 +348,48 @@ class PostgresSource:
                     )
         self._check_privileges()
         self._check_slot()
+        self.slot_ours = self._check_owner(log)
+        if publication is not None:
+            self._warn_unpublished(publication)
+
+    def _warn_unpublished(self, publication: str) -> None:
+        """Say what the user's publication keeps out of the stream (nothing is skipped
+        silently): the operations it does not publish, and, through partition roots, a
+        TRUNCATE of one partition (PostgreSQL sends none)."""
+        row = self.connection.execute(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot"
+            " FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        ).fetchone()
+        if row is None:
+            return
+        *actions, via_root = row
+        names = ("insert", "update", "delete", "truncate")
+        missing = [
+            name
+            for name, published in zip(names, actions, strict=True)
+            if not published and not (name == "truncate" and self.options.skip_truncate)
+        ]
+        if missing:
+            logger.warning(
+                "publication %s does not publish %s: those changes of its tables never reach "
+                "the stream and are not captured (tables built from the log keep what they "
+                "changed). ALTER PUBLICATION %s SET (publish = '%s')",
+                publication, ", ".join(missing), sql_ident(publication), ", ".join(names),
+            )  # fmt: skip
+        partitioned = self._all(
+            "SELECT oid::regclass::text FROM pg_class WHERE oid = ANY(%s) AND relkind = 'p'"
+            " ORDER BY 1",
+            ([table.oid for table in self.tables.values()],),
+        )
+        if via_root and partitioned and not self.options.skip_truncate:
+            logger.warning(
+                "publication %s publishes through partition roots (publish_via_partition_root)"
+                ": PostgreSQL sends no TRUNCATE of one partition of %s through it, so such a "
+                "TRUNCATE is not captured (tables built from the log keep the partition's "
+                "rows). ALTER PUBLICATION %s SET (publish_via_partition_root = false)",
+                publication, ", ".join(name for (name,) in partitioned), sql_ident(publication),
+            )  # fmt: skip
 
     @property
     def role(self) -> str:
@@ -410,8 +475,13 @@ class PostgresSource:
         one that holds it, before it touches anything. The server releases it when the
         session ends, however the capture ended."""
         key = (CAPTURE_LOCK_CLASS, self.options.slot)
-        if self._one("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key):
+        try:
+            with self.connection.transaction():  # a session lock: it outlives the transaction
+                self.connection.execute(f"SET LOCAL lock_timeout = '{CAPTURE_LOCK_WAIT}'")
+                self.connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", key)
             return
+        except psycopg.errors.LockNotAvailable:
+            pass
         holder = self.connection.execute(
             "SELECT a.pid, coalesce(a.client_hostname, host(a.client_addr), 'a local socket'),"
             " a.application_name, a.backend_start FROM pg_locks l"
@@ -661,8 +731,8 @@ class PostgresSource:
         (else the table's columns now)."""
         constraint = self._evaluable(constraint)
         by_key = table.key == self.primary_key(table.oid)
-        images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
-        keys = rows.column("key").to_pylist()
+        images = rows.column("key" if by_key else "data").cast(pa.string())
+        keys = rows.column("key")
         relation = self.relation_sql(table.oid)
         record: sql.Composable = sql.SQL("jsonb_populate_record(NULL::{}, x.replog_row)").format(
             relation
@@ -699,12 +769,12 @@ class PostgresSource:
                 sql.SQL(", ").join(sql.Identifier("r", k) for k in named),
             )
         found: list[str] = []
-        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):
+        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):  # a piece in memory
             members = [
                 '{"replog_key":' + json.dumps(key) + ',"replog_row":' + image + "}"
                 for key, image in zip(
-                    keys[start : start + PARTITION_ROWS_PER_QUERY],
-                    images[start : start + PARTITION_ROWS_PER_QUERY],
+                    keys.slice(start, PARTITION_ROWS_PER_QUERY).to_pylist(),
+                    images.slice(start, PARTITION_ROWS_PER_QUERY).to_pylist(),
                     strict=True,
                 )
             ]
@@ -1075,6 +1145,44 @@ class PostgresSource:
         )
         return int(value or 0)
 
+    def _check_owner(self, log: LogHolds | None) -> bool:
+        """Never drop or advance a slot another log owns: the log that created it (named
+        in capture's own publication, or by its plan's ``slot_lsn``: the slot is where
+        that log's capture created it), or, without that record, one this log holds no
+        capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly.
+        Whether the slot is this log's."""
+        slot = self.slot()
+        if slot is None:
+            return False
+        owner = self.slot_owner()
+        name, logged = self.options.slot, log.position if log is not None else None
+        if owner is not None:
+            ours = log is not None and owner.get("log_id") == log.log_id
+        else:
+            ours = log is not None and bool(log.slot_lsn) and slot[2] == log.slot_lsn
+        if ours or self.options.reset_slot:
+            return ours  # or taken over explicitly
+        if logged is None and owner is None and self.options.snapshot == "never":
+            return False  # a slot of the user's, adopted without a snapshot (as documented)
+        if logged is not None and owner is None:
+            return False  # a --publication capture's: the log's position is the only record
+        whose = (
+            f"log {owner.get('log', '?')} (id {owner['log_id']})"
+            if owner is not None
+            else "another log, or none (no capture's publication names its owner)"
+        )
+        here = (
+            f"this log holds capture position {lsn_to_text(logged)} of it, but"
+            if logged is not None
+            else "this log holds no capture of it:"
+        )
+        raise SlotOwnershipError(
+            f"slot {name!r} exists and {here} it belongs to {whose}. Capture into that "
+            f"log's URL to resume it; use another slot (--slot) for this log; or give "
+            f"--reset-slot to drop {name!r} and start over here with a new slot and a "
+            f"snapshot (the log that follows {name!r} can then never resume)"
+        )
+
     def _check_slot(self) -> None:
         slot = self.slot()
         if slot is None:
@@ -1194,6 +1302,35 @@ class PostgresSource:
             )
         )
         return added
+
+    def own_publication_state(self) -> str | None:
+        """Capture's own publication as it is now: None (it does not exist), ``root`` (it
+        publishes through partition roots, as replog before 0.6 made it) or
+        ``partitions``; ``user`` with ``--publication``."""
+        if not self.own_publication:
+            return "user"
+        row = self.connection.execute(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (self.publication,)
+        ).fetchone()
+        return None if row is None else "root" if row[0] else "partitions"
+
+    def unpublished(self, oids: Sequence[int]) -> list[int] | None:
+        """Those of tables ``oids`` capture's own publication does not publish now (None:
+        the publication is gone; [] with ``--publication``)."""
+        if not self.own_publication:
+            return []
+        row = self.connection.execute(
+            "SELECT array(SELECT prrelid::bigint FROM pg_publication_rel WHERE prpubid = p.oid)"
+            " FROM pg_publication p WHERE pubname = %s",
+            (self.publication,),
+        ).fetchone()
+        if row is None:
+            return None
+        members = set(row[0])
+        return [oid for oid in oids if oid not in members]
+
+    def is_partitioned(self, oid: int) -> bool:
+        return bool(self._one("SELECT relkind = 'p' FROM pg_class WHERE oid = %s", (oid,)))
 
     def slot_owner(self) -> dict[str, str] | None:
         """The log that owns the slot, as capture's own publication names it (None: no

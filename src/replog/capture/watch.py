@@ -42,6 +42,7 @@ from replog.capture.removals import Removals
 from replog.capture.snapshot import ATTACHED, COLUMNS_CHANGED, RECREATED, SnapshotPlan
 from replog.capture.source import MARKER_PREFIX, PostgresSource, Table
 from replog.capture.stream import Relations
+from replog.errors import CaptureError
 
 logger = logging.getLogger(__name__)
 
@@ -99,9 +100,9 @@ class CatalogWatch:
         clock = time.monotonic()
         if (not now and clock - self._checked < CHECK_S) or self.plan is None:
             return
-        self._checked = clock
         known = {name: table.oid for name, table in self.source.tables.items()}
         found = self.source.catalog_now(known)
+        self._published([self.source.tables[name] for name, e in found.items() if e.name])
         for name, entry in found.items():
             table = self.source.tables[name]
             if entry.oid != table.oid:
@@ -113,6 +114,29 @@ class CatalogWatch:
                     continue
             self._partitions(table, entry.leaves, entry.attached)
             self._columns(table, entry.columns, self._rewritten(table, entry.storage))
+        self._checked = clock  # a look that ended (what it saw is in the plan)
+
+    def _published(self, tables: list[Table]) -> None:
+        """Capture's own publication still publishes each captured table that exists: one
+        dropped, or a table taken out of it (by hand), leaves its changes out of the
+        stream from that point, and capture stops rather than go on without them (a
+        restart publishes them again and makes the tables good)."""
+        missing = self.source.unpublished([table.oid for table in tables])
+        if not missing and missing is not None:
+            return
+        publication = self.source.publication
+        what = (
+            f"capture's own publication {publication} was dropped"
+            if missing is None
+            else f"{', '.join(t.qualified for t in tables if t.oid in missing)} left capture's "
+            f"own publication {publication}"
+        )
+        raise CaptureError(
+            f"{what} while capture ran (by hand?): their changes from then on are not in the "
+            f"stream. Start capture again: it publishes its tables again, deletes from the "
+            f"log the rows the source no longer holds and reads every row again (to stop "
+            f"capturing a table, name the others with --tables and give --tables-changed)"
+        )
 
     def _note(self, key: tuple[str, str | int], message: str, *args: object) -> None:
         if key not in self._noted:
@@ -232,8 +256,11 @@ class CatalogWatch:
 
     def _remove(self, name: str, leaf: str, constraint: str) -> None:
         """Partition ``leaf`` left table ``name``: a marker into the WAL now, where the
-        stream meets it its rows are deleted."""
+        stream meets it its rows are deleted. Its changes before the marker are the
+        table's: the stream names the partition (capture's own publication publishes
+        partitions as themselves), which the catalog no longer places under the table."""
         assert self.plan is not None
+        self.source.place_partition(int(leaf), self.source.tables[name].oid)
         removal_id = uuid.uuid4().hex
         self.plan.removals.append(
             {

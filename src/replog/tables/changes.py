@@ -535,14 +535,14 @@ def latest_events(batches: Iterable[pa.RecordBatch | pa.Table]) -> pa.Table | No
     ``shard`` and ``sequence`` columns), deletes dropped; None for no events. Memory is
     bounded by the distinct keys (plus :data:`REDUCE_EVERY` rows)."""
     held: list[pa.Table] = []
-    rows = 0
+    added = 0  # rows held beyond the last reduction (one per distinct key)
     for batch in batches:
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         held.append(table)
-        rows += table.num_rows
-        if rows > REDUCE_EVERY:
-            reduced = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
-            held, rows = [reduced], reduced.num_rows
+        added += table.num_rows
+        if added > REDUCE_EVERY:  # not the rows held: past REDUCE_EVERY distinct keys
+            # that would reduce them all again for each batch (quadratic)
+            held, added = [latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)], 0
     if not held:
         return None
     latest = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
