@@ -667,8 +667,9 @@ def test_an_idle_server_is_not_kept_writing_wal_by_heartbeats(pg_dsn: str, tmp_p
 
     def body() -> None:
         try:
-            with PostgresCapture(options, ReplicationLog.open_or_create(str(tmp_path / "l"), 2),
-                                 stop=stop, progress=lambda p: seen.append(p.heartbeats)) as c:  # fmt: skip
+            log = ReplicationLog.open_or_create(str(tmp_path / "l"), 2)
+            counted = lambda p: seen.append(p.heartbeats)  # noqa: E731
+            with PostgresCapture(options, log, stop=stop, progress=counted) as c:
                 c.run()
         except BaseException as exc:  # handed to the test below
             ended["error"] = exc
