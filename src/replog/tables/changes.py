@@ -117,9 +117,13 @@ def check_changes(changes: pa.Table, keys: Sequence[str]) -> None:
 def _storable_type(kind: pa.DataType) -> pa.DataType:
     """``kind`` as a Delta table can hold it: Delta has no duration or time-of-day type,
     so those become ``bigint`` counts of their own unit (Debezium's own ``MicroDuration``
-    and ``MicroTime``); nested types are mapped member by member."""
+    and ``MicroTime``); a timestamp with a zone is in UTC (Spark hands its tasks the
+    session's zone, ``Etc/UTC``, which delta-rs refuses); nested types are mapped member
+    by member."""
     if pa.types.is_duration(kind) or pa.types.is_time(kind):
         return pa.int64()
+    if pa.types.is_timestamp(kind) and kind.tz is not None and kind.tz != "UTC":
+        return pa.timestamp(kind.unit, tz="UTC")  # the same instants; Delta names no other zone
     if pa.types.is_struct(kind):
         return pa.struct([f.with_type(_storable_type(f.type)) for f in kind])
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
@@ -147,6 +151,20 @@ def last_per_key(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
     )
     last = indexed.group_by(list(keys), use_threads=False).aggregate([(_ROW_INDEX, "max")])
     return np.sort(last.column(f"{_ROW_INDEX}_max").to_numpy())
+
+
+def keys_distinct(table: pa.Table, keys: Sequence[str]) -> bool:
+    """Whether no two rows of ``table`` share a key (a quick test before a reduction: a
+    snapshot's rows have a key each)."""
+    if table.num_rows < 2:
+        return True
+    if len(keys) == 1 and pa.types.is_integer(table.schema.field(keys[0]).type):
+        column = table.column(keys[0])
+        if column.null_count == 0:
+            values = np.sort(column.to_numpy())
+            return bool((values[1:] != values[:-1]).all())
+    groups = table.select(list(keys)).group_by(list(keys), use_threads=False).aggregate([])
+    return bool(groups.num_rows == table.num_rows)
 
 
 def latest_per_key(
