@@ -324,6 +324,42 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
     return ordered, left
 
 
+def refill(ordered: pa.Table, marks: Marks, keys: Sequence[str]) -> tuple[pa.Table, Marks]:
+    """``ordered`` (as :func:`fill_unavailable` leaves it: sorted by key and position,
+    :data:`OLD_KEY` on every row of a life) with the values ``marks`` names filled again
+    from the rows before them in their life that hold one now: a value filled since (a
+    changed key's create, from its old key) reaches the key's later changes, as the delete
+    of a key changed again in the batch, whose next create takes it. The marks left."""
+    if not marks or ordered.num_rows == 0:
+        return ordered, marks
+    index = np.arange(ordered.num_rows, dtype=np.int64)
+    same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[True], ~same_next[:-1]])
+    operation = ordered.column(OPERATION)
+    starts |= pc.fill_null(pc.equal(operation, "insert"), False).to_numpy(zero_copy_only=False)
+    if OLD_KEY in ordered.column_names:  # a life's rows share the old key it began with
+        old = ordered.column(OLD_KEY).combine_chunks()
+        differ = pc.fill_null(pc.not_equal(old.slice(1), old.slice(0, len(old) - 1)), True)
+        both_null = pc.and_(pc.is_null(old.slice(1)), pc.is_null(old.slice(0, len(old) - 1)))
+        changed = pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
+        starts[1:] |= changed
+    deletes = np.zeros(ordered.num_rows, dtype=bool)
+    if UNSENT not in ordered.column_names:  # a delete's own image holds no value
+        deletes = pc.fill_null(pc.equal(operation, DELETE), False).to_numpy(zero_copy_only=False)
+    group_start = np.maximum.accumulate(np.where(starts, index, 0))
+    left = {}
+    for name, unmarked in marks.items():
+        marked = unmarked | deletes
+        last_value = np.maximum.accumulate(np.where(marked, -1, index))
+        found = unmarked & (last_value >= group_start)
+        take = np.where(found, last_value, index)
+        position = ordered.schema.get_field_index(name)
+        ordered = ordered.set_column(position, name, ordered.column(name).take(take))
+        if (unmarked & ~found).any():
+            left[name] = unmarked & ~found
+    return ordered, left
+
+
 def keys_as(table: pa.Table, like: pa.Table, keys: Sequence[str]) -> pa.Table:
     """``table`` with its key columns cast to ``like``'s types, to join the two (a
     table's int32 id, an int64 in the changes)."""

@@ -769,6 +769,14 @@ def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequenc
     if rows.OLD_KEY in changes.column_names:
         moved = pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
         changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
+        # a key changed twice (A -> B -> C): B's create took A's value; B's delete takes it
+        # from there, and C's create from B's delete, one change of key per round
+        while marks:
+            left = sum(int(m.sum()) for m in marks.values())
+            changes, marks = rows.refill(changes, marks, keys)
+            changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
+            if sum(int(m.sum()) for m in marks.values()) == left:
+                break
     if table is None:
         return changes
     # a delete needs no value; a changed key's own row (if any) is of an earlier life
