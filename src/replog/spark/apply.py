@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark import SparkContext
 from pyspark.sql import DataFrame
@@ -34,6 +34,9 @@ from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
 from replog.tables import delta
 from replog.tables.delta import TARGET_FILE_SIZE, apply_batch
+
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
 
 TEMPLATE = "{collection}"
 
@@ -109,6 +112,15 @@ class _Router:
     ) -> None:
         self.target, self.keys, self.schema, self.log = target, keys, schema, log
         self._tables: dict[str, _Table] = {}
+        self._handles: dict[str, DeltaTable] = {}
+
+    def delta(self, target: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+        """The Delta table at ``target`` at its newest version (None: there is none yet),
+        its handle kept between micro-batches."""
+        found = delta.refreshed(self._handles.get(target), target, storage_options)
+        if found is not None:
+            self._handles[target] = found
+        return found
 
     @property
     def routed(self) -> bool:
@@ -253,7 +265,7 @@ def _parts(  # noqa: PLR0917 - a micro-batch's parts
     struct: bool | None = None
     for index, collection in enumerate(collections):
         table = router.table(collection)
-        found = delta.open_table(table.target, settings.storage_options)
+        found = router.delta(table.target, settings.storage_options)
         if delta.replayed(found, settings.app_id, batch_id, writer):
             continue  # before the batch is looked at: a replay computes nothing
         if struct is None:
@@ -342,6 +354,7 @@ def _apply(
                 tombstones=settings.tombstones,
                 deletion_vectors=settings.deletion_vectors,
                 ahead=gathered.ahead,
+                table=router.delta(table.target, settings.storage_options),
             )
         except BaseException:
             _discard(router, parts[position + 1 :], found)

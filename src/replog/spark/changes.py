@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -100,28 +101,69 @@ def changes_frame(
     batch: DataFrame, parts: Sequence[Part]
 ) -> tuple[DataFrame, dict[int, StructType]]:
     """The micro-batch as changes: per event :data:`WHICH`, the bookkeeping columns of
-    :mod:`replog.tables.changes`, its key's text and, per part, its row (NULL for other
-    parts' events)."""
-    absent = [c for c in EVENT_COLUMNS if c not in batch.columns]
+    :mod:`replog.tables.changes`, its key's text and, per part, its row's fields (NULL for
+    other parts' events); and each part's row type. The expressions are built once per
+    query and shape of batch (a follower's micro-batch spent a second of py4j calls
+    building them again)."""
+    columns = batch.columns
+    absent = [c for c in EVENT_COLUMNS if c not in columns]
     if absent:
         raise InvalidOptionError(
             f"apply_changes: the micro-batch lacks the replog source's columns {absent} "
-            f"(columns: {batch.columns})"
+            f"(columns: {columns})"
         )
+    key = _signature(batch, columns, parts)
+    built = _BUILT.get(key)
+    if built is None:
+        built = _build(batch, columns, parts)
+        if len(_BUILT) >= _BUILT_MAX:
+            _BUILT.pop(next(iter(_BUILT)))
+        _BUILT[key] = built
+    projections, rows_of = built
+    frame = batch
+    for projection in projections:
+        frame = frame.select(*projection)
+    return frame, rows_of
+
+
+_Built = tuple[list[list[Column]], dict[int, StructType]]
+_BUILT: dict[tuple[Any, ...], _Built] = {}
+_BUILT_MAX = 64
+
+
+def _signature(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> tuple[Any, ...]:
+    """What the built expressions depend on: the session's application, the batch's
+    columns and payload type, and per part its collection, keys, schema and versions."""
+    shape = tuple(
+        (
+            p.index,
+            p.collection,
+            p.keys,
+            p.schema.json() if isinstance(p.schema, StructType) else p.schema,
+            tuple(v.digest for v in p.found),
+        )
+        for p in parts
+    )
+    application = batch.sparkSession.sparkContext.applicationId
+    return (application, tuple(columns), batch.schema["data"].dataType.json(), shape)
+
+
+def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Built:
+    """The three projections of :func:`changes_frame`, and each part's row type."""
     typings, parsed = _parsers(batch, parts)
-    metadata = "metadata" in batch.columns
+    metadata = "metadata" in columns
     version = []
     if typings and metadata:
         digests = [d for t in typings.values() for d in t.digests]
         version = [schema_version(F.col("metadata"), digests).alias(VERSION)]
     # parsed in a projection of its own: each row struct reads every column of its parse
-    framed = batch.select(
-        *(F.col(c) for c in batch.columns if c not in ("before", "event_id")),
-        _marks(batch).alias(_MARKS),
+    first = [
+        *(F.col(c) for c in columns if c not in ("before", "event_id")),
+        _marks(columns).alias(_MARKS),
         *version,
         *(c for t in typings.values() for c in t.parses("data")),
         *(json.alias(f"__replog_parsed{index}") for index, json in parsed.items()),
-    )
+    ]
     made = []
     for part in parts:
         if part.index in typings:
@@ -131,8 +173,8 @@ def changes_frame(
         else:  # a struct already
             row = F.when(part.condition(), F.col("data"))
         made.append(row.alias(part.row))
-    frame = framed.select(
-        _which(batch, parts).alias(WHICH),
+    second = [
+        _which(columns, parts).alias(WHICH),
         F.col("shard").alias(rows.SHARD),
         F.col("sequence").alias(rows.SEQUENCE),
         F.col("operation").alias(rows.OPERATION),
@@ -141,10 +183,11 @@ def changes_frame(
             rows.UNSENT
         ),
         F.col(f"{_MARKS}.old_key").alias(rows.OLD_KEY),
-        _column(batch, "collection").alias(rows.COLLECTION),
-        _column(batch, "key").alias(_KEY),
+        _column(columns, "collection").alias(rows.COLLECTION),
+        _column(columns, "key").alias(_KEY),
         *made,
-    )
+    ]
+    frame = batch.select(*first).select(*second)
     flat, rows_of = [], {}
     for part in parts:
         fields = frame.schema[part.row].dataType
@@ -154,8 +197,8 @@ def changes_frame(
         flat += [F.col(part.row)[name].alias(part.column(j)) for j, name in enumerate(fields.names)]
     # the rows' fields as columns of their own: Arrow's per-row size check (mapInArrow)
     # walks a struct's children for every row
-    kept = [c for c in frame.columns if not c.startswith("__replog_row")]
-    return frame.select(*kept, *flat), rows_of
+    kept = [F.col(c) for c in frame.columns if not c.startswith("__replog_row")]
+    return [first, second, [*kept, *flat]], rows_of
 
 
 def _parsers(
@@ -184,7 +227,7 @@ def _parsers(
     return typings, parsed
 
 
-def _which(batch: DataFrame, parts: Sequence[Part]) -> Column:
+def _which(columns: Sequence[str], parts: Sequence[Part]) -> Column:
     """:data:`WHICH`: the part an event goes to."""
     if any(p.collection is None for p in parts):  # one table: every event is its
         return F.lit(parts[0].index)
@@ -197,17 +240,17 @@ def _which(batch: DataFrame, parts: Sequence[Part]) -> Column:
     )
 
 
-def _column(batch: DataFrame, name: str) -> Column:
-    return F.col(name) if name in batch.columns else F.lit(None).cast("string")
+def _column(columns: Sequence[str], name: str) -> Column:
+    return F.col(name) if name in columns else F.lit(None).cast("string")
 
 
-def _marks(batch: DataFrame) -> Column:
+def _marks(columns: Sequence[str]) -> Column:
     """``metadata``'s ``unavailable`` (the columns an event did not send, as ``replog
     capture postgres`` lists unchanged TOASTed columns) and ``old_key`` (on a changed key's
     create: the old key's JSON text), as a struct. Parsed only where the text names one of
     them: most events name neither, and a parse of every event's metadata cost a
     snapshot's load a quarter of its time."""
-    if "metadata" not in batch.columns:
+    if "metadata" not in columns:
         return F.lit(None).cast("struct<unavailable: array<string>, old_key: string>")
     text = F.col("metadata").cast("string")
     # contains() tests a position's first byte before comparing (instr() compares at

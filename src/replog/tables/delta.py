@@ -67,6 +67,19 @@ def _deltalake() -> Any:
     return deltalake
 
 
+def refreshed(
+    table: DeltaTable | None, target: str, storage_options: dict[str, str] | None
+) -> DeltaTable | None:
+    """``table`` (a handle of ``target`` kept from an earlier batch) moved to the newest
+    version, reading only the commits since; ``target`` opened when there is none yet.
+    Opening reads the log from its last checkpoint, up to 100 commits: a follower's
+    micro-batch opened each of its tables twice."""
+    if table is None:
+        return open_table(target, storage_options)
+    table.update_incremental()
+    return table
+
+
 def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
     """The Delta table at ``target``, or None when there is none yet (its log read once)."""
     deltalake = _deltalake()
@@ -174,6 +187,7 @@ def apply_batch(
     tombstones: bool = True,
     deletion_vectors: bool = True,
     ahead: Sequence[written_ahead.Prewritten] = (),
+    table: DeltaTable | None = None,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -209,19 +223,16 @@ def apply_batch(
     :mod:`replog.tables.ahead`), whole row images committed with the batch (scd1, tables
     with deletion vectors on local disk; elsewhere they are read back and applied as
     changes). A row of a key that ``changes`` also holds is applied through them.
+
+    ``table``: the table at ``target`` opened already (a follower keeps its handle between
+    batches, :func:`refreshed`); None: it is opened here.
     """
-    keys = rows.check_keys(keys)
-    rows.check_mode(mode)
-    if not app_id:
-        raise InvalidOptionError("apply_changes: app_id must name the writer (non-empty)")
-    if batch_id < 0:
-        raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
-    rows.check_changes(changes, keys)
-    rows.check_one_collection(changes)
+    keys = _checked(changes, keys, mode, app_id, batch_id)
     changes = rows.storable(changes)
     if rows.COLLECTION in changes.column_names:
         changes = changes.drop_columns([rows.COLLECTION])
-    table = open_table(target, storage_options)
+    if table is None:
+        table = open_table(target, storage_options)
     options = _Options(
         app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors
     )
@@ -257,6 +268,22 @@ def apply_batch(
     version: int = table.version()
     logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
     return Applied(batch_id, False, counted, version, metrics)
+
+
+def _checked(
+    changes: pa.Table, keys: Sequence[str], mode: str, app_id: str, batch_id: int
+) -> tuple[str, ...]:
+    """The keys, once the arguments and the changes are checked (bad input is refused
+    before anything is written)."""
+    keys = rows.check_keys(keys)
+    rows.check_mode(mode)
+    if not app_id:
+        raise InvalidOptionError("apply_changes: app_id must name the writer (non-empty)")
+    if batch_id < 0:
+        raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
+    rows.check_changes(changes, keys)
+    rows.check_one_collection(changes)
+    return keys
 
 
 def discard(target: str, ahead: Sequence[written_ahead.Prewritten]) -> None:
