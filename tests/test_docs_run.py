@@ -87,9 +87,15 @@ def blocks(document: str) -> Iterator[Block]:
 
 
 def moved(text: str, root: Path) -> str:
-    for prefix in MOVED:
-        text = text.replace(prefix, f"{root}/{prefix.strip('/').replace('://', '-')}/")
-    return text
+    """``text`` with each path under one of :data:`MOVED` taken under ``root``, in one
+    pass: replaced one prefix after another, ``s3://bucket/logs/x`` had its ``/logs/``
+    moved first and pointed nowhere the test looked."""
+    pattern = "|".join(re.escape(prefix) for prefix in sorted(MOVED, key=len, reverse=True))
+    return re.sub(
+        pattern,
+        lambda m: f"{root}/{m.group(0).strip('/').replace('://', '-')}/",
+        text,
+    )
 
 
 def script(block: Block) -> str:
@@ -227,8 +233,10 @@ def test_the_documents_code_blocks_run(
         from replog.log import ReplicationLog
 
         products = ReplicationLog.open(str(tmp_path / "s3-bucket" / "logs" / "products"))
+        # the file's seven changes (snapshot reads, creates, an update, a delete as a
+        # Kafka record line), one of them a connector's redelivery: written once
         changes = [line for line in DEBEZIUM_FILE.read_text().splitlines() if '"op"' in line]
-        assert sum(products.head().values()) == len(changes)
+        assert sum(products.head().values()) == len(changes) - 1 == 6
         given = spark.read.format("replog").load(reader.url())
         expected = given.count() + given.where("operation = 'delete'").count()
         assert _topic_size(kafka_broker.bootstrap, "inventory.customers") == expected
