@@ -516,13 +516,20 @@ class PipelineChaos:
             kill_at = time.monotonic() + HANG_S
         else:
             kill_at = time.monotonic() + self.rng.uniform(*stage.kill_after_s)
+        missed = False
         while process.poll() is None and time.monotonic() < kill_at and not self.stop.is_set():
             time.sleep(0.2)
+            if fault and stage.checkpoint is not None and _passed(stage, generation, fault):
+                missed = True  # e.g. a replayed micro-batch Delta already holds: no commit
+                break
         code = process.poll()
-        if code is None:  # a random moment (or the stop): SIGKILL the whole group
+        if code is None:  # a random moment, a crash point passed (or the stop): SIGKILL
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
-            self._count(self.tally.kills, f"{stage.name}: SIGKILL")
+            self._count(
+                self.tally.kills,
+                f"{stage.name}: SIGKILL" + (" (crash point passed)" if missed else ""),
+            )
         elif code == -signal.SIGKILL and fault:
             self._count(self.tally.kills, f"{stage.name}: crash point {fault.split('@')[0]}")
             with self.lock:
@@ -760,6 +767,14 @@ class PipelineChaos:
             + [f"extra {k}" for k in list(extra)[:3]],
             "delta_version": delta.version(),
         }
+
+
+def _passed(stage: Stage, generation: int, fault: str) -> bool:
+    """Whether the run's Spark checkpoint committed the micro-batch its crash point aimed
+    at without the step being reached (a batch replayed where its commit was made already
+    makes none): the run would otherwise go on until the hang limit, never killed."""
+    assert stage.checkpoint is not None
+    return next_batch(stage.checkpoint(generation)) > int(fault.split("@")[1])
 
 
 def next_batch(checkpoint: Path) -> int:
