@@ -83,8 +83,8 @@ def test_a_truncate_removes_its_shards_older_rows_and_keeps_what_follows(
     tmp_path: Path, kind: str, mode: str
 ) -> None:
     """Shard 0 truncated at 10: its rows of earlier batches and its changes before 10 in
-    this batch are gone, its changes after 10 apply (a key truncated and inserted again
-    too); shard 1 is untouched, changes and all."""
+    this batch are gone (scd2: their versions end at the truncate), its changes after 10
+    apply (a key truncated and inserted again too); shard 1 is untouched."""
     target = str(tmp_path / "t")
     apply(target, FIRST, 0, kind, mode)
     second = batch([
@@ -100,11 +100,12 @@ def test_a_truncate_removes_its_shards_older_rows_and_keeps_what_follows(
     assert current(target) == {2: "b-again", 7: "g", 4: "d2", 5: "e"}
     again = apply(target, second, 1, kind, mode)  # the batch replayed: skipped
     assert again.skipped and current(target) == {2: "b-again", 7: "g", 4: "d2", 5: "e"}
-    if mode == "scd2":  # the truncated versions end at the truncate (second 10)
+    if mode == "scd2":  # every version kept: those alive at the truncate end there
         assert history(target) == [
-            (1, "a", 1, 10, False), (2, "b", 2, 10, False), (2, "b-again", 11, None, True),
+            (1, "a", 1, 6, False), (1, "a2", 6, 10, False),
+            (2, "b", 2, 10, False), (2, "b-again", 11, None, True),
             (3, "c", 3, 10, False), (4, "d", 101, 103, False), (4, "d2", 103, None, True),
-            (5, "e", 102, None, True), (7, "g", 12, None, True),
+            (5, "e", 102, None, True), (6, "f", 5, 10, False), (7, "g", 12, None, True),
         ]  # fmt: skip
 
 
@@ -128,6 +129,26 @@ def test_a_batch_of_truncates_alone_empties_the_table_in_one_commit(
     assert current(target) == {8: "h"}
 
 
+@pytest.mark.parametrize(("kind", "mode"), KINDS)
+def test_two_truncates_of_a_shard_in_one_batch(tmp_path: Path, kind: str, mode: str) -> None:
+    """Rows inserted between two truncates of a shard in one batch are gone (scd2: their
+    versions end at the second); the table's rows end at the first."""
+    target = str(tmp_path / "t")
+    apply(target, FIRST, 0, kind, mode)
+    second = batch([
+        (None, None, 0, 10, "truncate"), (8, "h", 0, 11, "insert"), (1, "a3", 0, 12, "insert"),
+        (None, None, 0, 20, "truncate"), (9, "i", 0, 21, "insert"),
+    ])  # fmt: skip
+    apply(target, second, 1, kind, mode)
+    assert current(target) == {9: "i", 4: "d", 5: "e"}
+    if mode == "scd2":
+        assert history(target) == [
+            (1, "a", 1, 10, False), (1, "a3", 12, 20, False), (2, "b", 2, 10, False),
+            (3, "c", 3, 10, False), (4, "d", 101, None, True), (5, "e", 102, None, True),
+            (8, "h", 11, 20, False), (9, "i", 21, None, True),
+        ]  # fmt: skip
+
+
 def test_a_truncate_into_no_table_yet_creates_it_from_the_rows_after_it(tmp_path: Path) -> None:
     target = str(tmp_path / "t")
     first = batch([(1, "a", 0, 1, "insert"), (None, None, 0, 2, "truncate"),
@@ -135,13 +156,15 @@ def test_a_truncate_into_no_table_yet_creates_it_from_the_rows_after_it(tmp_path
     apply(target, first, 0, "dv", "scd1")
     assert current(target) == {2: "b"}
     alone = str(tmp_path / "alone")
-    assert apply(alone, batch([(None, None, 0, 1, "truncate")]), 0, "dv", "scd1").table_version is None
+    only = apply(alone, batch([(None, None, 0, 1, "truncate")]), 0, "dv", "scd1")
+    assert only.table_version is None
     assert open_table(alone, None) is None  # nothing to empty, nothing made
 
 
 def test_latest_events_drop_what_a_truncate_of_their_shard_and_collection_voids() -> None:
     """The latest state the log reads (``view=latest``, capture's live rows) agrees with
     apply_changes: a truncate voids its collection's older events on its shard only."""
+
     def event(collection: str | None, key: str, op: str, shard: int, seq: int) -> dict[str, Any]:
         return {"collection": collection, "key": key, "operation": op, "shard": shard,
                 "sequence": seq}  # fmt: skip

@@ -224,21 +224,27 @@ def after_positions(
 
 @dataclass(frozen=True)
 class Cut:
-    """The newest truncate of one shard in a batch: every row of the shard at a position
-    before ``sequence`` is gone (at ``timestamp``, the truncate's time)."""
+    """The truncates of one shard in a batch: every row of the shard at a position before
+    ``last`` (its newest) is gone; the rows the table held before the batch ended at the
+    first (``first``, at ``timestamp``: that truncate's time)."""
 
-    sequence: int
+    first: int
+    last: int
     timestamp: Any
 
 
 Cuts = dict[int, Cut]
-"""Per shard, its newest truncate in a batch (:func:`split_truncates`)."""
+"""Per shard, its truncates in a batch (:func:`split_truncates`)."""
 
 
-def split_truncates(changes: pa.Table) -> tuple[pa.Table, Cuts]:
-    """``changes`` without their truncate events and without the changes a truncate of
-    their shard later in the batch makes void; and per shard its newest truncate. A batch
-    without truncates comes back as it is."""
+def split_truncates(
+    changes: pa.Table, keys: Sequence[str] = (), *, history: bool = False
+) -> tuple[pa.Table, Cuts]:
+    """``changes`` without their truncate events, and per shard its truncates. The
+    changes a truncate of their shard later in the batch makes void are dropped; with
+    ``history`` (scd2, whose versions are kept) they stay and each truncate becomes a
+    delete, at its position, of every key of ``keys`` its shard holds live at that point
+    of the batch. A batch without truncates comes back as it is."""
     needed = (OPERATION, SHARD, SEQUENCE)
     if changes.num_rows == 0 or any(c not in changes.column_names for c in needed):
         return changes, {}  # lacking columns: check_changes names them
@@ -246,14 +252,59 @@ def split_truncates(changes: pa.Table) -> tuple[pa.Table, Cuts]:
     if not pc.any(truncate).as_py():
         return changes, {}
     events = changes.filter(truncate)
-    times = events.column(TIMESTAMP).to_pylist() if TIMESTAMP in events.column_names else None
+    if TIMESTAMP not in events.column_names:
+        events = events.append_column(TIMESTAMP, pa.nulls(events.num_rows, pa.timestamp("us")))
+    events = events.select([SHARD, SEQUENCE, TIMESTAMP]).sort_by([(SEQUENCE, "ascending")])
     cuts: Cuts = {}
-    for index, (shard, sequence) in enumerate(
-        zip(events.column(SHARD).to_pylist(), events.column(SEQUENCE).to_pylist(), strict=True)
+    made: list[pa.Table] = []
+    rest = changes.filter(pc.invert(truncate))
+    for shard, sequence, timestamp in zip(
+        *(events.column(c).to_pylist() for c in (SHARD, SEQUENCE, TIMESTAMP)), strict=True
     ):
-        if shard not in cuts or sequence > cuts[shard].sequence:
-            cuts[int(shard)] = Cut(int(sequence), None if times is None else times[index])
-    return after_cuts(changes.filter(pc.invert(truncate)), cuts), cuts
+        before = cuts.get(shard)
+        if history:
+            made.append(_truncate_deletes(rest, keys, shard, sequence, timestamp, before))
+        if before is None:
+            cuts[int(shard)] = Cut(int(sequence), int(sequence), timestamp)
+        else:
+            cuts[int(shard)] = Cut(before.first, int(sequence), before.timestamp)
+    if history:
+        return pa.concat_tables([rest, *made]), cuts
+    return after_cuts(rest, cuts), cuts
+
+
+def _truncate_deletes(  # noqa: PLR0917 - one truncate's place
+    changes: pa.Table, keys: Sequence[str], shard: int, sequence: int, timestamp: Any,
+    before: Cut | None,
+) -> pa.Table:  # fmt: skip
+    """A delete, at a truncate's position and time, of each key whose newest change on
+    the truncate's shard between the shard's previous truncate (``before``) and it is no
+    delete (its last image kept as the delete's row)."""
+    at = changes.column(SHARD).to_numpy(zero_copy_only=False)
+    position = changes.column(SEQUENCE).to_numpy(zero_copy_only=False)
+    since = -1 if before is None else before.last
+    window = (at == shard) & (position > since) & (position < sequence)
+    if not window.any() or any(k not in changes.column_names for k in keys):
+        return changes.slice(0, 0)
+    held = changes.filter(pa.array(window)).sort_by([(SEQUENCE, "ascending")])
+    newest = held.take(last_per_key(held, keys))
+    alive = newest.filter(
+        pc.invert(pc.fill_null(pc.equal(newest.column(OPERATION), DELETE), False))
+    )
+    count = alive.num_rows
+    values = {
+        SHARD: pa.array([shard] * count, changes.schema.field(SHARD).type),
+        SEQUENCE: pa.array([sequence] * count, changes.schema.field(SEQUENCE).type),
+        OPERATION: pa.array([DELETE] * count, changes.schema.field(OPERATION).type),
+        OLD_KEY: pa.nulls(count, pa.string()),
+    }
+    if TIMESTAMP in changes.column_names:
+        values[TIMESTAMP] = pa.array([timestamp] * count, changes.schema.field(TIMESTAMP).type)
+    for name, column in values.items():
+        if name in alive.column_names:
+            index = alive.schema.get_field_index(name)
+            alive = alive.set_column(index, name, column.cast(alive.schema.field(name).type))
+    return alive
 
 
 def after_cuts(changes: pa.Table, cuts: Cuts) -> pa.Table:
@@ -264,14 +315,14 @@ def after_cuts(changes: pa.Table, cuts: Cuts) -> pa.Table:
     sequence = changes.column(SEQUENCE).to_numpy(zero_copy_only=False)
     void = np.zeros(changes.num_rows, dtype=bool)
     for number, cut in cuts.items():
-        void |= (shard == number) & (sequence < cut.sequence)
+        void |= (shard == number) & (sequence < cut.last)
     return changes.filter(pa.array(~void)) if void.any() else changes
 
 
 def cut_sql(cuts: Cuts, target: str = "t") -> str:
     """The rows a batch's truncates remove, as a merge condition on the table's rows."""
     return " OR ".join(
-        f"({target}.{SHARD} = {shard} AND {target}.{SEQUENCE} < {cut.sequence})"
+        f"({target}.{SHARD} = {shard} AND {target}.{SEQUENCE} < {cut.last})"
         for shard, cut in sorted(cuts.items())
     )
 
@@ -489,8 +540,8 @@ def scd2_rows(changes: pa.Table, keys: Sequence[str], cuts: Cuts | None = None) 
     """SCD type 2 merge source for a batch: one ``insert`` row per non-delete change (a
     version valid from its change's timestamp until the key's next change, current if
     there is none) and one ``close`` row per key (ending the table's current version at
-    the key's first change, or at its shard's truncate in ``cuts``, which every change
-    left follows). Bookkeeping columns other than the position are dropped."""
+    the key's first change, or at its shard's first truncate in ``cuts`` if that came
+    first). Bookkeeping columns other than the position are dropped."""
     if changes.num_rows == 0:  # a batch of truncates only: the rules still read ACTION
         kind = changes.schema.field(TIMESTAMP).type
         return (
@@ -518,13 +569,18 @@ def scd2_rows(changes: pa.Table, keys: Sequence[str], cuts: Cuts | None = None) 
     same_previous = pa.concat_arrays([pa.array([False]), same_next.slice(0, len(same_next) - 1)])
     firsts = ordered.filter(pc.invert(same_previous))
     ends = firsts.column(TIMESTAMP)
-    if cuts:  # a key's version older than its shard's truncate ended at the truncate
-        truncated = {shard: cut.timestamp for shard, cut in cuts.items()}
+    if cuts:  # a version the table held ended at its shard's first truncate, if before
         ends = pa.array(
-            [truncated.get(shard, end) for shard, end in
-             zip(firsts.column(SHARD).to_pylist(), ends.to_pylist(), strict=True)],
+            [
+                cuts[shard].timestamp if shard in cuts and sequence > cuts[shard].first else end
+                for shard, sequence, end in zip(
+                    *(firsts.column(c).to_pylist() for c in (SHARD, SEQUENCE)),
+                    ends.to_pylist(),
+                    strict=True,
+                )
+            ],
             timestamps.type,
-        )  # fmt: skip
+        )
     closes = (
         firsts.append_column(VALID_FROM, pa.nulls(firsts.num_rows, timestamps.type))
         .append_column(VALID_TO, ends)

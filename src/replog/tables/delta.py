@@ -228,7 +228,9 @@ def apply_batch(
     ``table``: the table at ``target`` opened already (a follower keeps its handle between
     batches, :func:`refreshed`); None: it is opened here.
     """
-    changes, cuts = rows.split_truncates(changes)  # a truncate's key is no row's
+    given = changes.num_rows
+    keys = rows.check_keys(keys)  # a truncate becomes deletes of keys (scd2)
+    changes, cuts = rows.split_truncates(changes, keys, history=mode == "scd2")
     keys = _checked(changes, keys, mode, app_id, batch_id)
     changes = rows.storable(changes)
     if rows.COLLECTION in changes.column_names:
@@ -242,9 +244,10 @@ def apply_batch(
     if replayed(table, app_id, batch_id, writer):
         discard(target, ahead)  # a replay's files: no commit will name them
         return Applied(batch_id, True, changes.num_rows, None, {})
-    counted = changes.num_rows + sum(w.keys.num_rows for w in ahead)
+    counted = given + sum(w.keys.num_rows for w in ahead)
     changes, taken = _taken_ahead(target, table, changes, keys, mode, options, ahead)
-    changes = rows.after_cuts(changes, cuts)  # rows written ahead before a truncate
+    if ahead:  # rows written ahead (scd1) before a truncate of their shard: void
+        changes = rows.after_cuts(changes, cuts)
     if changes.num_rows == 0 and taken is None and (table is None or not cuts):
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]

@@ -708,7 +708,7 @@ def _truncated_rows(
         stats = json.loads(add["stats"]) if add.get("stats") else {}
         low, high = stats.get("minValues") or {}, stats.get("maxValues") or {}
         if all(key in low and key in high for key in POSITION) and not any(
-            low[SHARD] <= shard <= high[SHARD] and low[SEQUENCE] < cut.sequence
+            low[SHARD] <= shard <= high[SHARD] and low[SEQUENCE] < cut.last
             for shard, cut in cuts.items()
         ):
             continue
@@ -717,7 +717,7 @@ def _truncated_rows(
         sequence = positions.column(SEQUENCE).to_numpy(zero_copy_only=False)
         void = np.zeros(positions.num_rows, dtype=bool)
         for number, cut in cuts.items():
-            void |= (shard == number) & (sequence < cut.sequence)
+            void |= (shard == number) & (sequence < cut.last)
         deleted = target.deleted_rows(add)
         rows = np.flatnonzero(void)
         if deleted is not None and len(deleted):
