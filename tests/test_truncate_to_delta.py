@@ -6,6 +6,7 @@ the per-collection router. The latest view of the log agrees."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +14,8 @@ import pytest
 from support.capture import query, run, sql
 from test_capture_to_delta import delta_rows, source_rows
 
-from replog.spark.functions import apply_changes
+from replog import debezium
+from replog.spark.functions import apply_changes, to_debezium
 from replog.tables import changes as rows
 from replog.tables.delta import open_table, read_table
 
@@ -115,3 +117,39 @@ def test_truncate_of_a_table_and_of_a_partition_equal_in_delta(
         assert first[0][rows.VALID_TO] == after[rows.VALID_FROM]  # one transaction
         (before,) = [r for r in versions.to_pylist() if r["v"] == "before"]
         assert before[rows.VALID_TO] == first[0][rows.VALID_TO]  # ended by that TRUNCATE
+
+
+def test_to_debezium_writes_one_truncate_record_as_debezium_does(
+    spark: Any, pg_dsn: str, tmp_path: Path
+) -> None:
+    """A captured TRUNCATE (one event on each of the log's 4 shards) goes out as one
+    Debezium truncate record, as Debezium's PostgreSQL connector writes it
+    (``Envelope.truncate``: key null; ``before``, ``after`` null; ``source``,
+    ``transaction``, ``op`` t, ``ts_ms``), among the rows' records; no tombstone after it."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
+        "INSERT INTO t VALUES (1, 'a'), (2, 'b')")  # fmt: skip
+    run(pg_dsn, url, tables=("t",))
+    sql(pg_dsn, "DO $$ BEGIN TRUNCATE t; INSERT INTO t VALUES (3, 'c'); END $$")
+    run(pg_dsn, url, tables=("t",))
+    records = to_debezium(spark.read.format("replog").load(url)).collect()
+    values = [json.loads(r["value"]) for r in records]
+    truncates = [(r, v) for r, v in zip(records, values, strict=True) if v["op"] == "t"]
+    assert len(truncates) == 1 and len(records) == 4  # 2 reads, the truncate, 1 create
+    record, value = truncates[0]
+    assert record["key"] is None
+    assert list(value) == ["before", "after", "source", "transaction", "op", "ts_ms"]
+    assert value["before"] is None and value["after"] is None
+    assert value["source"]["connector"] == "postgresql" and value["source"]["table"] == "t"
+    (create,) = [v for v in values if v["op"] == "c"]
+    assert value["transaction"]["id"] == create["transaction"]["id"]  # one transaction
+    assert value["transaction"]["total_order"] < create["transaction"]["total_order"]
+    assert value["source"]["txId"] == create["source"]["txId"]
+
+
+def test_a_replog_made_truncate_record_has_no_row() -> None:
+    made = json.loads(debezium.envelope(
+        operation="truncate", data="{}", before=None, ts_ms=5, source={"connector": "replog"}
+    ))  # fmt: skip
+    assert made == {"before": None, "after": None, "source": {"connector": "replog"},
+                    "transaction": None, "op": "t", "ts_ms": 5}  # fmt: skip
