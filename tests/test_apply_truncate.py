@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from replog.tables import ahead, delta
 from replog.tables import changes as rows
 from replog.tables.delta import apply_batch, open_table, read_table
 
@@ -181,3 +182,19 @@ def test_latest_events_drop_what_a_truncate_of_their_shard_and_collection_voids(
     assert sorted((r["collection"] or "", r["key"]) for r in latest.to_pylist()) == [
         ("a", "1"), ("a", "2"), ("a", "3"), ("b", "1"),
     ]  # fmt: skip
+
+
+def test_rows_written_ahead_before_a_truncate_are_void(tmp_path: Path) -> None:
+    """A task wrote the batch's new keys ahead (``write_ahead``), one before the truncate
+    of its shard and one after: the first is gone, the second lands, one commit."""
+    target = str(tmp_path / "t")
+    apply(target, FIRST, 0, "dv", "scd1")
+    plan = delta.ahead_plan(target, open_table(target, None), ["id"], min_rows=1)
+    assert plan is not None
+    changes = batch([(100, "x", 0, 5, "insert"), (None, None, 0, 10, "truncate"),
+                     (101, "y", 0, 11, "insert"), (102, "z", 1, 4, "insert")])  # fmt: skip
+    left, written = ahead.write_ahead(changes, plan)
+    assert written is not None and written.keys.num_rows == 3  # the task wrote them
+    applied = apply(target, left, 1, "dv", "scd1", ahead=[written])
+    assert applied.table_version == 1
+    assert current(target) == {101: "y", 102: "z", 4: "d", 5: "e"}
