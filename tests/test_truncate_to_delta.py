@@ -15,7 +15,7 @@ from support.capture import query, run, sql
 from test_capture_to_delta import delta_rows, source_rows
 
 from replog import debezium
-from replog.spark.functions import apply_changes, to_debezium
+from replog.spark.functions import apply_changes, to_debezium, typed
 from replog.tables import changes as rows
 from replog.tables.delta import open_table, read_table
 
@@ -125,7 +125,8 @@ def test_to_debezium_writes_one_truncate_record_as_debezium_does(
     """A captured TRUNCATE (one event on each of the log's 4 shards) goes out as one
     Debezium truncate record, as Debezium's PostgreSQL connector writes it
     (``Envelope.truncate``: key null; ``before``, ``after`` null; ``source``,
-    ``transaction``, ``op`` t, ``ts_ms``), among the rows' records; no tombstone after it."""
+    ``transaction``, ``op`` t, ``ts_ms``), among the rows' records; no tombstone after it.
+    ``typed`` gives each copy no row (``data``, ``after``, ``before`` null)."""
     url = str(tmp_path / "log")
     sql(pg_dsn, "CREATE TABLE t (id int PRIMARY KEY, v text)",
         "INSERT INTO t VALUES (1, 'a'), (2, 'b')")  # fmt: skip
@@ -145,6 +146,9 @@ def test_to_debezium_writes_one_truncate_record_as_debezium_does(
     assert value["transaction"]["id"] == create["transaction"]["id"]  # one transaction
     assert value["transaction"]["total_order"] < create["transaction"]["total_order"]
     assert value["source"]["txId"] == create["source"]["txId"]
+    shown = typed(spark.read.format("replog").load(url), url, "public.t")
+    truncated = shown.where("operation = 'truncate'").select("data", "after", "before").collect()
+    assert len(truncated) == 4 and all(r == (None, None, None) for r in truncated)  # no row
 
 
 def test_a_replog_made_truncate_record_has_no_row() -> None:

@@ -49,6 +49,7 @@ from typing import Any
 
 from replog.errors import InvalidEventError
 from replog.format import jsontext
+from replog.format.events import TRUNCATE
 from replog.format.jsontext import Member, RawJSON
 from replog.names import is_valid_name
 from replog.schemas import connect
@@ -106,10 +107,8 @@ class Change:
 
 
 OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c", "truncate": TRUNCATE_OP}
-TRUNCATE = "truncate"
-"""The operation of a truncate event: a table emptied (FORMAT.md, "Segments"). It is one
-event on each shard of a log; Debezium's is one record (op ``t``, key, ``before`` and
-``after`` null): ``to_debezium`` writes the copy on shard 0 alone."""
+# A truncate (TRUNCATE) is one event on each shard of a log; Debezium's is one record (op
+# t, no key, ``before`` and ``after`` null): ``to_debezium`` writes the copy on shard 0.
 EVENT_ID_NAMESPACE = uuid.UUID("6f1f2a52-8d2c-4f6e-9a57-3f2b1a0c9d41")
 
 

@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, TimestampType
 
 from replog.errors import InvalidOptionError
+from replog.format.events import TRUNCATE
 from replog.schemas import registry
 from replog.spark.typed import VERSION, Typing, schema_version
 from replog.tables import ahead as written_ahead
@@ -365,7 +366,7 @@ def _split(
             out.add(index, "unknown", name, (key or "").encode())
         else:
             if index not in out.sampled:  # a row's key (a truncate's only routes it)
-                rows_of = pc.not_equal(picked.column(rows.OPERATION), rows.TRUNCATE)
+                rows_of = pc.not_equal(picked.column(rows.OPERATION), TRUNCATE)
                 first = pc.index(pc.fill_null(rows_of, True), True).as_py()
                 if first >= 0:
                     out.add(index, "sample", picked.column(_KEY)[first].as_py(), None)

@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
+from replog.format.events import TRUNCATE
 from replog.spark.apply import apply_changes
 from replog.spark.typed import typed
 
@@ -148,7 +149,7 @@ def _record_out(row: Row, log: str | None) -> tuple[str | None, str]:
     other event's own key) and the envelope it was appended from when its metadata holds one
     (:func:`replog.debezium.original_envelope`), else replog's."""
     data, before = _text(row["data"]), _text(row["before"])
-    truncate = row["operation"] == debezium.TRUNCATE  # a table's: Debezium gives no key
+    truncate = row["operation"] == TRUNCATE  # a table's: Debezium gives no key
     key = None if truncate else debezium.message_key(row["key"], row["metadata"], data)
     original = debezium.original_envelope(
         row["metadata"], operation=row["operation"], data=data, before=before
@@ -240,7 +241,7 @@ def to_debezium(
     ]
     if log_id is not None:
         headers.append(_header(LOG_ID_HEADER, F.lit(log_id)))
-    once = (F.col("operation") != F.lit(debezium.TRUNCATE)) | (F.col("shard") == F.lit(0))
+    once = (F.col("operation") != F.lit(TRUNCATE)) | (F.col("shard") == F.lit(0))
     records = frame.where(once).select(
         record.alias("record"),
         F.col("operation"),

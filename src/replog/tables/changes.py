@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.errors import InvalidOptionError, SchemaChangeError
+from replog.format.events import TRUNCATE
 
 SHARD = "__shard"
 SEQUENCE = "__sequence"
@@ -38,9 +39,6 @@ CHANGE_COLUMNS = (SHARD, SEQUENCE, OPERATION, TIMESTAMP)
 POSITION = (SHARD, SEQUENCE)
 MODES = ("scd1", "scd2")
 DELETE = "delete"
-TRUNCATE = "truncate"
-"""A truncate event (FORMAT.md, "Segments"): every row of its collection on its shard
-older than it is gone; its key only routes it, its ``data`` is ``{}``."""
 
 _ROW_INDEX = "__row"
 
