@@ -12,6 +12,7 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
+from replog.errors import InvalidOptionError
 from replog.tables import ahead, delta
 from replog.tables import changes as rows
 from replog.tables.delta import apply_batch, open_table, read_table
@@ -198,3 +199,17 @@ def test_rows_written_ahead_before_a_truncate_are_void(tmp_path: Path) -> None:
     applied = apply(target, left, 1, "dv", "scd1", ahead=[written])
     assert applied.table_version == 1
     assert current(target) == {101: "y", 102: "z", 4: "d", 5: "e"}
+
+
+def test_a_truncate_of_another_collection_is_refused_before_anything_is_written(
+    tmp_path: Path,
+) -> None:
+    """A table mirrors one collection: a batch holding another's truncate beside its
+    changes is refused, not applied to this table."""
+    target = str(tmp_path / "t")
+    apply(target, FIRST, 0, "dv", "scd1")
+    mixed = batch([(6, "f", 0, 8, "insert"), (None, None, 0, 9, "truncate")])
+    mixed = mixed.append_column(rows.COLLECTION, pa.array(["a", "b"]))
+    with pytest.raises(InvalidOptionError, match="collections"):
+        apply(target, mixed, 1, "dv", "scd1")
+    assert current(target) == {1: "a", 2: "b", 3: "c", 4: "d", 5: "e"}

@@ -230,6 +230,7 @@ def apply_batch(
     """
     given = changes.num_rows
     keys = rows.check_keys(keys)  # a truncate becomes deletes of keys (scd2)
+    rows.check_one_collection(changes)  # a truncate's too: it empties its collection
     changes, cuts = rows.split_truncates(changes, keys, history=mode == "scd2")
     keys = _checked(changes, keys, mode, app_id, batch_id)
     changes = rows.storable(changes)
