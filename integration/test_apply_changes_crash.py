@@ -11,12 +11,14 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 import polars
 import pyarrow as pa
 import pytest
 from support.replication import run_app
 
+from replog.capture.events import truncate_key
 from replog.log import ReplicationLog
 from replog.tables.delta import open_table
 
@@ -103,3 +105,56 @@ def test_kills_between_the_tasks_files_and_the_commit_lose_and_double_nothing(
     for uri in table.file_uris():  # every file the log names is there
         assert Path(uri.removeprefix("file://")).exists()
     assert polars.read_delta(target).height == len(state)
+
+
+def _truncated_state(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
+    """The latest row per key from the log's events, each truncate emptying its shard's
+    keys older than it (FORMAT.md, "Segments")."""
+    shards: dict[int, dict[str, dict[str, Any]]] = {}
+    for row in sorted(rows, key=lambda r: (r["shard"], r["sequence"])):
+        held = shards.setdefault(row["shard"], {})
+        if row["operation"] == "truncate":
+            held.clear()
+        elif row["operation"] == "delete":
+            held.pop(row["key"], None)
+        else:
+            held[row["key"]] = json.loads(row["data"])
+    return {r["id"]: r for held in shards.values() for r in held.values()}
+
+
+def test_kills_around_the_commit_of_a_truncate_apply_it_once(tmp_path: Path) -> None:
+    """The micro-batch holding a truncate (a copy on each shard), inserts before it and a
+    refill after it: the driver SIGKILLed before its Delta commit, between its deletion
+    vectors and its commit, and just after the commit (Spark's commit log not written);
+    the restarted query applies it once: one Delta commit for the batch, the rows of before
+    it gone, the refill there."""
+    log = ReplicationLog.create(str(tmp_path / "log"), 2)
+    log.append([
+        {"key": json.dumps({"id": k}), "operation": "insert",
+         "data": json.dumps({"id": k, "name": f"s{k}", "n": k})}
+        for k in range(40)
+    ])  # fmt: skip
+    target, checkpoint = str(tmp_path / "table"), str(tmp_path / "chk")
+    args = [log.url, target, checkpoint, "--max-events", "1000"]
+    first = run_app("apply_to_delta.py", *args)
+    assert first.returncode == 0, first.stderr[-3000:]
+    log.append([
+        *({"key": json.dumps({"id": k}), "operation": "update",
+           "data": json.dumps({"id": k, "name": f"u{k}", "n": k})} for k in range(5)),
+        *({"key": truncate_key(shard, 2), "operation": "truncate", "data": "{}"}
+          for shard in range(2)),
+        *({"key": json.dumps({"id": k}), "operation": "insert",
+           "data": json.dumps({"id": k, "name": f"r{k}", "n": k})} for k in range(30, 45)),
+    ])  # fmt: skip
+    for step in STEPS:
+        crashed = run_app("apply_to_delta.py", *args, fault=f"{step}@1")
+        assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL, not a clean exit
+    finished = run_app("apply_to_delta.py", *args)
+    assert finished.returncode == 0, finished.stderr[-3000:]
+    assert "batch 1 already committed" in finished.stderr  # the replay was skipped
+    expected = _truncated_state(log.read_all().to_pylist())
+    assert sorted(expected) == list(range(30, 45))
+    assert table_state(target) == expected
+    table = open_table(target, None)
+    assert table is not None and table.version() == 1  # batch 1: one commit, once
+    assert polars.read_delta(target).height == len(expected)

@@ -754,12 +754,6 @@ def test_truncates_of_tables_and_partitions_under_sigkill_at_every_commit(
 
 
 @pytest.mark.spark
-@pytest.mark.xfail(
-    strict=True,
-    reason="apply_changes does not handle truncate events: the first one stops the query "
-    "('collection public.t is keyed by [id] but its events' keys name [__truncate]'); "
-    "CDC.md says it empties the rows of its shard older than it",
-)
 def test_a_captured_truncate_lands_in_delta(spark: Any, pg_dsn: str, tmp_path: Path) -> None:
     from test_apply_routing import run as stream
     from test_capture_to_delta import delta_rows, source_rows

@@ -49,6 +49,7 @@ from typing import Any
 
 from replog.errors import InvalidEventError
 from replog.format import jsontext
+from replog.format.events import TRUNCATE
 from replog.format.jsontext import Member, RawJSON
 from replog.names import is_valid_name
 from replog.schemas import connect
@@ -105,7 +106,9 @@ class Change:
     ``__`` fields (``__op``, ``__table``, ...) two changes of one row can share."""
 
 
-OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c"}
+OPS_OUT = {"insert": "c", "update": "u", "delete": "d", "bulk": "c", "truncate": TRUNCATE_OP}
+# A truncate (TRUNCATE) is one event on each shard of a log; Debezium's is one record (op
+# t, no key, ``before`` and ``after`` null): ``to_debezium`` writes the copy on shard 0.
 EVENT_ID_NAMESPACE = uuid.UUID("6f1f2a52-8d2c-4f6e-9a57-3f2b1a0c9d41")
 
 
@@ -776,7 +779,7 @@ def _mongo_position(source: Mapping[str, Any]) -> tuple[int, str] | None:
     return (ts_ms << 32) | ord_, f"ts_ms {ts_ms} ord {ord_}"
 
 
-_ENVELOPE_OPS = frozenset(OPERATIONS)
+_ENVELOPE_OPS = frozenset((*OPERATIONS, TRUNCATE_OP))
 
 
 def _debezium_metadata(metadata: str | None) -> dict[str, Member] | None:
@@ -829,7 +832,7 @@ def original_envelope(
     values: dict[str, Any] = {
         "before": image(before),
         "after": None
-        if operation == "delete" or (partial is not None and partial.value is True)
+        if operation in ("delete", TRUNCATE) or (partial is not None and partial.value is True)
         else image(data),
         "source": RawJSON(source.text),
         "transaction": RawJSON(members["transaction"].text) if "transaction" in members else None,
@@ -860,7 +863,8 @@ def envelope(
 ) -> str:
     """A replog-made Debezium change-event value for an event that did not come from
     Debezium (payloads spliced in exactly; a payload that is not JSON text is given as a
-    JSON string): ``op`` c for insert and bulk, ``source`` replog's own block."""
+    JSON string): ``op`` c for insert and bulk, t for a truncate (no row: ``before`` and
+    ``after`` null), ``source`` replog's own block."""
 
     def payload(text: str | None) -> RawJSON | str | None:
         if text is None:
@@ -870,6 +874,8 @@ def envelope(
     after_image, before_image = payload(data), payload(before)
     if operation == "delete":
         after_image, before_image = None, before_image if before is not None else payload(data)
+    elif operation == TRUNCATE:
+        after_image, before_image = None, None
     return jsontext.encode(
         {
             "before": before_image,

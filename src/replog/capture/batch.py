@@ -57,6 +57,10 @@ class Batch:
         """What the deletes at its head are for (:mod:`~replog.capture.removals`)."""
         self.counts: Counter[tuple[str, str]] = Counter()
         """Its events by (collection, operation; ``read``: a snapshot chunk's rows)."""
+        self.truncations = 0
+        self.skipped_truncations = 0
+        """The TRUNCATEs it holds (or passed over): counted once it commits (a batch
+        abandoned and read again would count them twice)."""
 
     def add(self, events: list[Event]) -> None:
         self.held.add(events)

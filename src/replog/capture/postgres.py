@@ -829,6 +829,8 @@ class PostgresCapture:
             ) from exc
         if record is not None:
             self.progress.commits += 1
+            self.progress.truncations += batch.truncations
+            self.progress.skipped_truncations += batch.skipped_truncations
             self._logged = position
             if batch.chunk is not None:
                 self.progress.snapshot_rows += len(batch.chunk.events)

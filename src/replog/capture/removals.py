@@ -38,7 +38,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.capture.batch import Batch
-from replog.capture.events import TRUNCATE_OPERATION, Event, EventMaker, event_id
+from replog.capture.events import Event, EventMaker, event_id
 from replog.capture.snapshot import RESYNC, SnapshotPlan
 from replog.capture.source import MARKER_PREFIX, PostgresSource, Table
 from replog.log import ReplicationLog
@@ -74,19 +74,10 @@ def _of_collection(log: ReplicationLog, collection: str) -> Iterator[pa.RecordBa
 def live_rows(log: ReplicationLog, collection: str) -> pa.Table | None:
     """The newest event of each key of ``collection`` that the log holds live: its newest
     event is no delete, and no truncate of the collection follows it on its shard (a
-    truncate event is no row either); None when there is none."""
+    truncate event is no row either: :func:`~replog.tables.changes.latest_events`); None
+    when there is none."""
     latest = latest_events(_of_collection(log, collection))
-    if latest is None:
-        return None
-    operation = latest.column("operation")
-    truncates = latest.filter(pc.equal(operation, TRUNCATE_OPERATION))
-    rows = latest.filter(pc.not_equal(operation, TRUNCATE_OPERATION))
-    if truncates.num_rows:  # one key per shard: the newest truncate of each shard
-        since = dict(zip(truncates.column("shard").to_pylist(),
-                         truncates.column("sequence").to_pylist(), strict=True))  # fmt: skip
-        after = [since.get(shard, -1) for shard in rows.column("shard").to_pylist()]
-        rows = rows.filter(pc.greater(rows.column("sequence"), pa.array(after, pa.int64())))
-    return rows if rows.num_rows else None
+    return latest if latest is not None and latest.num_rows else None
 
 
 def live_keys(log: ReplicationLog, collection: str) -> list[str]:

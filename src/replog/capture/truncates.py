@@ -35,7 +35,6 @@ from replog.capture.chunks import Chunk
 from replog.capture.events import TRUNCATE_OPERATION, EventMaker
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import SourceTransaction, Truncation, lsn_to_text
-from replog.capture.progress import CaptureProgress
 from replog.capture.removals import EndBefore, deletes, live_rows
 from replog.capture.snapshot import SnapshotPlan
 from replog.capture.source import PostgresSource, Table
@@ -57,7 +56,6 @@ class Truncations:
         self.relations = relations
         self.source: PostgresSource = relations.source
         self.options: CaptureOptions = relations.options
-        self.progress: CaptureProgress = relations.progress
         self.maker = maker
         self.log = log
         self.plan: SnapshotPlan | None = None
@@ -82,6 +80,7 @@ class Truncations:
             in_window = chunk if chunk is not None and chunk.table.oid == table.oid else None
             if self.options.skip_truncate:
                 self._skip(table, txn, truncation.lsn, oids)
+                batch.skipped_truncations += 1
             elif table.oid in oids or self._every_partition(table, oids):
                 batch.add(
                     self.maker.truncates(
@@ -90,7 +89,7 @@ class Truncations:
                     )
                 )  # fmt: skip
                 order += 1
-                self.progress.truncations += 1
+                batch.truncations += 1
                 if in_window is not None and in_window.low_seen:
                     in_window.events.clear()
                     in_window.images.clear()
@@ -147,7 +146,7 @@ class Truncations:
             for key in found:
                 chunk.events.pop(key, None)
                 chunk.images.pop(key, None)
-        self.progress.truncations += 1
+        batch.truncations += 1
         logger.info(
             "TRUNCATE of partition(s) %s of %s (transaction %d, LSN %s): %d rows deleted",
             ", ".join(map(str, leaves)), table.qualified, txn.xid, lsn_to_text(lsn), len(found),
@@ -192,7 +191,6 @@ class Truncations:
         )
 
     def _skip(self, table: Table, txn: SourceTransaction, lsn: int, oids: set[int]) -> None:
-        self.progress.skipped_truncations += 1
         logger.warning(
             "TRUNCATE of %s%s (transaction %d, LSN %s) is not captured (--skip-truncate): "
             "tables built from the log keep the rows the source removed",

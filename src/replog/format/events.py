@@ -28,7 +28,9 @@ from replog.errors import InvalidEventError
 from replog.format import jsontext
 from replog.timeutil import MICROSECONDS_ABOVE, SECONDS_BELOW, iso, now_utc
 
-OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk", "truncate")
+TRUNCATE = "truncate"
+"""A truncate row ("Segments"): every older row of its collection on its shard is gone."""
+OPERATIONS: tuple[str, ...] = ("insert", "update", "delete", "bulk", TRUNCATE)
 """The closed set of change operations. ``truncate``: every row of the collection whose
 key routes to the event's shard, older than the event, is gone (a source's ``TRUNCATE``
 is one such event on each shard: FORMAT.md, "Truncate events")."""

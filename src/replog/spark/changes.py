@@ -23,6 +23,7 @@ from pyspark.sql import functions as F
 from pyspark.sql.types import StructType, TimestampType
 
 from replog.errors import InvalidOptionError
+from replog.format.events import TRUNCATE
 from replog.schemas import registry
 from replog.spark.typed import VERSION, Typing, schema_version
 from replog.tables import ahead as written_ahead
@@ -364,8 +365,12 @@ def _split(
             name = picked.column(rows.COLLECTION)[0].as_py()
             out.add(index, "unknown", name, (key or "").encode())
         else:
-            if index not in held:
-                out.add(index, "sample", key, None)
+            if index not in out.sampled:  # a row's key (a truncate's only routes it)
+                rows_of = pc.not_equal(picked.column(rows.OPERATION), TRUNCATE)
+                first = pc.index(pc.fill_null(rows_of, True), True).as_py()
+                if first >= 0:
+                    out.add(index, "sample", picked.column(_KEY)[first].as_py(), None)
+                    out.sampled.add(index)
             held.setdefault(index, []).append(_flatten(picked, parts[index]))
 
 
@@ -379,6 +384,8 @@ class _Output:
             [],
             [],
         )
+        self.sampled: set[int] = set()
+        """The parts whose sample key was sent."""
 
     def add(self, index: int, kind: str, text: str | None, payload: bytes | None) -> None:
         for column, value in zip(self.columns, (index, kind, text, payload), strict=True):

@@ -29,6 +29,7 @@ from pyspark.sql.types import StructType
 from replog import debezium
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
+from replog.format.events import TRUNCATE
 from replog.spark.apply import apply_changes
 from replog.spark.typed import typed
 
@@ -148,7 +149,8 @@ def _record_out(row: Row, log: str | None) -> tuple[str | None, str]:
     other event's own key) and the envelope it was appended from when its metadata holds one
     (:func:`replog.debezium.original_envelope`), else replog's."""
     data, before = _text(row["data"]), _text(row["before"])
-    key = debezium.message_key(row["key"], row["metadata"], data)
+    truncate = row["operation"] == TRUNCATE  # a table's: Debezium gives no key
+    key = None if truncate else debezium.message_key(row["key"], row["metadata"], data)
     original = debezium.original_envelope(
         row["metadata"], operation=row["operation"], data=data, before=before
     )
@@ -208,7 +210,9 @@ def to_debezium(
     with ``r`` kept, ``transaction``, ``ts_*``, payloads as their exact text); any other
     event a replog-made one (docs/CDC.md "Debezium out"). Each delete is followed by a
     tombstone (the same key, a null value), as Debezium sends it for log compaction,
-    unless ``tombstones=False``.
+    unless ``tombstones=False``. A truncate (one event per shard of the log) is one
+    Debezium truncate record (op ``t``, null key, ``before`` and ``after`` null), written
+    from its copy on shard 0.
     """
     if not isinstance(tombstones, bool):
         raise InvalidOptionError(
@@ -237,7 +241,8 @@ def to_debezium(
     ]
     if log_id is not None:
         headers.append(_header(LOG_ID_HEADER, F.lit(log_id)))
-    records = frame.select(
+    once = (F.col("operation") != F.lit(TRUNCATE)) | (F.col("shard") == F.lit(0))
+    records = frame.where(once).select(
         record.alias("record"),
         F.col("operation"),
         F.array(*headers).cast(HEADERS_TYPE).alias("headers"),

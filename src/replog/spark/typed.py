@@ -55,6 +55,7 @@ from pyspark.sql.types import (
 
 from replog.errors import InvalidOptionError
 from replog.format import jsontext
+from replog.format.events import TRUNCATE
 from replog.log import ReplicationLog
 from replog.schemas import connect, registry
 from replog.schemas.connect import DECIMAL, VARIABLE_SCALE_DECIMAL
@@ -376,9 +377,10 @@ def typed(
             .select("operation", "after.id", "after.balance")   # balance: decimal(12,2)
 
     Returns the event columns with ``data`` (the row: ``after``, or ``before`` for a
-    delete), ``after`` and ``before`` as structs of the union of every registered version
-    (a column a later version added is null in earlier rows, or the later version's
-    ``default`` when it gives one: PostgreSQL's ``ADD COLUMN ... DEFAULT``).
+    delete; null for a truncate, which has none), ``after`` and ``before`` as structs
+    of the union of every registered version (a column a later version added is null in
+    earlier rows, or the later version's ``default`` when it gives one: PostgreSQL's
+    ``ADD COLUMN ... DEFAULT``).
 
     Raises:
         InvalidOptionError: no schema of ``collection`` is registered.
@@ -475,10 +477,11 @@ def typed_by(
     kept = [name for name in frame.columns if name not in ("data", "before")]
     rows = rows.select("*", *typing.parses("data"), *typing.parses("before"))
     data = typing.typed("data", version)
+    operation = F.col("operation")
     return rows.select(
         *[F.col(name) for name in kept],
-        data.alias("data"),
-        F.when(F.col("operation") != F.lit("delete"), data).alias("after"),
+        F.when(operation != F.lit(TRUNCATE), data).alias("data"),  # a table's: no row
+        F.when(~operation.isin("delete", TRUNCATE), data).alias("after"),
         typing.typed("before", version).alias("before"),
     )
 

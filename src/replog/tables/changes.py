@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from datetime import date, timezone
 from typing import Any
 
@@ -21,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.errors import InvalidOptionError, SchemaChangeError
+from replog.format.events import TRUNCATE
 
 SHARD = "__shard"
 SEQUENCE = "__sequence"
@@ -216,6 +218,111 @@ def after_positions(
     )
     kept = joined.filter(newer).column(_ROW_INDEX)
     return changes.take(pc.take(kept, pc.sort_indices(kept)))
+
+
+@dataclass(frozen=True)
+class Cut:
+    """The truncates of one shard in a batch: every row of the shard at a position before
+    ``last`` (its newest) is gone; the rows the table held before the batch ended at the
+    first (``first``, at ``timestamp``: that truncate's time)."""
+
+    first: int
+    last: int
+    timestamp: Any
+
+
+Cuts = dict[int, Cut]
+"""Per shard, its truncates in a batch (:func:`split_truncates`)."""
+
+
+def split_truncates(
+    changes: pa.Table, keys: Sequence[str] = (), *, history: bool = False
+) -> tuple[pa.Table, Cuts]:
+    """``changes`` without their truncate events, and per shard its truncates. The
+    changes a truncate of their shard later in the batch makes void are dropped; with
+    ``history`` (scd2, whose versions are kept) they stay and each truncate becomes a
+    delete, at its position, of every key of ``keys`` its shard holds live at that point
+    of the batch. A batch without truncates comes back as it is."""
+    needed = (OPERATION, SHARD, SEQUENCE)
+    if changes.num_rows == 0 or any(c not in changes.column_names for c in needed):
+        return changes, {}  # lacking columns: check_changes names them
+    truncate = pc.fill_null(pc.equal(changes.column(OPERATION), TRUNCATE), False)
+    if not pc.any(truncate).as_py():
+        return changes, {}
+    events = changes.filter(truncate)
+    if TIMESTAMP not in events.column_names:
+        events = events.append_column(TIMESTAMP, pa.nulls(events.num_rows, pa.timestamp("us")))
+    events = events.select([SHARD, SEQUENCE, TIMESTAMP]).sort_by([(SEQUENCE, "ascending")])
+    cuts: Cuts = {}
+    made: list[pa.Table] = []
+    rest = changes.filter(pc.invert(truncate))
+    for shard, sequence, timestamp in zip(
+        *(events.column(c).to_pylist() for c in (SHARD, SEQUENCE, TIMESTAMP)), strict=True
+    ):
+        before = cuts.get(shard)
+        if history:
+            made.append(_truncate_deletes(rest, keys, shard, sequence, timestamp, before))
+        if before is None:
+            cuts[int(shard)] = Cut(int(sequence), int(sequence), timestamp)
+        else:
+            cuts[int(shard)] = Cut(before.first, int(sequence), before.timestamp)
+    if history:
+        return pa.concat_tables([rest, *made]), cuts
+    return after_cuts(rest, cuts), cuts
+
+
+def _truncate_deletes(  # noqa: PLR0917 - one truncate's place
+    changes: pa.Table, keys: Sequence[str], shard: int, sequence: int, timestamp: Any,
+    before: Cut | None,
+) -> pa.Table:  # fmt: skip
+    """A delete, at a truncate's position and time, of each key whose newest change on
+    the truncate's shard between the shard's previous truncate (``before``) and it is no
+    delete (its last image kept as the delete's row)."""
+    at = changes.column(SHARD).to_numpy(zero_copy_only=False)
+    position = changes.column(SEQUENCE).to_numpy(zero_copy_only=False)
+    since = -1 if before is None else before.last
+    window = (at == shard) & (position > since) & (position < sequence)
+    if not window.any() or any(k not in changes.column_names for k in keys):
+        return changes.slice(0, 0)
+    held = changes.filter(pa.array(window)).sort_by([(SEQUENCE, "ascending")])
+    newest = held.take(last_per_key(held, keys))
+    alive = newest.filter(
+        pc.invert(pc.fill_null(pc.equal(newest.column(OPERATION), DELETE), False))
+    )
+    count = alive.num_rows
+    values = {
+        SHARD: pa.array([shard] * count, changes.schema.field(SHARD).type),
+        SEQUENCE: pa.array([sequence] * count, changes.schema.field(SEQUENCE).type),
+        OPERATION: pa.array([DELETE] * count, changes.schema.field(OPERATION).type),
+        OLD_KEY: pa.nulls(count, pa.string()),
+    }
+    if TIMESTAMP in changes.column_names:
+        values[TIMESTAMP] = pa.array([timestamp] * count, changes.schema.field(TIMESTAMP).type)
+    for name, column in values.items():
+        if name in alive.column_names:
+            index = alive.schema.get_field_index(name)
+            alive = alive.set_column(index, name, column.cast(alive.schema.field(name).type))
+    return alive
+
+
+def after_cuts(changes: pa.Table, cuts: Cuts) -> pa.Table:
+    """The changes no truncate of ``cuts`` voids: of a shard without one, or after it."""
+    if not cuts or changes.num_rows == 0:
+        return changes
+    shard = changes.column(SHARD).to_numpy(zero_copy_only=False)
+    sequence = changes.column(SEQUENCE).to_numpy(zero_copy_only=False)
+    void = np.zeros(changes.num_rows, dtype=bool)
+    for number, cut in cuts.items():
+        void |= (shard == number) & (sequence < cut.last)
+    return changes.filter(pa.array(~void)) if void.any() else changes
+
+
+def cut_sql(cuts: Cuts, target: str = "t") -> str:
+    """The rows a batch's truncates remove, as a merge condition on the table's rows."""
+    return " OR ".join(
+        f"({target}.{SHARD} = {shard} AND {target}.{SEQUENCE} < {cut.last})"
+        for shard, cut in sorted(cuts.items())
+    )
 
 
 UNAVAILABLE = "__debezium_unavailable_value"
@@ -427,13 +534,21 @@ def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:
     return pa.concat_arrays([same, pa.array([False])])
 
 
-def scd2_rows(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+def scd2_rows(changes: pa.Table, keys: Sequence[str], cuts: Cuts | None = None) -> pa.Table:
     """SCD type 2 merge source for a batch: one ``insert`` row per non-delete change (a
     version valid from its change's timestamp until the key's next change, current if
     there is none) and one ``close`` row per key (ending the table's current version at
-    the key's first change). Bookkeeping columns other than the position are dropped."""
-    if changes.num_rows == 0:
-        return changes.drop_columns([OPERATION, TIMESTAMP])
+    the key's first change, or at its shard's first truncate in ``cuts`` if that came
+    first). Bookkeeping columns other than the position are dropped."""
+    if changes.num_rows == 0:  # a batch of truncates only: the rules still read ACTION
+        kind = changes.schema.field(TIMESTAMP).type
+        return (
+            changes.append_column(VALID_FROM, pa.nulls(0, kind))
+            .append_column(VALID_TO, pa.nulls(0, kind))
+            .append_column(CURRENT, pa.array([], pa.bool_()))
+            .append_column(ACTION, pa.array([], pa.string()))
+            .drop_columns([OPERATION, TIMESTAMP])
+        )
     ordered = changes.sort_by(
         [*((k, "ascending") for k in keys), (SHARD, "ascending"), (SEQUENCE, "ascending")]
     )
@@ -451,9 +566,22 @@ def scd2_rows(changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     )
     same_previous = pa.concat_arrays([pa.array([False]), same_next.slice(0, len(same_next) - 1)])
     firsts = ordered.filter(pc.invert(same_previous))
+    ends = firsts.column(TIMESTAMP)
+    if cuts:  # a version the table held ended at its shard's first truncate, if before
+        ends = pa.array(
+            [
+                cuts[shard].timestamp if shard in cuts and sequence > cuts[shard].first else end
+                for shard, sequence, end in zip(
+                    *(firsts.column(c).to_pylist() for c in (SHARD, SEQUENCE)),
+                    ends.to_pylist(),
+                    strict=True,
+                )
+            ],
+            timestamps.type,
+        )
     closes = (
         firsts.append_column(VALID_FROM, pa.nulls(firsts.num_rows, timestamps.type))
-        .append_column(VALID_TO, firsts.column(TIMESTAMP))
+        .append_column(VALID_TO, ends)
         .append_column(CURRENT, pa.array([False] * firsts.num_rows, pa.bool_()))
         .append_column(ACTION, pa.array(["close"] * firsts.num_rows, pa.string()))
     )
@@ -586,8 +714,9 @@ REDUCE_EVERY = 200_000
 
 def latest_events(batches: Iterable[pa.RecordBatch | pa.Table]) -> pa.Table | None:
     """The newest event per ``(collection, key)`` among the log's events (as read:
-    ``shard`` and ``sequence`` columns), deletes dropped; None for no events. Memory is
-    bounded by the distinct keys (plus :data:`REDUCE_EVERY` rows)."""
+    ``shard`` and ``sequence`` columns) that is a row: deletes and truncate events dropped,
+    and each event older than a truncate of its collection on its shard; None for no
+    events. Memory is bounded by the distinct keys (plus :data:`REDUCE_EVERY` rows)."""
     held: list[pa.Table] = []
     added = 0  # rows held beyond the last reduction (one per distinct key)
     for batch in batches:
@@ -600,4 +729,26 @@ def latest_events(batches: Iterable[pa.RecordBatch | pa.Table]) -> pa.Table | No
     if not held:
         return None
     latest = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
-    return latest.filter(pc.not_equal(latest.column("operation"), DELETE))
+    return _truncated(latest.filter(pc.not_equal(latest.column("operation"), DELETE)))
+
+
+def _truncated(latest: pa.Table) -> pa.Table:
+    """``latest`` (one event per key) without its truncate events and the events each
+    makes void: of its collection, on its shard, older (truncate events are one key per
+    shard and collection, so the newest of each is there)."""
+    truncate = pc.equal(latest.column("operation"), TRUNCATE)
+    if not pc.any(truncate).as_py():
+        return latest
+    events = latest.filter(truncate)
+    void = np.zeros(latest.num_rows, dtype=bool)
+    collection = latest.column("collection")
+    shard = latest.column("shard").to_numpy(zero_copy_only=False)
+    sequence = latest.column("sequence").to_numpy(zero_copy_only=False)
+    for name, number, cut in zip(
+        *(events.column(c).to_pylist() for c in ("collection", "shard", "sequence")), strict=True
+    ):
+        same = pc.is_null(collection) if name is None else pc.equal(collection, name)
+        void |= pc.fill_null(same, False).to_numpy(zero_copy_only=False) & (
+            (shard == number) & (sequence < cut)
+        )
+    return latest.filter(pa.array(~void & ~truncate.to_numpy(zero_copy_only=False)))

@@ -14,6 +14,7 @@ replaced checkpoint) cannot roll a row back.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Callable, Mapping, Sequence
@@ -227,6 +228,10 @@ def apply_batch(
     ``table``: the table at ``target`` opened already (a follower keeps its handle between
     batches, :func:`refreshed`); None: it is opened here.
     """
+    given = changes.num_rows
+    keys = rows.check_keys(keys)  # a truncate becomes deletes of keys (scd2)
+    rows.check_one_collection(changes)  # a truncate's too: it empties its collection
+    changes, cuts = rows.split_truncates(changes, keys, history=mode == "scd2")
     keys = _checked(changes, keys, mode, app_id, batch_id)
     changes = rows.storable(changes)
     if rows.COLLECTION in changes.column_names:
@@ -234,14 +239,17 @@ def apply_batch(
     if table is None:
         table = open_table(target, storage_options)
     options = _Options(
-        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors
-    )
+        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors,
+        cuts,
+    )  # fmt: skip
     if replayed(table, app_id, batch_id, writer):
         discard(target, ahead)  # a replay's files: no commit will name them
         return Applied(batch_id, True, changes.num_rows, None, {})
-    counted = changes.num_rows + sum(w.keys.num_rows for w in ahead)
+    counted = given + sum(w.keys.num_rows for w in ahead)
     changes, taken = _taken_ahead(target, table, changes, keys, mode, options, ahead)
-    if changes.num_rows == 0 and taken is None:
+    if ahead:  # rows written ahead (scd1) before a truncate of their shard: void
+        changes = rows.after_cuts(changes, cuts)
+    if changes.num_rows == 0 and taken is None and (table is None or not cuts):
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]
     changes = _keys_as_in(table, changes, keys)
@@ -249,7 +257,7 @@ def apply_batch(
     changes = changes.drop_columns(
         [c for c in (rows.UNSENT, rows.OLD_KEY) if c in changes.column_names]
     )
-    source = plan.source(table, changes, keys)
+    source = plan.source(table, changes, keys, cuts)
     commit = _commit(app_id, batch_id, writer)
     if table is not None:  # an incompatible type is refused before anything is written
         source = rows.align(source, table_schema(table))
@@ -336,8 +344,9 @@ def _takes_ahead(  # noqa: PLR0917 - a batch's parts
     gathered: merge_on_read.Ahead,
 ) -> bool:
     """Whether the commit can take the files written ahead as they are: an scd1 batch into
-    a new table or one written merge-on-read, whose columns and types are the files'."""
-    if mode != "scd1" or not options.deletion_vectors:
+    a new table or one written merge-on-read, whose columns and types are the files', and
+    no truncate in the batch (rows written before it are void)."""
+    if mode != "scd1" or not options.deletion_vectors or options.cuts:
         return False
     schema = written_ahead.schema_of(root, gathered)
     columns = [c for c in changes.column_names if not c.startswith("__")]
@@ -439,8 +448,8 @@ def _write(
     rows of a new table, an append of rows whose keys no file can hold, else a merge (which
     also gives the rows already in the table a new column's default:
     :func:`_defaults_to_fill`)."""
-    if source.num_rows == 0 and ahead is None:  # scd2: every change at or before its key's row
-        return {}
+    if source.num_rows == 0 and ahead is None and (table is None or not options.cuts):
+        return {}  # scd2: every change at or before its key's row
     if table is None:
         initial = source.filter(plan.initial).drop_columns([plan.marker])
         return _create(target, initial, commit, options, ahead, keys)
@@ -449,14 +458,14 @@ def _write(
         assert on_read is not None
         return _apply_on_read(on_read, table, source, keys, options, ahead)
     fill = _defaults_to_fill(table, source, options)
-    if not fill and _no_key_held(table, source, keys):  # a snapshot's chunk of new keys
+    if not fill and not options.cuts and _no_key_held(table, source, keys):  # new keys only
         return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
     on_read = _merge_on_read(target, table, options) if plan.marker == OPERATION else None
     if not fill and on_read is not None:
         return _apply_on_read(on_read, table, source, keys, options)
     values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
-    predicate, clauses = plan.rules(on, values, fill)
+    predicate, clauses = plan.rules(on, values, fill, options.cuts)
     return _merge(table, source, predicate, clauses, commit)
 
 
@@ -594,6 +603,8 @@ class _Options:
     defaults: Mapping[str, Any] | None
     writer: str | None = None
     deletion_vectors: bool = True
+    cuts: rows.Cuts = dataclasses.field(default_factory=dict)
+    """The batch's truncates: the table's rows they remove go in the batch's commit."""
 
 
 def _info(options: _Options) -> dict[str, str]:
@@ -651,6 +662,7 @@ def _apply_on_read(  # noqa: PLR0917 - one batch's parts
         txn=(options.app_id, options.batch_id),
         info=_info(options),
         ahead=ahead,
+        cuts=options.cuts,
     )
     return {} if written is None else written.metrics
 
@@ -708,7 +720,7 @@ class Clause(NamedTuple):
     row no row matched, or update a row no source row matched (``unmatched``); when
     ``condition`` holds (None: always), setting ``values`` (column -> SQL expression)."""
 
-    when: Literal["delete", "update", "insert", "unmatched"]
+    when: Literal["delete", "update", "insert", "unmatched", "unmatched_delete"]
     condition: str | None
     values: Mapping[str, str]
 
@@ -735,21 +747,26 @@ def _merge(
             merger = merger.when_matched_update(dict(clause.values), clause.condition)
         elif clause.when == "unmatched":
             merger = merger.when_not_matched_by_source_update(dict(clause.values), clause.condition)
+        elif clause.when == "unmatched_delete":
+            merger = merger.when_not_matched_by_source_delete(clause.condition)
         else:
             merger = merger.when_not_matched_insert(dict(clause.values), clause.condition)
     metrics: dict[str, Any] = merger.execute()
     return metrics
 
 
-def _scd1_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+def _scd1_source(
+    table: DeltaTable | None, changes: pa.Table, keys: Sequence[str], cuts: rows.Cuts
+) -> pa.Table:
     """The latest change per key (its operation says whether it deletes the row)."""
     return rows.latest_per_key(changes, keys).drop_columns([TIMESTAMP])
 
 
 def _scd1_rules(
-    on: str, values: Mapping[str, str], fill: Mapping[str, str]
+    on: str, values: Mapping[str, str], fill: Mapping[str, str], cuts: rows.Cuts
 ) -> tuple[str, list[Clause]]:
-    """A key's latest change replaces or deletes its row, if newer than the row; ``fill``
+    """A key's latest change replaces or deletes its row, if newer than the row; a row
+    older than its shard's truncate (``cuts``) that no change replaces is deleted; ``fill``
     (column -> SQL value) sets a new column's default in the rows no change replaces."""
     newer = rows.newer_sql()
     is_delete = f"s.{OPERATION} = '{DELETE}'"
@@ -758,6 +775,8 @@ def _scd1_rules(
         Clause("update", f"NOT ({is_delete}) AND {newer}", values),
         Clause("insert", f"NOT ({is_delete})", values),
     ]
+    if cuts:  # first: a truncated row gets no default
+        clauses.append(Clause("unmatched_delete", rows.cut_sql(cuts), {}))
     if fill:
         clauses += [Clause("update", None, fill), Clause("unmatched", None, fill)]
     return on, clauses
@@ -951,25 +970,36 @@ def _positions(table: DeltaTable, changes: pa.Table, keys: Sequence[str]) -> pa.
     )
 
 
-def _scd2_source(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+def _scd2_source(
+    table: DeltaTable | None, changes: pa.Table, keys: Sequence[str], cuts: rows.Cuts
+) -> pa.Table:
     """History rows (:func:`replog.tables.changes.scd2_rows`) of the changes newer than
     their key's rows in the table: a merge inserts without seeing the table's rows, so
     the position guard is applied here."""
-    if table is not None:
+    if table is not None and changes.num_rows:
         changes = rows.after_positions(changes, _positions(table, changes, keys), keys)
-    return rows.scd2_rows(changes, keys)
+    return rows.scd2_rows(changes, keys, cuts)
 
 
 def _scd2_rules(
-    on: str, values: Mapping[str, str], fill: Mapping[str, str]
+    on: str, values: Mapping[str, str], fill: Mapping[str, str], cuts: rows.Cuts
 ) -> tuple[str, list[Clause]]:
-    """A ``close`` row ends its key's current version; ``insert`` rows add versions;
-    ``fill`` sets a new column's default in the current versions (a closed one ended
-    before the column existed)."""
+    """A ``close`` row ends its key's current version; ``insert`` rows add versions; a
+    current version older than its shard's truncate (``cuts``) that no change closes ends
+    at the truncate; ``fill`` sets a new column's default in the current versions (a
+    closed one ended before the column existed)."""
     clauses = [
         Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false", **fill}),
         Clause("insert", f"s.{ACTION} = 'insert'", values),
     ]
+    if cuts:
+        kind = pa.timestamp("us", tz="UTC")
+        ends = " ".join(
+            f"WHEN {shard} THEN {rows.sql_literal(cut.timestamp, kind)}"
+            for shard, cut in sorted(cuts.items())
+        )
+        closed = {VALID_TO: f"CASE t.{rows.SHARD} {ends} END", CURRENT: "false"}
+        clauses.append(Clause("unmatched", f"t.{CURRENT} AND ({rows.cut_sql(cuts)})", closed))
     if fill:
         clauses.append(Clause("unmatched", f"t.{CURRENT}", fill))
     return f"{on} AND t.{CURRENT} AND s.{ACTION} = 'close'", clauses
@@ -981,10 +1011,12 @@ class _Mode:
     written) tells what each row does; the rows a new table starts with (``initial``);
     the merge's predicate and clauses, given the key equality and the row's values."""
 
-    source: Callable[[DeltaTable | None, pa.Table, Sequence[str]], pa.Table]
+    source: Callable[[DeltaTable | None, pa.Table, Sequence[str], rows.Cuts], pa.Table]
     marker: str
     initial: pc.Expression
-    rules: Callable[[str, Mapping[str, str], Mapping[str, str]], tuple[str, list[Clause]]]
+    rules: Callable[
+        [str, Mapping[str, str], Mapping[str, str], rows.Cuts], tuple[str, list[Clause]]
+    ]
 
 
 _MODES = {

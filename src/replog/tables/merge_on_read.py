@@ -53,6 +53,7 @@ from replog.tables.changes import (
     POSITION,
     SEQUENCE,
     SHARD,
+    Cuts,
     keys_distinct,
     last_per_key,
 )
@@ -558,10 +559,12 @@ def apply_scd1(
     txn: tuple[str, int],
     info: Mapping[str, Any],
     ahead: Ahead | None = None,
+    cuts: Cuts | None = None,
 ) -> Written | None:
     """Apply ``source`` (the latest change per key, deletes marked in :data:`OPERATION`,
     columns aligned to ``schema``, the table's) and the rows written ``ahead`` (none of
-    whose keys ``source`` holds) in one commit carrying ``txn``. Starts over when another
+    whose keys ``source`` holds) in one commit carrying ``txn``, with the rows the
+    batch's truncates remove (``cuts``). Starts over when another
     writer commits first. None: ``txn`` is committed already (the files written ahead
     are then deleted: a replay's, never referenced)."""
     for attempt in range(COMMIT_ATTEMPTS):
@@ -571,7 +574,9 @@ def apply_scd1(
                 if ahead is not None:
                     target.storage.delete_many(ahead.paths)
                 return None
-            actions, written, metrics = _batch_actions(target, state, source, keys, schema, ahead)
+            actions, written, metrics = _batch_actions(
+                target, state, source, keys, schema, ahead, cuts
+            )
             crash_point("apply_deletion_vectors", txn[1])
             actions = [
                 commit_info("MERGE", state.version, operationMetrics=_shown(metrics), **info),
@@ -628,8 +633,10 @@ def _batch_actions(  # noqa: PLR0917 - one batch's parts
     keys: Sequence[str],
     schema: pa.Schema,
     ahead: Ahead | None = None,
+    cuts: Cuts | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
-    """The file actions of one scd1 batch and the files written for them."""
+    """The file actions of one scd1 batch and the files written for them; the rows the
+    batch's truncates remove (``cuts``) marked deleted with the rest."""
     found = locate(target, state, source, keys)
     shard = source.column(SHARD).to_numpy().astype(np.int64)
     sequence = source.column(SEQUENCE).to_numpy().astype(np.int64)
@@ -645,6 +652,9 @@ def _batch_actions(  # noqa: PLR0917 - one batch's parts
         rows = found.row[(found.file == index) & replace]
         if len(rows):
             deletions.setdefault(path, []).append(rows)
+    truncated = _truncated_rows(target, state, cuts or {}, keys)
+    for path, rows in truncated.items():
+        deletions.setdefault(path, []).append(rows)
     ahead_metrics: dict[str, int] = {}
     ahead_adds: dict[str, dict[str, Any]] = {}
     if ahead is not None:
@@ -677,12 +687,44 @@ def _batch_actions(  # noqa: PLR0917 - one batch's parts
         "num_target_rows_inserted": int(inserted.num_rows),
         "num_target_rows_deleted": int(replace.sum()),
         "num_stale_changes": int(stale.sum()),
+        "num_target_rows_truncated": sum(len(rows) for rows in truncated.values()),
         "num_target_files_scanned": len(found.files),
         "num_deletion_vectors_written": sum(1 for a in marked if "add" in a),
         "merge_on_read": True,
         **ahead_metrics,
     }
     return actions, written, metrics
+
+
+def _truncated_rows(
+    target: Table, state: LogState, cuts: Cuts, keys: Sequence[str]
+) -> dict[str, np.ndarray]:
+    """Per live file, its live rows that a truncate of ``cuts`` removes (of its shard, at
+    a position before it); files whose position statistics rule them out are not read."""
+    found: dict[str, np.ndarray] = {}
+    if not cuts:
+        return found
+    for path, add in state.files.items():
+        stats = json.loads(add["stats"]) if add.get("stats") else {}
+        low, high = stats.get("minValues") or {}, stats.get("maxValues") or {}
+        if all(key in low and key in high for key in POSITION) and not any(
+            low[SHARD] <= shard <= high[SHARD] and low[SEQUENCE] < cut.last
+            for shard, cut in cuts.items()
+        ):
+            continue
+        positions = _file_keys(target, path, keys).rows
+        shard = positions.column(SHARD).to_numpy(zero_copy_only=False)
+        sequence = positions.column(SEQUENCE).to_numpy(zero_copy_only=False)
+        void = np.zeros(positions.num_rows, dtype=bool)
+        for number, cut in cuts.items():
+            void |= (shard == number) & (sequence < cut.last)
+        deleted = target.deleted_rows(add)
+        rows = np.flatnonzero(void)
+        if deleted is not None and len(deleted):
+            rows = rows[~np.isin(rows, np.fromiter(deleted, np.int64, len(deleted)))]
+        if len(rows):
+            found[path] = rows.astype(np.int64)
+    return found
 
 
 def create(
