@@ -11,7 +11,7 @@ configuration files, data directory, service) is read or touched.
 
 The DSN is ``mysql://replog:<password>@127.0.0.1:<port>/<database>``: a user with the
 grants capture needs (``REPLICATION SLAVE``, ``REPLICATION CLIENT``, ``SELECT``, and
-``CREATE``/``INSERT``/``DELETE`` on capture's own ``replog`` database for the watermark
+``CREATE``/``INSERT``/``UPDATE``/``DELETE`` on capture's own ``replog`` database for the watermark
 rows); ``root`` over the socket is the admin.
 """
 
@@ -39,7 +39,7 @@ for a hang, not a limit on speed: it answers in about two seconds)."""
 USER, PASSWORD = "replog", "replog-secret"
 CAPTURE_GRANTS = (
     f"GRANT SELECT, REPLICATION SLAVE, REPLICATION CLIENT ON *.* TO '{USER}'@'%'",
-    f"GRANT CREATE, INSERT, DELETE, DROP ON replog.* TO '{USER}'@'%'",
+    f"GRANT CREATE, INSERT, UPDATE, DELETE ON replog.* TO '{USER}'@'%'",
 )
 """What capture needs (docs/CDC.md, "Capturing MySQL and MariaDB"): the binlog, the tables'
 rows, and its own database for watermark rows."""

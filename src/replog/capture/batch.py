@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.capture.chunks import Chunk
-from replog.capture.events import Event, EventColumns
+from replog.capture.events import Event, EventColumns, Read
 from replog.core import files, leases, staging
 from replog.crashpoints import crash_point
 from replog.format.commits import CommitRecord, Transaction
@@ -61,10 +61,15 @@ class Batch:
 
     def add_chunk(self, chunk: Chunk) -> None:
         """The read events of a snapshot chunk (its rows the window left)."""
-        rows = list(chunk.events.values())
-        self.held.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata, rows)
-        self.events += len(rows)
         self.chunk = chunk
+        self.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata,
+                       list(chunk.events.values()))  # fmt: skip
+
+    def add_reads(self, collection: str, ts_ms: int, metadata: str, rows: list[Read]) -> None:
+        """Read events of ``collection`` that share one ``metadata`` (a chunk's rows, of
+        any source)."""
+        self.held.add_reads(collection, ts_ms, metadata, rows)
+        self.events += len(rows)
         self._stage_if_many()
 
     def _stage_if_many(self) -> None:
