@@ -163,6 +163,14 @@ def mysql_dsn(mariadb_server) -> Iterator[str]:
         yield dsn
 
 
+@pytest.fixture
+def mysql_db(mariadb_server, mysql_dsn):
+    """The fresh database of ``mysql_dsn``, with root access to it (tests/support/mysql.py)."""
+    from support.mysql import Db
+
+    return Db(mariadb_server, mysql_dsn)
+
+
 @pytest.fixture(scope="session")
 def kafka_broker():
     """A real Apache Kafka broker (KRaft, one node) for the whole session

@@ -128,12 +128,16 @@ def _fraction_bytes(fsp: int) -> int:
     return (fsp + 1) // 2
 
 
+_SCALE = {1: 10_000, 2: 100, 3: 1}
+"""A fraction's bytes -> microseconds per unit (hundredths, ten-thousandths, µs)."""
+
+
 def _micros(data: bytes, fsp: int) -> int:
     """The fraction of a DATETIME2/TIMESTAMP2 (big-endian, (fsp + 1) // 2 bytes)."""
     if not fsp:
         return 0
     value = int.from_bytes(data, "big")
-    return value * 10 ** (6 - 2 * len(data))
+    return value * _SCALE[len(data)]
 
 
 def _datetime2(data: bytes, fsp: int) -> str:

@@ -71,7 +71,7 @@ class Dsn:
             user=unquote(parts.username or "root"),
             password=unquote(parts.password or ""),
             database=unquote(parts.path.lstrip("/")),
-            unix_socket=(query.get("unix_socket") or [None])[0],
+            unix_socket=next(iter(query.get("unix_socket", [])), None),
         )
 
     def connect_args(self) -> dict[str, object]:

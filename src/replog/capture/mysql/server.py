@@ -54,7 +54,7 @@ def connect(dsn: Dsn, *, raw: bool = False, database: str | None = None) -> Any:
     """A session (autocommit, utf8mb4, UTC); ``raw``: values as the server's text."""
     try:
         connection = pymysql.connect(
-            **dsn.connect_args(),  # type: ignore[arg-type]
+            **dsn.connect_args(),
             database=database,
             charset="utf8mb4",
             autocommit=True,
