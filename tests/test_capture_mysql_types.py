@@ -8,6 +8,7 @@ import base64
 import json
 from pathlib import Path
 
+import pytest
 from support.mysql import Db, events, run
 
 from replog.capture.mysql.capture import MySqlCapture
@@ -15,6 +16,8 @@ from replog.capture.mysql.options import MySqlOptions
 from replog.format.jsontext import parse_object
 from replog.log import ReplicationLog
 from replog.schemas import registry
+
+pytestmark = pytest.mark.slow  # a MariaDB server for the session (make test installs it)
 
 WKB_POINT_1_2 = base64.b64encode(bytes.fromhex("0101000000000000000000f03f0000000000000040"))
 

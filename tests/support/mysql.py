@@ -76,7 +76,9 @@ def events(url: str) -> list[dict[str, Any]]:
                 "sequence": row["sequence"],
             }
         )
-    found.sort(key=lambda e: (e["version"], e["source"]["file"], e["source"]["pos"], e["order"]))
+    found.sort(
+        key=lambda e: (e["version"], e["source"]["file"], e["source"]["pos"], e["order"], e["key"])
+    )
     return found
 
 

@@ -133,7 +133,7 @@ def cmd_capture_mysql(args: argparse.Namespace, out: Output, fs_options: dict[st
     server = serve(metrics, args.metrics_port) if args.metrics_port is not None else None
     try:
         with display_for(out.json) as display:
-            shown = CaptureDisplay(display)
+            shown = CaptureDisplay(display, "binlog")
             saying: list[threading.Thread] = []
 
             def progress(state: CaptureProgress) -> None:

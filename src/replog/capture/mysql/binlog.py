@@ -63,7 +63,7 @@ from replog.capture.mysql.columns import (
 )
 from replog.capture.mysql.jsontext import binary_json_text
 from replog.capture.mysql.positions import GTID, MARIADB, BinlogPosition
-from replog.errors import CaptureError, SourceConnectionError
+from replog.errors import CaptureError, SourceConnectionError, SourcePrivilegeError
 
 logger = logging.getLogger(__name__)
 
@@ -652,6 +652,11 @@ class BinlogReader:
             if code == 1236:
                 raise BinlogGone(f"the server cannot send the binlog from {self.start.text()}: "
                                  f"{exc.args[1]}") from exc  # fmt: skip
+            if code in (1044, 1045, 1227):
+                raise SourcePrivilegeError(
+                    f"{self.connection.user} may not read the binlog ({exc.args[1]}): GRANT "
+                    f"REPLICATION SLAVE ON *.* TO '{self.connection.user}'"
+                ) from exc
             if isinstance(exc, pymysql.err.OperationalError) and code in (2006, 2013, 2014):
                 raise StreamBroken(f"the binlog connection was lost: {exc}") from exc
             raise

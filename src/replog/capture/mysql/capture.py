@@ -143,9 +143,11 @@ class MySqlCapture:
         options = self._remembered(options)
         self.options = options
         self.server = MySqlServer(options)
+        self.replica_id = options.replica_id(log.log_id)
         try:
             self.server.check_settings()
             self.server.check_binlog_privileges()
+            self._probe_replication()
             self.tables: dict[str, TableInfo] = {
                 name: self.server.table(name)
                 for name in dict.fromkeys(options.qualified(t) for t in options.tables)
@@ -161,7 +163,6 @@ class MySqlCapture:
         self.chunks = MySqlChunks(
             self.server, self.events, options.name, options.snapshot_chunk_rows
         )
-        self.replica_id = options.replica_id(log.log_id)
         self.server_id = self.server.server_id()
         self.server_uuid = self.server.server_uuid()
         """The server read (a position's binlog file and offset are its)."""
@@ -176,6 +177,14 @@ class MySqlCapture:
         self._committed_at = time.monotonic()
         self._broken = 0
         self._dropped_warned: set[str] = set()
+
+    def _probe_replication(self) -> None:
+        """Read the binlog from the server's position now (to its end: nothing): proves
+        ``REPLICATION SLAVE`` before anything is written."""
+        position = self.server.current(self.server.mode(self.options.position))
+        with BinlogReader(self._connection(), position, {SIGNAL_DATABASE}) as reader:
+            for _ in reader.items():
+                pass
 
     def close(self) -> None:
         self.chunks.close()

@@ -184,20 +184,19 @@ class MySqlServer:
 
     def ensure_own_tables(self) -> None:
         """Capture's own tables in the source (``replog.watermarks``, ``replog.signals``),
-        created if missing; an INSERT/UPDATE/DELETE is tried on each."""
+        created if missing (then a write of a watermark row is tried)."""
         grant = (
             f"GRANT CREATE, INSERT, UPDATE, DELETE ON {SIGNAL_DATABASE}.* TO "
             f"'{self.dsn.user}' (capture writes its snapshot watermarks there)"
         )
         with self._privilege(f"use database {SIGNAL_DATABASE}", grant):
-            if (
-                self.scalar(
-                    "SELECT COUNT(*) FROM information_schema.SCHEMATA WHERE SCHEMA_NAME = %s",
-                    (SIGNAL_DATABASE,),
-                )
-                == 0
-            ):
-                self.rows(f"CREATE DATABASE IF NOT EXISTS {SIGNAL_DATABASE}")
+            found = self.scalar(
+                "SELECT COUNT(*) FROM information_schema.TABLES WHERE TABLE_SCHEMA = %s",
+                (SIGNAL_DATABASE,),
+            )
+            if found == len(_OWN_TABLES):
+                return  # (a grant revoked since fails the first watermark, naming it)
+            self.rows(f"CREATE DATABASE IF NOT EXISTS {SIGNAL_DATABASE}")
             for statement in _OWN_TABLES:
                 self.rows(statement)
             self.rows(
@@ -322,7 +321,11 @@ class MySqlServer:
         keys = self.options.keys.get(qualified, ())
         found = self.describe(qualified, keys)
         if found is None:
-            raise SourceConfigError(f"{self.dsn.redacted()} has no table {qualified}")
+            raise SourceConfigError(
+                f"{self.dsn.redacted()} has no table {qualified}, or {self.dsn.user} may not "
+                f"see it (the catalog shows only tables one may read: GRANT SELECT ON "
+                f"{qualified.partition('.')[0]}.* TO '{self.dsn.user}')"
+            )
         if not found.key:
             raise SourceConfigError(
                 f"{qualified} has no primary key: capture keys each event by it. Add one "
@@ -415,8 +418,10 @@ class MySqlServer:
     def watermark(self, capture: str, chunk: str, side: str) -> None:
         """Write a watermark: the capture's row in ``replog.watermarks``, in a transaction
         of its own (the stream meets it in commit order)."""
-        self.rows(
-            f"INSERT INTO {WATERMARKS} VALUES (%s, %s, %s, NOW(6)) "
-            "ON DUPLICATE KEY UPDATE chunk = VALUES(chunk), side = VALUES(side), at = NOW(6)",
-            (capture, chunk, side),
-        )
+        grant = f"GRANT INSERT, UPDATE ON {SIGNAL_DATABASE}.* TO '{self.dsn.user}'"
+        with self._privilege(f"write its snapshot watermark in {WATERMARKS}", grant):
+            self.rows(
+                f"INSERT INTO {WATERMARKS} VALUES (%s, %s, %s, NOW(6)) ON DUPLICATE KEY "
+                "UPDATE chunk = VALUES(chunk), side = VALUES(side), at = NOW(6)",
+                (capture, chunk, side),
+            )
