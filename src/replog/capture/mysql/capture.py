@@ -29,6 +29,7 @@ This module never imports pyspark.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -62,7 +63,7 @@ from replog.capture.mysql.options import (
     capture_app_id,
 )
 from replog.capture.mysql.positions import GTID, BinlogPosition, PositionRecord
-from replog.capture.mysql.server import SIGNALS, MySqlServer, TableInfo, connect
+from replog.capture.mysql.server import SIGNALS, MySqlServer, TableInfo, connect, lost
 from replog.capture.progress import CaptureProgress
 from replog.capture.running import RunRecord
 from replog.capture.snapshot import (
@@ -79,6 +80,7 @@ from replog.crashpoints import crash_point
 from replog.errors import (
     CaptureError,
     InvalidOptionError,
+    SourceConnectionError,
     SourcePositionError,
     TransactionOrderError,
 )
@@ -94,9 +96,8 @@ ProgressCallback = Callable[[CaptureProgress], None]
 HEARTBEAT_S = 10.0
 """How often a capture whose tables are idle records how far it read (a commit with no
 events), while the server's binlog moves with other tables' changes."""
-BROKEN_RETRIES = 5
-"""Connections lost in a row before capture stops (each read again from the last whole
-transaction)."""
+RECONNECT_S = 300.0
+"""How long a capture waits for a server out of reach (restarting) before it stops."""
 WATERMARKS_TABLE = "watermarks"
 SIGNALS_TABLE = "signals"
 
@@ -108,9 +109,10 @@ class _Read:
     position: BinlogPosition
     transactions: int = 0
     captured: int = 0
-    skipped: int = 0
     last_commit_ms: int | None = None
     chunk: MySqlChunk | None = None
+    reads: int = 0
+    """Events of the batch that are a chunk's read events (not changes)."""
     resets: list[str] = field(default_factory=list)
     """Collections whose re-created table's truncate this batch carries."""
     changed: bool = False
@@ -175,7 +177,9 @@ class MySqlCapture:
         self._plan_changed = False
         self._snapshotted = False
         self._committed_at = time.monotonic()
-        self._broken = 0
+        self._lost_since: float | None = None
+        self._reset_tables: list[str] = []
+        """``--reset-position``: the tables whose truncate the first commit carries."""
         self._dropped_warned: set[str] = set()
 
     def _probe_replication(self) -> None:
@@ -220,9 +224,16 @@ class MySqlCapture:
         self.progress.position = self.position.version
         self._snapshotted = self._snapshot_owed()
         while not self.stop.is_set():
-            self._save_plan()
-            self._next_chunk()
-            captured = self._capture_batch()
+            try:
+                self._save_plan()
+                self._next_chunk()
+                captured = self._capture_batch()
+            except (StreamBroken, SourceConnectionError, pymysql.err.OperationalError) as exc:
+                if not isinstance(exc, StreamBroken) and not lost(exc):
+                    raise
+                self._waiting(exc)
+                continue
+            self._lost_since = None
             self._report(idle=not captured)
             self.run_record.beat(self.progress.position)
             if not captured and self.chunk is None and not self._snapshot_owed():
@@ -231,13 +242,31 @@ class MySqlCapture:
                 self.stop.wait(self.options.poll_s)
         self._commit_position()
 
+    def _waiting(self, exc: BaseException) -> None:
+        """The server is out of reach, or the binlog connection broke: read again from the
+        last whole transaction once it answers (a server restart), for at most
+        :data:`RECONNECT_S`. A chunk read but not committed is read again."""
+        now = time.monotonic()
+        if self._lost_since is None:
+            self._lost_since = now
+        self.progress.errors += 1
+        waited = now - self._lost_since
+        if waited >= RECONNECT_S:
+            raise CaptureError(
+                f"the server has been out of reach for {waited:.0f} s ({exc}): capture stops; "
+                f"the log holds every commit made before (start it again)"
+            ) from exc
+        assert self.position is not None
+        logger.warning("%s: reading again from %s once the server answers", exc,
+                       self.position.text())  # fmt: skip
+        self.chunks.close()
+        self.stop.wait(min(0.2 + waited / 4, 5.0))
+
     def _report(self, *, idle: bool = False) -> None:
         progress = self.progress
         assert self.position is not None
-        try:
+        with contextlib.suppress(pymysql.err.MySQLError, SourceConnectionError):
             progress.lag_bytes = self.server.lag_bytes(self.position)
-        except pymysql.err.MySQLError:
-            pass
         if idle:
             progress.lag_ms = 0
         queue = self.plan.queue if self.plan is not None else []
@@ -351,10 +380,12 @@ class MySqlCapture:
                     f"binlog was reset. Capture it into a new log"
                 )
             logger.warning(
-                "--reset-position: capture %s starts over at %s with a new snapshot (the "
-                "changes between the log's position and this one are not captured: the "
-                "snapshot brings their result)", self.options.name, position.text(),
+                "--reset-position: capture %s starts over at %s: each table is truncated in "
+                "the log, then snapshotted anew (the changes between the log's position and "
+                "this one are not captured: the snapshot brings their result)",
+                self.options.name, position.text(),
             )  # fmt: skip
+            self._reset_tables = sorted(self.tables)
         self.plan = SnapshotPlan(self.plan_name, self.log.log_id, tables=self._table_ids())
         if self.options.snapshot == "initial":
             for table in self.tables.values():
@@ -500,31 +531,19 @@ class MySqlCapture:
         read = _Read(self.position)
         schemas = {t.database for t in self.tables.values()} | {SIGNAL_DATABASE}
         try:
+            self._truncate_for_reset(batch, read)
             with BinlogReader(
                 self._connection(), self.position, schemas, by_gtid=self._by_gtid,
                 wanted=self._wanted,
             ) as reader:  # fmt: skip
                 self._read_batch(reader, batch, read)
-        except StreamBroken as exc:
-            batch.abandon()
-            self._broken += 1
-            self.progress.errors += 1
-            if self._broken >= BROKEN_RETRIES:
-                raise CaptureError(
-                    f"the binlog connection broke {self._broken} times in a row: {exc}"
-                ) from exc
-            logger.warning("%s (%d of %d): reading again from %s", exc, self._broken,
-                           BROKEN_RETRIES, self.position.text())  # fmt: skip
-            self.stop.wait(self.options.poll_s * self._broken)
-            return True
         except BinlogGone as exc:
             batch.abandon()
             raise self._purged(self.position, [n for n, _ in self.server.binlog_files()]) from exc
         except BaseException:
             batch.abandon()
             raise
-        self._broken = 0
-        if not read.transactions:
+        if not read.transactions and not read.changed:
             batch.abandon()
             return False
         self._by_gtid = False
@@ -545,55 +564,71 @@ class MySqlCapture:
             self.position = position  # recorded by a later commit (at most the heartbeat's)
         self.progress.rows += batch.events - (len(read.chunk.events) if read.chunk else 0)
         self.progress.transactions += read.captured
-        self.progress.skipped_transactions += read.skipped
         if read.last_commit_ms is not None:
             self.progress.last_commit_ms = read.last_commit_ms
             self.progress.lag_ms = max(now_ms() - read.last_commit_ms, 0)
         return True
 
-    def _read_batch(self, reader: BinlogReader, batch: Batch, read: _Read) -> None:  # noqa: C901
-        txn: Transaction | None = None
-        skip = False
+    def _truncate_for_reset(self, batch: Batch, read: _Read) -> None:
+        """``--reset-position`` on a log that holds a capture: the rows the log holds of
+        each table may have changed in the binlog that was skipped (a row deleted there
+        has no event): a truncate of each goes first, in the first commit, and the new
+        snapshot brings the rows the table has."""
+        if not self._reset_tables:
+            return
+        position = read.position
+        txn = Transaction(None, now_ms(), self.server_id, position.file, position.pos)
+        why = {"position_reset": True}
         order = 1
-        events_before = 0
+        for collection in self._reset_tables:
+            order = self._truncated(collection, txn, order, now_ms(), batch, read, why=why)
+        self._reset_tables = []
+
+    def _read_batch(self, reader: BinlogReader, batch: Batch, read: _Read) -> None:
+        """Fill ``batch`` with whole transactions (a high watermark, or ``max_changes``
+        events, ends it at the end of a transaction)."""
+        txn: Transaction | None = None
+        order = 1
+        changed_before = 0
         ts_ms = now_ms()
         for item in reader.items():
             if isinstance(item, Begin):
                 txn = Transaction(item.gtid, item.ts_ms, item.server_id, item.file, item.pos)
-                skip = (
-                    item.gtid is not None
-                    and read.position.mode == GTID
-                    and not (read.position.after(item.file, item.pos, item.gtid)[1])
-                )
-                order, events_before = 1, batch.events
+                self._check_order(read.position, txn)
+                order, changed_before = 1, batch.events - read.reads
             elif isinstance(item, End):
                 assert txn is not None
-                if skip:
-                    read.skipped += 1
-                    read.transactions += 1
-                    continue
                 after, _ = read.position.after(item.file, item.pos, txn.gtid)
-                after = replace(after, server_id=self.server_id, server_uuid=self.server_uuid)
-                if after.version <= read.position.version:
-                    raise CaptureError(
-                        f"transaction {txn.id} at {item.file}:{item.pos} has position "
-                        f"{after.version}, not past the one before it "
-                        f"({read.position.version}): GTIDs out of order (set gtid_strict_mode "
-                        f"on MariaDB; a capture cannot tell new transactions from old ones)"
-                    )
-                read.position = after
+                read.position = replace(after, server_id=self.server_id,
+                                        server_uuid=self.server_uuid)  # fmt: skip
                 read.transactions += 1
-                if batch.events > events_before:
+                if batch.events - read.reads > changed_before:
                     read.captured += 1
                     read.last_commit_ms = item.ts_ms
                 if batch.events >= self.options.max_changes or read.chunk is not None:
                     break
-            elif skip or txn is None:
+            elif txn is None:
                 continue
             elif isinstance(item, Rows):
                 order = self._rows(item, txn, order, ts_ms, batch, read)
             elif isinstance(item, Statement):
                 order = self._statement(item, txn, order, ts_ms, batch, read)
+
+    @staticmethod
+    def _check_order(position: BinlogPosition, txn: Transaction) -> None:
+        """Each transaction read must be new to the position before it: reading from the
+        exact end of the last one, a GTID the state holds already (MariaDB: a sequence
+        number not past its domain's) is out of order, and its version would not rise
+        (a log taking it for one it holds would drop it)."""
+        if txn.gtid is None or position.mode != GTID:
+            return
+        if not position.after(txn.file, txn.start, txn.gtid)[1]:
+            raise CaptureError(
+                f"transaction {txn.gtid} at {txn.file}:{txn.start} is not past the GTID state "
+                f"before it ({position.gtids}): GTIDs out of order (set gtid_strict_mode=ON on "
+                f"MariaDB). A capture cannot tell such a transaction from one it captured: "
+                f"capture stops before it"
+            )
 
     def _rows(
         self, rows: Rows, txn: Transaction, order: int, ts_ms: int, batch: Batch, read: _Read
@@ -641,6 +676,7 @@ class MySqlCapture:
                 )  # fmt: skip
                 batch.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata,
                                 list(chunk.events.values()))  # fmt: skip
+                read.reads += len(chunk.events)
                 read.chunk = chunk
                 self.chunk = None
 

@@ -50,6 +50,18 @@ _OWN_TABLES = (
 )
 
 
+LOST = frozenset((2003, 2006, 2013, 2055))
+"""Client errors of a session lost or a server out of reach (restarting)."""
+
+
+def lost(exc: BaseException) -> bool:
+    """Whether ``exc`` is a lost session or an unreachable server, which a capture waits
+    out (a server restart), rather than an error of what it asked."""
+    if isinstance(exc, SourceConnectionError):
+        return True
+    return isinstance(exc, pymysql.err.OperationalError) and bool(exc.args) and exc.args[0] in LOST
+
+
 def connect(dsn: Dsn, *, raw: bool = False, database: str | None = None) -> Any:
     """A session (autocommit, utf8mb4, UTC); ``raw``: values as the server's text."""
     try:
@@ -113,9 +125,26 @@ class MySqlServer:
     # -- queries -----------------------------------------------------------------------
 
     def rows(self, statement: str, args: Sequence[Any] | None = None) -> list[tuple[Any, ...]]:
-        with self.connection.cursor() as cursor:
-            cursor.execute(statement, args)
-            return list(cursor.fetchall())
+        """The rows of ``statement``; a session lost (a server restart) is opened again
+        once (a statement of capture's is a read, or a watermark written again)."""
+        for attempt in (1, 2):
+            try:
+                with self.connection.cursor() as cursor:
+                    cursor.execute(statement, args)
+                    return list(cursor.fetchall())
+            except pymysql.err.OperationalError as exc:
+                if not lost(exc) or attempt == 2:
+                    raise
+                self.reconnect()
+        raise AssertionError("unreachable")
+
+    def reconnect(self) -> None:
+        """A new session in place of a lost one (SourceConnectionError: none can be had)."""
+        try:
+            self.connection.close()
+        except pymysql.err.Error:
+            pass
+        self.connection = connect(self.dsn)
 
     def scalar(self, statement: str, args: Sequence[Any] | None = None) -> Any:
         found = self.rows(statement, args)
