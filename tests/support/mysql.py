@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from decimal import Decimal
 from typing import Any
 
 from embedded_mariadb import Server
@@ -105,3 +106,33 @@ def rows_of(url: str, collection: str) -> dict[str, str]:
         else:
             table[event["key"]] = event["data"]
     return table
+
+
+def source_rows(db: Db, table: str) -> dict[str, dict[str, Any]]:
+    """The table's rows as the server writes them itself (``JSON_OBJECT``), by the key
+    capture gives them (an ``id`` column): what the log's rows must equal."""
+    names = [
+        name
+        for (name,) in db.query(
+            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
+            f"AND TABLE_NAME = '{table}' ORDER BY ORDINAL_POSITION"
+        )
+    ]
+    pairs = ", ".join(f"'{name}', `{name}`" for name in names)
+    found = {}
+    for (text,) in db.query(f"SELECT JSON_OBJECT({pairs}) FROM `{table}`"):
+        row = json.loads(text, parse_float=Decimal)
+        found[f'{{"id":{row["id"]}}}'] = row
+    return found
+
+
+def log_rows(
+    url: str, collection: str, columns: list[str] | None = None
+) -> dict[str, dict[str, Any]]:
+    """:func:`rows_of` parsed, each row cut to ``columns`` (the table's columns now: a
+    dropped column stays in rows the log wrote before the drop)."""
+    found = {}
+    for key, text in rows_of(url, collection).items():
+        row = json.loads(text, parse_float=Decimal)
+        found[key] = row if columns is None else {c: row.get(c) for c in columns}
+    return found

@@ -150,10 +150,17 @@ class MySqlCapture:
             self.server.check_settings()
             self.server.check_binlog_privileges()
             self._probe_replication()
-            self.tables: dict[str, TableInfo] = {
-                name: self.server.table(name)
-                for name in dict.fromkeys(options.qualified(t) for t in options.tables)
-            }
+            self.captured = list(dict.fromkeys(options.qualified(t) for t in options.tables))
+            """The captured tables' names (some may not exist now: dropped while captured)."""
+            self.tables: dict[str, TableInfo] = {}
+            """The captured tables that exist, as last described."""
+            for name in self.captured:
+                if name in self._known and self.server.describe(name) is None:
+                    logger.warning("%s, captured, does not exist now (dropped): its rows stay "
+                                   "in the log; a table created under its name is captured "
+                                   "in its place", name)  # fmt: skip
+                    continue
+                self.tables[name] = self.server.table(name)
             self._check_left_out()
             self.server.ensure_own_tables()
             self.run_record = RunRecord(log.storage, self.plan_name, log.log_id)
@@ -302,7 +309,7 @@ class MySqlCapture:
         return replace(options, tables=tuple(known))
 
     def _check_left_out(self) -> None:
-        left_out = [name for name in self._known if name not in self.tables]
+        left_out = [name for name in self._known if name not in self.captured]
         if left_out and not self.options.tables_changed:
             raise InvalidOptionError(
                 f"--tables leaves out {', '.join(left_out)}, which the log's capture "
@@ -355,15 +362,15 @@ class MySqlCapture:
             self._plan_changed = True
         self.plan = plan
         self._plan_changed |= plan.resolve(logged)
-        for name in [n for n in plan.tables if n not in self.tables]:
+        for name in [n for n in plan.tables if n not in self.captured]:
             plan.drop(name)
             logger.warning("%s is no longer captured (--tables-changed): its rows stay in "
                            "tables built from the log", name)  # fmt: skip
         for name, table in self.tables.items():
             if name not in plan.tables:
                 self._owe_snapshot(table, ADDED)
-            else:
-                self._note_columns(table)
+            if name not in plan.columns:  # (else the columns as the stream last saw them:
+                self._note_columns(table)  # its ALTERs since are read, and compared, again)
         self._save_plan()
         return position
 
@@ -385,7 +392,7 @@ class MySqlCapture:
                 "this one are not captured: the snapshot brings their result)",
                 self.options.name, position.text(),
             )  # fmt: skip
-            self._reset_tables = sorted(self.tables)
+            self._reset_tables = sorted(self.captured)
         self.plan = SnapshotPlan(self.plan_name, self.log.log_id, tables=self._table_ids())
         if self.options.snapshot == "initial":
             for table in self.tables.values():
@@ -425,7 +432,7 @@ class MySqlCapture:
         )
 
     def _table_ids(self) -> dict[str, int]:
-        return dict.fromkeys(self.tables, 0)
+        return dict.fromkeys(self.captured, 0)
 
     # -- the plan --------------------------------------------------------------------------
 
@@ -522,14 +529,14 @@ class MySqlCapture:
 
     def _wanted(self, schema: str, table: str) -> bool:
         name = f"{schema}.{table}"
-        return name in self.tables or schema == SIGNAL_DATABASE
+        return name in self.captured or schema == SIGNAL_DATABASE
 
     def _capture_batch(self) -> bool:
         """Read whole transactions from the position, commit them. Whether any were read."""
         assert self.position is not None
         batch = Batch(self.log, self._lease_owner, self.options.stage_events)
         read = _Read(self.position)
-        schemas = {t.database for t in self.tables.values()} | {SIGNAL_DATABASE}
+        schemas = {name.partition(".")[0] for name in self.captured} | {SIGNAL_DATABASE}
         try:
             self._truncate_for_reset(batch, read)
             with BinlogReader(
@@ -642,7 +649,17 @@ class MySqlCapture:
         collection = f"{rows.schema}.{rows.table}"
         table = self.tables.get(collection)
         if table is None:
-            return order
+            if collection not in self.captured:
+                return order
+            described = self.server.describe(collection, self.options.keys.get(collection, ()))
+            if described is None:  # never skipped silently
+                raise CaptureError(
+                    f"the binlog has rows of {collection} at {rows.position[0]}:"
+                    f"{rows.position[1]}, a captured table the server no longer has: capture "
+                    f"cannot tell its JSON columns and key (start it again, with a snapshot: "
+                    f"--reset-position)"
+                )
+            self.tables[collection] = table = described
         columns = binlog_columns(rows.event.table_map[rows.event.table_id], table.json_columns)
         key = self.options.keys.get(collection) or rows.key or table.key
         if not key:
@@ -718,7 +735,7 @@ class MySqlCapture:
                 order = self._dropped(change.table, order=order)
             elif change.action == "create":
                 order = self._created(change.table, txn, order, ts_ms, batch, read)
-            elif change.action == "truncate" and change.table in self.tables:
+            elif change.action == "truncate" and change.table in self.captured:
                 order = self._truncated(change.table, txn, order, ts_ms, batch, read)
             elif change.action == "alter" and change.table in self.tables:
                 self._altered(change.table, read)
@@ -750,9 +767,10 @@ class MySqlCapture:
     def _dropped(self, collection: str, *, order: int, renamed_to: str | None = None) -> int:
         """A captured table dropped (or renamed away): its rows stay downstream until a
         table of its name is created again (then they are truncated)."""
-        if collection not in self.tables:
+        if collection not in self.captured:
             return order
         assert self.plan is not None
+        self.tables.pop(collection, None)
         if collection not in self._dropped_warned:
             self._dropped_warned.add(collection)
             logger.warning(
@@ -777,7 +795,7 @@ class MySqlCapture:
         are truncated downstream (here, in binlog order), the new one is snapshotted."""
         assert self.plan is not None
         reset = self.plan.resets.get(collection)
-        if collection not in self.tables or reset is None or reset.get("done_at") is not None:
+        if collection not in self.captured or reset is None or reset.get("done_at") is not None:
             return order
         order = self._truncated(collection, txn, order, ts_ms, batch, read,
                                 why={"table_recreated": True})  # fmt: skip
