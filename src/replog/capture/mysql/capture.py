@@ -113,6 +113,8 @@ class _Read:
     chunk: MySqlChunk | None = None
     reads: int = 0
     """Events of the batch that are a chunk's read events (not changes)."""
+    at_end: bool = False
+    """It read to the end of the binlog (as the server had it then)."""
     resets: list[str] = field(default_factory=list)
     """Collections whose re-created table's truncate this batch carries."""
     changed: bool = False
@@ -185,6 +187,8 @@ class MySqlCapture:
         self._snapshotted = False
         self._committed_at = time.monotonic()
         self._lost_since: float | None = None
+        self._at_end = False
+        """The last batch read to the end of the binlog."""
         self._reset_tables: list[str] = []
         """``--reset-position``: the tables whose truncate the first commit carries."""
         self._dropped_warned: set[str] = set()
@@ -243,10 +247,11 @@ class MySqlCapture:
             self._lost_since = None
             self._report(idle=not captured)
             self.run_record.beat(self.progress.position)
-            if not captured and self.chunk is None and not self._snapshot_owed():
+            if self._at_end and self.chunk is None and not self._snapshot_owed():
                 if not self.options.follow:
-                    break
-                self.stop.wait(self.options.poll_s)
+                    break  # caught up: the binlog's end as the last read met it
+                if not captured:
+                    self.stop.wait(self.options.poll_s)
         self._commit_position()
 
     def _waiting(self, exc: BaseException) -> None:
@@ -550,6 +555,7 @@ class MySqlCapture:
         except BaseException:
             batch.abandon()
             raise
+        self._at_end = read.at_end
         if not read.transactions and not read.changed:
             batch.abandon()
             return False
@@ -613,13 +619,14 @@ class MySqlCapture:
                     read.captured += 1
                     read.last_commit_ms = item.ts_ms
                 if batch.events >= self.options.max_changes or read.chunk is not None:
-                    break
+                    return
             elif txn is None:
                 continue
             elif isinstance(item, Rows):
                 order = self._rows(item, txn, order, ts_ms, batch, read)
             elif isinstance(item, Statement):
                 order = self._statement(item, txn, order, ts_ms, batch, read)
+        read.at_end = True
 
     @staticmethod
     def _check_order(position: BinlogPosition, txn: Transaction) -> None:
