@@ -290,3 +290,32 @@ def test_options_are_refused_before_anything_connects(tmp_path: Path) -> None:
             MySqlOptions(**options).check()  # type: ignore[arg-type]
         assert "secret" not in str(raised.value)
     assert not Path(url).exists()
+
+
+def test_status_history_and_metrics_show_the_capture_and_its_lag(
+    mysql_db: Db, tmp_path: Path
+) -> None:
+    url = str(tmp_path / "log")
+    _orders(mysql_db)
+    run(mysql_db.dsn, url, tables=("orders",))
+    status = replog("status", url, "--json", "--source-dsn", mysql_db.dsn)
+    assert status.returncode == 0, status.stderr
+    document = json.loads(status.stdout)
+    validate(document, "status")
+    [capture] = document["mysql_captures"]
+    [(file, pos, *_)] = mysql_db.query("SHOW MASTER STATUS")
+    assert (capture["file"], capture["pos"], capture["lag_bytes"]) == (file, pos, 0)
+    assert capture["run"] == "stopped" and capture["error"] is None
+    assert document["transactions"] == {}  # the capture's position is not an app's
+    mysql_db.sql("INSERT INTO orders VALUES (9, 'late', 1)")
+    behind = json.loads(replog("status", url, "--json", "--source-dsn", mysql_db.dsn).stdout)
+    assert behind["mysql_captures"][0]["lag_bytes"] > 0
+    text = replog("status", url, "--source-dsn", mysql_db.dsn).stdout
+    assert "mysql captures (1):" in text and f"at {file}:{pos}" in text and "lag " in text
+    metrics = replog("status", url, "--format", "prometheus", "--source-dsn", mysql_db.dsn).stdout
+    assert 'replog_capture_lag_bytes{log="' in metrics and 'slot="mysql.mysql"' in metrics
+    history = json.loads(replog("history", url, "--json").stdout)
+    validate(history, "history")
+    newest = history["commits"][0]
+    assert newest["kind"] == "capture"
+    assert newest["capture"] == {"source": "mysql", "name": "mysql", "version": capture["version"]}

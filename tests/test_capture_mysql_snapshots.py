@@ -4,6 +4,7 @@ watermark; resumable chunk by chunk; asked for while the capture streams."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
@@ -15,6 +16,7 @@ import pytest
 from support.cli import replog
 from support.mysql import Db, events, log_rows, run, source_rows
 from test_capture_mysql_adversity import following
+from test_cli_output import validate
 
 from replog.capture.mysql.chunks import MySqlChunks
 from replog.capture.mysql.server import MySqlServer
@@ -171,6 +173,7 @@ def test_a_snapshot_asked_for_while_the_capture_streams(mysql_db: Db, tmp_path: 
         asked = replog("snapshot", "mysql", mysql_db.dsn, "--name", "mysql", "--tables", "t",
                        "--json")  # fmt: skip
         assert asked.returncode == 0, asked.stderr
+        validate(json.loads(asked.stdout), "snapshot-mysql")
         while sum(1 for e in events(url) if e["source"]["snapshot"] == "incremental") < 20:
             assert time.monotonic() < deadline, "the requested snapshot did not end"
             time.sleep(0.1)

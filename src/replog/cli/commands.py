@@ -560,7 +560,10 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
     report = status.log_status(open_log(args))
-    if args.source_dsn:
+    if args.source_dsn and args.source_dsn.startswith(("mysql://", "mariadb://")):
+        binlog = mysql_commands.server_binlog(args.source_dsn)
+        report = status.with_mysql_server(report, *binlog)
+    elif args.source_dsn:
         postgres = _postgres()
         report = status.with_server(report, *postgres.server_positions(args.source_dsn))
     shown = results.Status.of(report)

@@ -234,11 +234,18 @@ class _StatusCollector(Collector):
         )
         lag = gauge(
             "capture_lag_bytes",
-            "WAL the source server wrote past the log's capture position (with --source-dsn).",
+            "WAL (MySQL: binlog) the source server wrote past the log's capture position "
+            "(with --source-dsn; MySQL captures are labelled slot=mysql.<name>).",
             labels,
         )
         for capture in d["captures"]:
             key = [d["url"], capture["slot"]]
+            if capture["committed_ms"] is not None:
+                committed.add_metric(key, capture["committed_ms"] / 1000)
+            if capture["lag_bytes"] is not None:
+                lag.add_metric(key, capture["lag_bytes"])
+        for capture in d.get("mysql_captures", []):
+            key = [d["url"], f"mysql.{capture['name']}"]
             if capture["committed_ms"] is not None:
                 committed.add_metric(key, capture["committed_ms"] / 1000)
             if capture["lag_bytes"] is not None:

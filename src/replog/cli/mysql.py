@@ -279,3 +279,25 @@ class MySqlSnapshotRequested(results.Result):
             f"asked {whose} to snapshot {', '.join(d['tables'])} (signal {d['signal_id']} in "
             f"replog.signals)"
         )
+
+
+def server_binlog(dsn: str) -> tuple[str, int, dict[str, int]]:
+    """A MySQL server's binlog position now and its files' sizes (``replog status
+    --source-dsn mysql://...``)."""
+    from replog.capture.mysql.options import Dsn  # noqa: PLC0415 - with the extra only
+
+    _mysql()
+    from replog.capture.mysql.server import connect  # noqa: PLC0415 - needs PyMySQL
+
+    connection = connect(Dsn.parse(dsn))
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SHOW MASTER STATUS")
+            row = cursor.fetchone()
+            cursor.execute("SHOW BINARY LOGS")
+            files = {str(name): int(size) for name, size, *_ in cursor.fetchall()}
+    finally:
+        connection.close()
+    if row is None:
+        raise InvalidOptionError(f"--source-dsn: {Dsn.parse(dsn).redacted()} writes no binlog")
+    return str(row[0]), int(row[1]), files

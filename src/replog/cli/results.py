@@ -306,7 +306,10 @@ class Verified(Result):
 
 def _writer(commit: dict[str, Any]) -> str:
     if commit["capture"] is not None:
-        return f"slot {commit['capture']['slot']} at LSN {commit['capture']['lsn']}"
+        capture = commit["capture"]
+        if capture.get("source") == "mysql":
+            return f"mysql capture {capture['name']} at position {capture['version']}"
+        return f"slot {capture['slot']} at LSN {capture['lsn']}"
     if commit["transaction"] is not None:
         return f"app {commit['transaction']['app_id']} version {commit['transaction']['version']}"
     if commit["sink"] is not None:
@@ -532,6 +535,27 @@ class ConsumerDeleted(Result):
 # -- status -------------------------------------------------------------------------------
 
 
+def _mysql_capture_line(capture: dict[str, Any]) -> str:
+    where = (
+        f"{capture['file']}:{capture['pos']}"
+        + (f" (GTID {capture['gtids']})" if capture["gtids"] else "")
+        if capture["file"] is not None
+        else f"version {capture['version']} (no position record)"
+    )
+    line = (
+        f"at {where} (log version {capture['log_version']}, {age(capture['committed_ms'])}); "
+        f"run {capture['run'] or 'unknown'}" + (f": {capture['error']}" if capture["error"] else "")
+    )
+    if capture["server_file"] is None:
+        return line
+    lag = (
+        "unknown (its binlog file is gone)"
+        if capture["lag_bytes"] is None
+        else (f"{capture['lag_bytes']:,} bytes")
+    )
+    return f"{line}; server at {capture['server_file']}:{capture['server_pos']}, lag {lag}"
+
+
 def _capture_line(capture: dict[str, Any]) -> str:
     line = (
         f"at LSN {capture['lsn']} (log version {capture['log_version']}, "
@@ -583,6 +607,10 @@ class Status(Result):
             yield f"captures ({len(d['captures'])}):"
             for capture in d["captures"]:
                 yield f"  {capture['slot']:<24} {_capture_line(capture)}"
+        if d.get("mysql_captures"):
+            yield f"mysql captures ({len(d['mysql_captures'])}):"
+            for capture in d["mysql_captures"]:
+                yield f"  {capture['name']:<24} {_mysql_capture_line(capture)}"
 
 
 # -- truncate / recover / compact ---------------------------------------------------------
