@@ -109,6 +109,7 @@ bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/
 	$(SPARK_PY) benchmarks/chaos_pipeline.py
 	$(SPARK_PY) benchmarks/snapshot_soak.py
 	$(SPARK_PY) benchmarks/pgbench_follow.py
+	$(PY) benchmarks/idle_slot_wal.py
 
 clean: ## remove build outputs and demo data
 	rm -rf dist build demo-data bench-data .pytest_cache .mypy_cache .ruff_cache jvm/*/target

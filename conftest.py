@@ -181,6 +181,17 @@ def kafka_broker():
         yield broker
 
 
+@pytest.fixture(scope="session")
+def peer_run(postgres_server, tmp_path_factory):
+    """The session's one Debezium run (tests/support/debezium_workload.py): Debezium's
+    PostgreSQL connector and ``replog capture`` over one workload on one database, for the
+    Kafka tests and the differential test alike."""
+    from support.debezium_workload import peer_run as run
+
+    with run(postgres_server, tmp_path_factory.mktemp("peers")) as found:
+        yield found
+
+
 _REMOTE_SESSIONS: list[Any] = []
 """The Connect sessions tests made: stopped before their server is."""
 

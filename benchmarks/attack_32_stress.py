@@ -1,8 +1,8 @@
 """Stress for issue 32's fixes: retention racing stalled writers on skewed clocks, with
 operators' compactions and collections running, and group commit alongside.
 
-One log with a retention of ``--retention-ms`` (the API allows a second; every commit's
-writer then checks its base, and expiry deletes commits all the time). For ``--seconds``:
+One log with a retention of ``--retention-ms`` (as replog 0.5 allowed: a second; every
+commit's writer then checks its base, and expiry deletes commits all the time). For ``--seconds``:
 
 * ``--writers`` threads, each with its own log object on a clock skewed by up to
   ``--skew-s``, append 5-event batches; their storage stalls a commit's put now and
@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import logging
 import random
+import sys
 import tempfile
 import threading
 import time
@@ -42,6 +43,9 @@ from replog.ops.recovery import recover
 from replog.ops.verify import verify
 from replog.storage import Storage
 from replog.timeutil import use_clock
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from support.logs import short_retention_log  # the tests' helper
 
 
 class Stalling(Storage):
@@ -142,8 +146,8 @@ def main() -> None:
     options: dict[str, Any] | None = None
     if args.s3:
         url, options = s3_log()
-    ReplicationLog.create(
-        url, 4, snapshot_interval=10, retention_ms=args.retention_ms, storage_options=options
+    short_retention_log(  # below the 10 minutes a log is created with since replog 0.6
+        url, 4, args.retention_ms, snapshot_interval=10, storage_options=options
     )
 
     def open_log(**kwargs: Any) -> ReplicationLog:

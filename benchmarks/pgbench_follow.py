@@ -141,9 +141,23 @@ def percentile(values: list[float], p: float) -> float:
 
 
 def compare(dsn: str, delta: str, table: str, keys: tuple[str, ...]) -> dict[str, Any]:
-    """The server's rows (``COPY`` as CSV) against the table's (polars), on the key."""
+    """The server's rows (``COPY`` as CSV) against the table's (polars), on the key, as
+    text; timestamps as microseconds since the epoch on both sides (the server's text
+    of a ``timestamp`` and polars' differ in form, not in value)."""
+    with psycopg.connect(dsn) as connection:
+        kinds = dict(
+            connection.execute(
+                "SELECT column_name, data_type FROM information_schema.columns "
+                "WHERE table_schema = 'public' AND table_name = %s",
+                (table,),
+            ).fetchall()
+        )
+    stamps = {c for c, kind in kinds.items() if kind.startswith("timestamp")}
+    chosen = ", ".join(
+        f"(extract(epoch FROM {c}) * 1000000)::bigint AS {c}" if c in stamps else c for c in kinds
+    )
     buffer = io.BytesIO()
-    statement = f"COPY (SELECT * FROM {table}) TO STDOUT WITH (FORMAT csv, HEADER)"
+    statement = f"COPY (SELECT {chosen} FROM {table}) TO STDOUT WITH (FORMAT csv, HEADER)"
     with (
         psycopg.connect(dsn) as connection,
         connection.cursor() as cursor,
@@ -154,11 +168,15 @@ def compare(dsn: str, delta: str, table: str, keys: tuple[str, ...]) -> dict[str
     source = polars.read_csv(buffer.getvalue(), infer_schema=False)
     found = polars.read_delta(delta.format(collection=f"public.{table}"))
     columns = source.columns
-    text = [polars.col(c).cast(polars.String).str.strip_chars_end(" ") for c in columns]
-    source = source.select(text)
-    found = found.select([c for c in columns if c in found.columns]).select(
-        [polars.col(c).cast(polars.String).str.strip_chars_end(" ") for c in columns]
-    )
+
+    def text(column: str) -> polars.Expr:
+        value = polars.col(column)
+        if column in stamps:
+            value = value.dt.epoch("us")
+        return value.cast(polars.String).str.strip_chars_end(" ")
+
+    source = source.select([polars.col(c).str.strip_chars_end(" ") for c in columns])
+    found = found.select([text(c) for c in columns if c in found.columns])
     joined = source.join(found, on=list(keys), how="full", suffix="_delta", coalesce=True)
     values = [c for c in columns if c not in keys]
     unequal = joined.filter(

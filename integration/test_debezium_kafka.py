@@ -1,13 +1,15 @@
 """Issue 44: real Kafka and real Debezium.
 
-One Debezium run per session (Debezium's PostgreSQL connector 3.6.1 in its embedded
-engine, tests/support/debezium_peer.py) captures a workload on the tests' PostgreSQL
-server; its records, as Kafka Connect's JsonConverter serialized them, go to a real Kafka
-broker (tests/support/kafka.py), and:
+The session's one Debezium run (Debezium's PostgreSQL connector 3.6.1 in its embedded
+engine, tests/support/debezium_peer.py, on the workload of tests/support/debezium_workload.py,
+which the differential test shares) gives records of ``customers`` and ``orders``, as Kafka
+Connect's JsonConverter serialized them; they go to a real Kafka broker
+(tests/support/kafka.py), and:
 
 * Spark's Kafka source -> ``from_debezium`` -> ``replog-sink`` holds each change exactly
-  once through driver SIGKILLs at every sink step and Debezium's redeliveries (the same
-  records produced again, as a restarted connector resends them), every event counted;
+  once, field for field, through driver SIGKILLs at every sink step and Debezium's
+  redeliveries (the same records produced again, as a restarted connector resends them),
+  every event counted;
 * ``to_debezium`` -> Spark's Kafka sink -> a plain consumer (librdkafka) reads the keys and
   values Debezium wrote, byte for byte, tombstones in place;
 * a Kafka replay from a time and a replog consumer reset to that time give the same changes.
@@ -19,14 +21,11 @@ import datetime
 import json
 import uuid
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import psycopg
 import pytest
-from support.debezium_peer import DebeziumPeer, change_value
+from support.debezium_workload import PeerRun
 from support.kafka import jars
 from support.logcheck import check_log
 from support.replication import run_app
@@ -37,81 +36,8 @@ from replog.log import ReplicationLog
 
 pytestmark = [pytest.mark.slow, pytest.mark.spark]
 
-TABLES = ("public.customers", "public.orders", "public.sentinel")
-SCHEMA = [
-    """CREATE TABLE customers (id int PRIMARY KEY, name text, balance numeric(12,2), born date,
-       created timestamp, updated timestamptz, note text, tags text[])""",
-    """CREATE TABLE orders (id bigint PRIMARY KEY, customer int, total numeric(12,2),
-       status text)""",
-    "ALTER TABLE orders REPLICA IDENTITY FULL",
-    "CREATE TABLE sentinel (id int PRIMARY KEY)",
-]
-BIG = "repeat(md5(random()::text), 300)"  # ~10 kB of text: stored out of line (TOASTed)
 
-
-def snapshot_rows(connection: psycopg.Connection[Any]) -> None:
-    for n in range(1, 21):
-        connection.execute(
-            f"INSERT INTO customers VALUES (%s, %s, %s, '1980-01-02', '2024-03-01 10:00:00.5',"
-            f" '2024-03-01 10:00:00+02', {BIG if n % 4 == 0 else 'NULL'}, ARRAY['a', 'b'])",
-            (n, f"customer {n}", f"{n}.{n % 100:02d}"),
-        )
-        connection.execute("INSERT INTO orders VALUES (%s, %s, %s, 'new')", (n, n, f"{n * 3}.50"))
-
-
-def changes(connection: psycopg.Connection[Any]) -> None:
-    """Inserts, updates (TOASTed columns unchanged), deletes, a key change, transactions of
-    several tables, one large transaction."""
-    for n in range(21, 41):
-        with connection.transaction():
-            connection.execute(
-                f"INSERT INTO customers VALUES (%s, %s, 9999999.99, '2000-02-29', now(), now(),"
-                f" {BIG}, ARRAY['x'])",
-                (n, f"new {n}"),
-            )
-            connection.execute("INSERT INTO orders VALUES (%s, %s, 1.00, 'new')", (n, n))
-    for n in range(1, 41, 3):
-        connection.execute("UPDATE customers SET balance = balance + 1 WHERE id = %s", (n,))
-        connection.execute("UPDATE orders SET status = 'paid' WHERE id = %s", (n,))
-    connection.execute("UPDATE customers SET id = 1000 WHERE id = 4")  # key change, TOASTed
-    for n in range(2, 41, 5):
-        with connection.transaction():
-            connection.execute("DELETE FROM orders WHERE id = %s", (n,))
-            connection.execute("DELETE FROM customers WHERE id = %s", (n,))
-    with connection.transaction():  # one large transaction
-        connection.execute("UPDATE orders SET total = total * 2 WHERE status = 'new'")
-    connection.execute("INSERT INTO sentinel VALUES (1)")
-
-
-@dataclass
-class Run:
-    """The workload's database and Debezium's records of it."""
-
-    dsn: str
-    records: list[dict[str, Any]]
-
-
-@pytest.fixture(scope="module")
-def debezium_run(postgres_server, tmp_path_factory) -> Iterator[Run]:
-    directory = tmp_path_factory.mktemp("debezium")
-    with postgres_server.database() as dsn:
-        with psycopg.connect(dsn, autocommit=True) as connection:
-            for statement in SCHEMA:
-                connection.execute(statement)
-            snapshot_rows(connection)
-        with DebeziumPeer(dsn, directory, tables=TABLES) as peer:
-            peer.wait_for(
-                lambda r: (change_value(r) or {}).get("source", {}).get("snapshot") == "last"
-            )
-            with psycopg.connect(dsn, autocommit=True) as connection:
-                changes(connection)
-            peer.wait_for(
-                lambda r: r["topic"].endswith(".sentinel") and change_value(r) is not None
-            )
-        yield Run(dsn, peer.records())
-
-
-def _table_records(run: Run) -> list[dict[str, Any]]:
+def _table_records(run: PeerRun) -> list[dict[str, Any]]:
     """Debezium's records of the keyed-by-id tables (changes and tombstones)."""
     return [
         r
@@ -166,8 +92,9 @@ def _consume(bootstrap: str, topic: str, expected: int) -> list[Any]:
     return found
 
 
-def _expected_events(records: list[dict[str, Any]], flat_topics: bool = False) -> dict[str, str]:
-    """event_id -> operation of each change the records hold, as replog maps it."""
+def _expected_events(records: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """event_id -> the event each change of the records is, as replog maps it (the core's
+    mapping: what ``from_debezium`` must give through Spark and Kafka, field for field)."""
     expected = {}
     for record in records:
         if record["value"] is None:
@@ -175,14 +102,40 @@ def _expected_events(records: list[dict[str, Any]], flat_topics: bool = False) -
         line = '{"key":' + record["key"] + ',"value":' + record["value"] + "}"
         change = debezium.debezium_record(jsontext.parse_object(line), ("id",))
         if isinstance(change, dict):
-            expected[change["event_id"]] = change["operation"]
+            expected[change["event_id"]] = {
+                name: None if change[name] is None else str(change[name]) for name in FIELDS
+            }
     return expected
 
 
+FIELDS = ("operation", "collection", "key", "data", "before", "metadata")
+
+
+def _held(row: dict[str, Any]) -> dict[str, Any]:
+    """A log row's event fields as :func:`_expected_events` gives them (payloads as text)."""
+    text = {name: row[name] for name in FIELDS}
+    for name in ("data", "before"):
+        text[name] = None if row[name] is None else row[name].decode()
+    return text
+
+
+KILLS = [("staged", 0), ("after_pending", 0), ("after_log_commit", 0), ("after_committed", 1)]
+"""Where each driver run dies: every step of the sink's commit protocol, each on the batch a
+restart replays (its staged files left, Pending without and with the log's commit), the
+last on the next batch (a replayed batch whose commit the sink already holds never reaches
+``after_committed``): each of the four recoveries runs, with one batch or two per run."""
+
+
 def test_debezium_topics_into_replog_exactly_once_through_kills_and_redeliveries(
-    debezium_run: Run, kafka_broker, tmp_path: Path
+    peer_run: PeerRun, kafka_broker, spark, tmp_path: Path
 ) -> None:
-    run = debezium_run
+    """Four driver processes SIGKILLed (driver, JVM and Python workers at once), one at each
+    sink step; the records after the first half arrive after the second kill, a connector's
+    resend of 60 of them after the third; the killed pipeline is then finished in this
+    test's own session (a fifth JVM start would add nothing to the proof)."""
+    from apps.kafka_to_replog import start_query
+
+    run = peer_run
     prefix = f"crash{uuid.uuid4().hex[:6]}"
     rename = {t: f"{prefix}.{t}" for t in ("dbserver1.public.customers", "dbserver1.public.orders")}
     _create_topics(kafka_broker.bootstrap, list(rename.values()))
@@ -192,30 +145,35 @@ def test_debezium_topics_into_replog_exactly_once_through_kills_and_redeliveries
     half = len(as_sent) // 2
     _produce(kafka_broker.bootstrap, as_sent[:half])
     target, checkpoint = str(tmp_path / "log"), str(tmp_path / "chk")
+    topics = ",".join(rename.values())
     connector = ",".join(str(j) for j in jars("spark-kafka"))
-    args = [kafka_broker.bootstrap, ",".join(rename.values()), target, checkpoint,
-            "--max-offsets", "40", "--jars", connector]  # fmt: skip
-    steps = ["staged", "after_pending", "after_log_commit", "after_committed"]
-    for number, step in enumerate(steps):
-        crashed = run_app("kafka_to_replog.py", *args, fault=f"{step}@{number + 1}")
-        assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL, not a clean exit
+    args = [kafka_broker.bootstrap, topics, target, checkpoint, "--max-offsets", "40",
+            "--jars", connector]  # fmt: skip
+    for number, (step, epoch) in enumerate(KILLS):
+        crashed = run_app("kafka_to_replog.py", *args, fault=f"{step}@{epoch}")
+        # SIGKILL: only the fault hook sends it, and only at this step of this batch
+        assert crashed.returncode == -9, crashed.stderr[-3000:]
         if number == 1:  # the rest of the changes, then a connector restart's resend
             _produce(kafka_broker.bootstrap, as_sent[half:])
         if number == 2:
             _produce(kafka_broker.bootstrap, as_sent[half - 30 : half + 30])
-    finished = run_app("kafka_to_replog.py", *args)
-    assert finished.returncode == 0, finished.stderr[-3000:]
+    finished = start_query(
+        spark, kafka_broker.bootstrap, topics, target, checkpoint, max_offsets="100000"
+    )
+    finished.awaitTermination()
+    assert finished.exception() is None
 
     expected = _expected_events(records)
     held = check_log(ReplicationLog.open(target))  # gapless, no event id twice
     assert Counter(row["event_id"] for row in held) == Counter(dict.fromkeys(expected, 1))
-    assert {row["event_id"]: row["operation"] for row in held} == expected
-    operations = Counter(expected.values())
+    differing = [e for e in held if _held(e) != expected[e["event_id"]]]
+    assert not differing, (differing[0], expected[differing[0]["event_id"]])
+    operations = Counter(event["operation"] for event in expected.values())
     assert operations["delete"] >= 8 and operations["update"] >= 20 and operations["insert"] >= 80
 
 
 def test_to_debezium_through_kafka_gives_debeziums_records_byte_for_byte(
-    debezium_run: Run, kafka_broker, spark, tmp_path: Path
+    peer_run: PeerRun, kafka_broker, spark, tmp_path: Path
 ) -> None:
     """Debezium's schemaless records appended to a log, then out through ``to_debezium``
     and Spark's Kafka sink: a plain consumer reads Debezium's keys and values, byte for
@@ -223,7 +181,7 @@ def test_to_debezium_through_kafka_gives_debeziums_records_byte_for_byte(
     from replog.ingest import read_lines
     from replog.spark.functions import to_debezium
 
-    records = _table_records(debezium_run)
+    records = _table_records(peer_run)
     url = str(tmp_path / "log")
     log = ReplicationLog.create(url, 4)
     lines = ['{"key":' + r["key_plain"] + ',"value":' + (r["value_plain"] or "null") + "}\n"
@@ -267,7 +225,7 @@ def test_to_debezium_through_kafka_gives_debeziums_records_byte_for_byte(
 
 
 def test_a_kafka_replay_from_a_time_and_a_consumer_reset_to_it_agree(
-    debezium_run: Run, kafka_broker, spark, tmp_path: Path
+    peer_run: PeerRun, kafka_broker, spark, tmp_path: Path
 ) -> None:
     """CDC.md "Start from a time": Kafka's ``startingTimestamp`` on the topic (records
     stamped with the change's source time, as Connect stamps them) and ``replog consumer set
@@ -276,7 +234,7 @@ def test_a_kafka_replay_from_a_time_and_a_consumer_reset_to_it_agree(
 
     from replog.spark.functions import from_debezium
 
-    records = [r for r in _table_records(debezium_run) if r["value"] is not None]
+    records = [r for r in _table_records(peer_run) if r["value"] is not None]
     topic = f"replay-{uuid.uuid4().hex[:8]}"
     _create_topics(kafka_broker.bootstrap, [topic], partitions=1)
     from confluent_kafka import Producer

@@ -902,6 +902,48 @@ def test_a_changed_key_takes_the_old_keys_unsent_value(tmp_path: Path, mode: str
     assert rows.OLD_KEY not in table.schema().to_arrow().names  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("listed", [False, True])
+@pytest.mark.parametrize("mode", ["scd1", "scd2"])
+def test_a_key_changed_again_in_the_batch_keeps_the_unsent_value(
+    tmp_path: Path, mode: str, listed: bool
+) -> None:
+    """A key changed three times in one micro-batch (1 -> 2 -> 3 -> 4) with its TOASTed
+    column unchanged: each create takes the value of the key before it, the first from
+    the table's row, the others from the creates earlier in the batch (issue 39, item
+    10: the second create kept the placeholder). ``listed``: capture's form, the column
+    named in ``__unavailable`` (a delete's every column), not the placeholder text."""
+    target = str(tmp_path / "t")
+    first = with_body(change_table([(1, "a", 1, "insert")]), ["long"])
+    apply_batch(target, moved(first, [None]), ["id"], app_id="q", batch_id=0, mode=mode)
+    body = None if listed else TOASTED
+    chain = with_body(
+        change_table(
+            [
+                (1, "a", 2, "delete"),
+                (2, "a", 3, "insert"),
+                (2, "a", 4, "delete"),
+                (3, "a", 5, "insert"),
+                (3, "a", 6, "delete"),
+                (4, "z", 7, "insert"),
+            ]
+        ),
+        [None, body, None, body, None, body],
+    )
+    chain = moved(chain, [None, '{"id":1}', None, '{"id":2}', None, '{"id":3}'])
+    if listed:
+        every, toasted = ["name", "body"], ["body"]
+        unsent = [every, toasted, every, toasted, every, toasted]
+        chain = chain.append_column(rows.UNSENT, pa.array(unsent, pa.list_(pa.string())))
+    apply_batch(target, chain, ["id"], app_id="q", batch_id=1, mode=mode)
+    table = open_table(target, None)
+    assert table is not None
+    found = read_table(table).to_pylist()
+    current = {r["id"]: (r["name"], r["body"]) for r in found if r.get(rows.CURRENT, True)}
+    assert current == {4: ("z", "long")}
+    if mode == "scd2":  # every version of the chain holds the value
+        assert {r["id"]: r["body"] for r in found} == {1: "long", 2: "long", 3: "long", 4: "long"}
+
+
 # -- deleted keys keep their position (tombstones) ------------------------------------------
 
 

@@ -9,14 +9,17 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
-from support.cli import replog
+from support.cli import replog, replog_process
 
+import replog as replog_api
 from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format.commits import Transaction
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 from replog.schemas import registry
+from replog.spark.options import SinkOptions
 from replog.storage import backends
 
 
@@ -68,23 +71,26 @@ def test_shards_that_differ_from_an_existing_log_are_refused(tmp_path: Path) -> 
 # -- events -------------------------------------------------------------------------------
 
 
-def test_an_event_without_a_key_is_refused_by_replog_append(tmp_path: Path) -> None:
-    """The README says ``key`` is required; it was replaced by a random UUID silently."""
+def test_an_event_without_a_key_is_keyed_by_its_event_id_on_every_way_in(tmp_path: Path) -> None:
+    """One rule for ``replog append``, ``log.append`` (dicts or a table) and
+    ``replog.append`` (issue 40: the CLI refused what the API took): an event without a
+    key is keyed by its event id, and ``replog append`` says how many it took so."""
     url = str(tmp_path / "log")
-    ReplicationLog.create(url, 2)
-    lines = '{"key": "a", "data": {}}\n{"data": {"n": 1}}\n'
-    failed = replog("append", url, "-", stdin=lines)
-    assert failed.returncode == 2
-    assert "line 2: 'key' is required" in failed.stderr
-    assert ReplicationLog.open(url).refresh().version == 0
-
-
-def test_the_python_api_keys_an_event_without_a_key_by_its_event_id() -> None:
-    """The documented choice of the API (and of the Spark sink): no order with others."""
-    rows = events_from_records([{"event_id": "e1", "data": {}}]).to_pylist()
-    assert rows[0]["key"] == "e1"
-    with pytest.raises(InvalidEventError, match="event 0: 'key' is required"):
-        events_from_records([{"data": {}}], require_key=True)
+    log = ReplicationLog.create(url, 2)
+    lines = '{"key": "a", "data": {}}\n{"event_id": "cli", "data": {"n": 1}}\n'
+    appended = replog("append", url, "-", stdin=lines)
+    assert appended.returncode == 0, appended.stderr
+    assert "1 events had no key: each is keyed by its event_id" in appended.stdout
+    keyless = '{"event_id": "json", "data": 2}\n'
+    as_json = json.loads(replog("append", url, "-", "--json", stdin=keyless).stdout)
+    assert as_json["unkeyed"] == 1 and as_json["without_source_position"] == 0
+    log.append([{"event_id": "api", "data": {}}])
+    log.append(pa.table({"event_id": ["table"], "data": ["x"]}))
+    replog_api.append(url, [{"event_id": "face", "data": {}}])
+    keys = {row["event_id"]: row["key"] for row in ReplicationLog.open(url).read_all().to_pylist()}
+    assert [keys[e] for e in ("cli", "json", "api", "table", "face")] == [
+        "cli", "json", "api", "table", "face"
+    ]  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -217,11 +223,100 @@ def test_create_refuses_a_retention_below_the_clock_skew_and_warns_below_the_gra
     failed = replog("create", str(tmp_path / "a"), "--retention", "1s")
     assert failed.returncode == 2 and "--retention 1s: at least 10m" in failed.stderr
     assert not (tmp_path / "a").exists()
-    warned = replog("create", str(tmp_path / "b"), "--retention", "30m")
+    warned = replog_process("create", str(tmp_path / "b"), "--retention", "30m")  # its stderr
     assert warned.returncode == 0
-    assert "warning: --retention 30m" in warned.stderr and "--grace 20m" in warned.stderr
+    assert "a retention of 30m is below recover's default grace" in warned.stderr
+    assert "--grace 20m" in warned.stderr
     quiet = replog("create", str(tmp_path / "c"), "--retention", "2h")
     assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+# -- one contract for every way in (issue 40) ----------------------------------------------
+
+
+def test_create_log_takes_the_options_of_replication_log_create(tmp_path: Path) -> None:
+    """``retention_ms`` went to fsspec as a storage option, and the log got 2 h."""
+    url = str(tmp_path / "log")
+    replog_api.create_log(url, 3, retention_ms=4 * 3_600_000, auto_compact=False,
+                          snapshot_interval=20)  # fmt: skip
+    descriptor = ReplicationLog.open(url).descriptor
+    assert (descriptor.shards, descriptor.retention_ms) == (3, 4 * 3_600_000)
+    assert (descriptor.auto_compact, descriptor.snapshot_interval) == (False, 20)
+
+
+@pytest.mark.parametrize(
+    ("call", "accepted"),
+    [
+        (lambda url: replog_api.create_log(url, 2, retention=600_000),
+         "retention_ms, auto_compact, snapshot_interval, storage_options"),
+        (lambda url: replog_api.create_log(url, 2, endpoint_url="http://s3"),
+         "retention_ms, auto_compact, snapshot_interval, storage_options"),
+        (lambda url: replog_api.open_log(url, autocompact=False), "auto_compact, storage_options"),
+        (lambda url: replog_api.append(url, [], txn=1), "transaction, storage_options"),
+        (lambda url: replog_api.read(url, 0, limit=1), "storage_options"),
+    ],
+)  # fmt: skip
+def test_an_unknown_keyword_is_refused_naming_the_accepted_ones(
+    tmp_path: Path, call: Any, accepted: str
+) -> None:
+    url = str(tmp_path / "log")
+    with pytest.raises(InvalidOptionError, match=f"it takes {accepted} by name") as info:
+        call(url)
+    assert "storage_options={...}" in str(info.value)
+    assert not (tmp_path / "log").exists()
+
+
+def _python(url: str, option: str, value: Any) -> None:
+    ReplicationLog.create(url, **{"shards": 2, option: value})
+
+
+def _create_log(url: str, option: str, value: Any) -> None:
+    replog_api.create_log(url, **{"shards": 2, option: value})
+
+
+def _cli(url: str, option: str, value: Any) -> None:
+    flag = {"retention_ms": "--retention", "snapshot_interval": "--snapshot-interval"}
+    shown = f"{value // 1000}s" if option == "retention_ms" else str(value)
+    failed = replog("create", url, flag.get(option, f"--{option}"), shown)
+    assert failed.returncode == 2
+    raise InvalidOptionError(failed.stderr)
+
+
+def _sink(url: str, option: str, value: Any) -> None:
+    SinkOptions.parse({"path": url, "sinkId": "s", option: str(value)}, streaming=True)
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "names", "limit"),
+    [
+        ("shards", 0, ("shards", "--shards", "option 'shards'"), "from 1 to 4096"),
+        ("shards", 4097, ("shards", "--shards", "option 'shards'"), "from 1 to 4096"),
+        ("retention_ms", 60_000, ("retention_ms", "--retention", None), "at least 10m"),
+        ("snapshot_interval", 0, ("snapshot_interval", "--snapshot-interval", None), ">= 1"),
+    ],
+)
+def test_each_limit_is_the_same_on_every_way_in(
+    tmp_path: Path, option: str, value: int, names: tuple[str | None, ...], limit: str
+) -> None:
+    """The CLI refused a retention under 10 minutes while the API took 1 s: each limit is
+    stated once (replog.format.limits) and named in each way's own spelling. (The sink
+    takes ``shards`` only: the other settings are the log's, set when it is created.)"""
+    ways = [_python, _create_log, _cli, _sink]
+    for way, name in zip(ways, (names[0], names[0], names[1], names[2]), strict=True):
+        if name is None:
+            continue
+        url = str(tmp_path / f"{way.__name__}-{option}")
+        with pytest.raises(InvalidOptionError) as info:
+            way(url, option, value)
+        assert name in str(info.value) and limit in str(info.value), (way, str(info.value))
+        assert not Path(url).exists()
+
+
+def test_a_retention_below_the_advised_one_is_warned_about_from_python_too(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    replog_api.create_log(str(tmp_path / "log"), 2, retention_ms=30 * 60_000)
+    assert "a retention of 30m is below recover's default grace" in caplog.text
 
 
 # -- schemas ------------------------------------------------------------------------------

@@ -23,3 +23,25 @@ def test_event_ids_are_the_uuid5_of_their_identity(identity: str) -> None:
 )
 def test_numbers_in_keys_are_written_in_their_shortest_exact_form(text: str, key: str) -> None:
     assert key_value(RawJSON(text)) == key
+
+
+def test_column_wise_json_and_ids_are_the_per_value_ones() -> None:
+    """A snapshot chunk's JSON and event ids are made column-wise: each must be the text
+    the per-value path (the stream's) writes, for every awkward character."""
+    import json
+
+    import pyarrow as pa
+
+    from replog.capture.jsoncolumns import event_ids, json_strings
+
+    texts = ['a"b', "back\\slash", "new\nline\r\t", "\b\f", "\x01\x1f\x7f", "é 🎉 \u2028", "", None]
+    expected = [None if t is None else json.encoder.encode_basestring(t) for t in texts]
+    assert json_strings(pa.array(texts, pa.string())).to_pylist() == expected
+    plain = ["é 🎉 \u2028", "", None, "a b"]  # nothing to escape: the column-wise fast path
+    assert json_strings(pa.array(plain, pa.string())).to_pylist() == [
+        None if t is None else json.encoder.encode_basestring(t) for t in plain
+    ]
+    keys = ['{"id":1}', '{"id":"x"}', '{"a":1,"b":null}']
+    assert event_ids(
+        EVENT_ID_NAMESPACE.bytes, "s:snapshot:9:public.t:", pa.array(keys)
+    ).to_pylist() == [event_id("s:snapshot:9:public.t:" + key) for key in keys]

@@ -265,7 +265,14 @@ def test_the_cli_captures_and_prints_its_position(mysql_db: Db, tmp_path: Path) 
     [(file, pos, *_)] = mysql_db.query("SHOW MASTER STATUS")
     assert document["position"]["mode"] == "gtid"
     assert (document["position"]["file"], document["position"]["pos"]) == (file, pos)
+    assert document["tables"] == {f"{mysql_db.name}.orders": {"read": 2}}
     mysql_db.sql("INSERT INTO orders VALUES (3, 'cy', 1)")
+    mysql_db.sql("UPDATE orders SET total = 2 WHERE id = 3")
+    counted = replog("capture", "mysql", mysql_db.dsn, url, "--json")
+    assert json.loads(counted.stdout)["tables"] == {
+        f"{mysql_db.name}.orders": {"insert": 1, "update": 1}
+    }
+    mysql_db.sql("INSERT INTO orders VALUES (4, 'dy', 1)")
     text = replog("capture", "mysql", mysql_db.dsn, url)  # resumes the log's tables
     assert text.returncode == 0, text.stderr
     [(file, pos, *_)] = mysql_db.query("SHOW MASTER STATUS")

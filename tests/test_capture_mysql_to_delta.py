@@ -72,7 +72,7 @@ def _comparable(column: str, value: Any) -> Any:  # noqa: PLR0911 - one return p
         return value == b"\x01"
     if column == "doc":
         return value
-    if column == "amount" or column == "big":
+    if column in {"amount", "big"}:
         return Decimal(value)
     return value
 

@@ -394,8 +394,10 @@ def test_status_shows_the_capture_and_its_lag_behind_the_server(
 
     run(pg_dsn, url, tables=("t",), slot="shop")
     text = replog("status", url, "--source-dsn", pg_dsn).stdout
-    [line] = [line for line in text.splitlines() if line.startswith("  shop ")]
-    assert "at LSN " in line and "lag " in line and "slot confirmed " in line
+    lines = text.splitlines()
+    [at] = [n for n, line in enumerate(lines) if line.startswith("  shop ")]
+    assert "stopped " in lines[at] and "at LSN " in lines[at]
+    assert "slot confirmed " in lines[at + 1] and "lag " in lines[at + 1]
     [capture] = json.loads(replog("status", url, "--source-dsn", pg_dsn, "--json").stdout)[
         "captures"
     ]

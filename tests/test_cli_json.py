@@ -128,14 +128,26 @@ def test_errors_are_json_documents_with_their_exit_code(tmp_path: Path) -> None:
     assert missing["type"] == "LogNotFoundError"
     usage = run_json("consumer", "list", schema="error", code=2)  # no URL
     assert usage["type"] == "UsageError" and "required: url" in usage["error"]
-    port = run_json("capture", "postgres", "dsn", "u", "--slot", "s", "--metrics-port", "0",
+    port = run_json("capture", "postgres", "dsn", "u", "--slot", "s", "--metrics-port", "70000",
                     schema="error", code=2)  # fmt: skip
-    assert "--metrics-port: '0' is not a TCP port" in port["error"]
+    assert (
+        "--metrics-port: '70000' is not a TCP port (0..65535; 0: any free port)" in (port["error"])
+    )
+    slots = run_json("slots", "drop", "dsn", schema="error", code=2)
+    assert "slots drop: give the DSN and the slot's name" in slots["error"]
     plain = replog("info", str(tmp_path / "nothing"))
     assert plain.stdout == "" and plain.stderr.startswith("replog: error: ")
 
 
 def test_snapshot_request(pg_dsn: str) -> None:
+    from support.capture import sql
+
+    sql(  # what the capture of slot s made: its publication, named after the slot
+        pg_dsn,
+        "CREATE TABLE t (id int PRIMARY KEY)",
+        "CREATE TABLE u (id int PRIMARY KEY)",
+        "CREATE PUBLICATION s FOR TABLE t, u",
+    )
     document = run_json(
         "snapshot",
         "postgres",
@@ -147,6 +159,18 @@ def test_snapshot_request(pg_dsn: str) -> None:
         schema=covered("snapshot"),
     )
     assert document["tables"] == ["t", "public.u"] and document["slot"] == "s"
+    assert document["signal_id"]
+
+
+def test_slots_list_and_drop(pg_dsn: str) -> None:
+    import psycopg
+
+    with psycopg.connect(pg_dsn, autocommit=True) as connection:
+        connection.execute("SELECT pg_create_logical_replication_slot('s', 'pgoutput')")
+    listed = run_json("slots", pg_dsn, schema=covered("slots"))
+    assert [slot["name"] for slot in listed["slots"]] == ["s"]
+    dropped = run_json("slots", "drop", pg_dsn, "s", "--force", schema=covered("slots drop"))
+    assert dropped["dropped"] is True
 
 
 def test_every_command_with_a_schema_was_run() -> None:

@@ -17,11 +17,15 @@ import pytest
 from support.logs import commit_offsets, filled_log, log_rows
 
 from replog import ingest
+from replog.capture.mysql.positions import BinlogPosition
 from replog.capture.options import capture_app_id as app_id
 from replog.capture.progress import CaptureProgress
+from replog.capture.running import RunRecord
+from replog.capture.slots import Holder, ServerSlots, SlotState
 from replog.checkpoints.consumers import committed_position
 from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
 from replog.cli import results
+from replog.cli.mysql import MySqlCaptured, MySqlSnapshotRequested
 from replog.cli.output import (
     COMMAND_SCHEMAS,
     SCHEMAS_DIR,
@@ -84,8 +88,19 @@ def _cases(tmp_path: Path) -> list[Case]:
     consumer = status.consumer_position(log, "etl")
     position = committed_position(log, "etl")
     assert position is not None
-    log_status = status.with_server(
-        status.log_status(log), 0x16B4000, {"orders": 0x16B3748, "other": None}
+    RunRecord(log.storage, "orders", log.log_id).claim()  # a capture of "orders" running
+    orders = _slot("orders", owner={"log_id": log.log_id, "log": url})
+    log_status = status.with_server(status.log_status(log), 0x16B4000, {"orders": orders})
+    server = ServerSlots(
+        "shop",
+        0x16B4000,
+        orders.server_ms,
+        "10GB",
+        (
+            orders,
+            _slot("taken", holder=Holder(4711, "replog capture taken pid 9 on h", "h", 1)),
+            _slot("debezium", plugin="decoderbufs", lag_note="measured for pgoutput only"),
+        ),
     )
     plan = retention.plan_truncation(log, {0: 2, 1: 2})
     captured = CaptureProgress(
@@ -96,7 +111,15 @@ def _cases(tmp_path: Path) -> list[Case]:
         position=0x16B3748,
         slot_dropped=True,
         publication_dropped="orders",
+        table_events={"public.orders": {"read": 5, "insert": 10, "update": 2}},
     )
+    kept = CaptureProgress(position=0x16B3748, retained_wal_bytes=81_920,
+                           slot_wal_status="reserved", heartbeats=3, truncations=1)  # fmt: skip
+    mysql_captured = CaptureProgress(
+        rows=3, snapshot_rows=2, transactions=1, commits=2,
+        table_events={"shop.orders": {"read": 2, "insert": 1}},
+    )  # fmt: skip
+    mysql_position = BinlogPosition("mariadb", "gtid", "binlog.000002", 4321, "0-1-7", 1)
     recovered = recovery.recover(ReplicationLog.open(url), grace_ms=0, dry_run=True)
     assert recovered.garbage
     merges = compaction.CompactionResult(tuple(plan_full(log.refresh())), None)
@@ -191,9 +214,35 @@ def _cases(tmp_path: Path) -> list[Case]:
                 "  etl ",
                 "  s1 ",
                 "captures (1):",
-                "  orders ",
+                "  orders                   running on ",
                 "at LSN 0/16B3748 (log version ",
-                "server at 0/16B4000, lag 2,232 bytes, slot confirmed 0/16B3748",
+                "server at 0/16B4000, slot confirmed 0/16B3748: lag 2,232 bytes and 1.5s; "
+                "2,272 bytes of WAL kept (reserved, 1,000,000 bytes before it is at risk)",
+            ),
+        ),
+        Case(
+            "slots",
+            r.Slots.of(server),
+            (
+                "server at 0/16B4000, max_slot_wal_keep_size 10GB; 3 logical slot(s)",
+                "orders  database shop, pgoutput: not read, last released ",
+                f"    owner     log {url} (id {log.log_id})",
+                "    confirmed 0/16B3748: 2,232 bytes of WAL behind; 1.5s behind (oldest "
+                "unconfirmed commit)",
+                "    keeps     2,272 bytes of WAL (wal_status reserved, 1,000,000 bytes before",
+                "taken  database shop, pgoutput: captured by replog capture taken pid 9 on h "
+                "(server process 4711, from h)",
+                "debezium  database shop, decoderbufs: ",
+                "seconds behind unknown: measured for pgoutput only",
+            ),
+        ),
+        Case(
+            "slot_dropped",
+            r.SlotDropped.of(orders, dropped=True, publication="orders"),
+            (
+                "dropped slot orders and capture's own publication orders in database shop (it "
+                "kept 2,272 bytes of WAL)",
+                f"the capture of log {url} can no longer resume",
             ),
         ),
         Case(
@@ -213,17 +262,43 @@ def _cases(tmp_path: Path) -> list[Case]:
         ),
         Case(
             "captured",
-            r.Captured.of(url, captured),
+            r.Captured.of(url, captured, "orders", "replog slots drop 'dbname=shop' orders", 9),
             (
                 f"captured 12 rows (5 in the snapshot) of 4 transactions into {url}",
                 "position 0/16B3748",
+                "  public.orders: 5 read, 10 insert, 2 update",
                 "dropped the replication slot and its publication orders",
             ),
         ),
         Case(
+            "captured_kept",
+            r.Captured.of(url, kept, "orders", "replog slots drop 'dbname=shop' orders"),
+            (
+                "1 TRUNCATE(s) captured, 3 heartbeats written",
+                "slot orders keeps 81,920 bytes of WAL on the server (wal_status reserved), "
+                "growing with every write until a capture reads it again; if none will, drop "
+                "it: replog slots drop 'dbname=shop' orders",
+            ),
+        ),
+        Case(
             "snapshot_requested",
-            r.SnapshotRequested.of("shop", ["public.orders"], 0x16B3748),
+            r.SnapshotRequested.of("shop", ["public.orders"], 0x16B3748, "a1b2"),
             ("asked the capture of slot shop to snapshot public.orders", "LSN 0/16B3748"),
+        ),
+        Case(
+            "mysql_captured",
+            MySqlCaptured.of(url, "shop", mysql_captured, mysql_position, {"shop.t.d": 2}),
+            (
+                f"captured 3 rows (2 in the snapshot) of 1 transactions into {url}",
+                "position binlog.000002:4321 (GTID 0-1-7)",
+                "  shop.orders: 2 read, 1 insert",
+                "note: 2 zero dates (0000-00-00) written as null, in shop.t.d",
+            ),
+        ),
+        Case(
+            "mysql_snapshot_requested",
+            MySqlSnapshotRequested({"name": "shop", "tables": ["shop.orders"], "signal_id": "a1"}),
+            ("asked the MySQL capture shop to snapshot shop.orders (signal a1",),
         ),
         Case(
             "compacted",
@@ -243,6 +318,29 @@ def _cases(tmp_path: Path) -> list[Case]:
     ]
 
 
+def _slot(name: str, **given: Any) -> SlotState:
+    """A slot as ``replog slots`` reads it: 2,232 bytes of WAL behind, 1.5 s."""
+    fields: dict[str, Any] = {
+        "name": name,
+        "database": "shop",
+        "plugin": "pgoutput",
+        "temporary": False,
+        "active_pid": None,
+        "restart_lsn": 0x16B3720,
+        "confirmed_lsn": 0x16B3748,
+        "server_lsn": 0x16B4000,
+        "server_ms": 1_800_000_001_500,
+        "wal_status": "reserved",
+        "safe_bytes": 1_000_000,
+        "invalidation": None,
+        "inactive_since_ms": 1_800_000_000_000,
+        "oldest_unconfirmed_ms": 1_800_000_000_000,
+        "lag_note": None,
+        "publication": name,
+    }
+    return SlotState(**{**fields, **given})
+
+
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
     return {case.name: case for case in _cases(tmp_path_factory.mktemp("output"))}
@@ -251,8 +349,9 @@ def cases(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Case]:
 NAMES = [
     "created", "schemas", "appended", "info", "verified", "history", "manifests", "manifest",
     "validated", "consumers", "consumer", "consumer_set", "consumer_deleted", "status",
-    "truncation_plan", "truncated", "recovered", "captured", "snapshot_requested", "compacted",
-    "key_compacted", "failed",
+    "truncation_plan", "truncated", "recovered", "captured", "captured_kept",
+    "snapshot_requested", "compacted", "key_compacted", "failed", "slots", "slot_dropped",
+    "mysql_captured", "mysql_snapshot_requested",
 ]  # fmt: skip
 
 
@@ -426,3 +525,22 @@ def test_status_shows_captures_without_a_server(tmp_path: Path) -> None:
     assert document["captures"][0]["lag_bytes"] is None
     elsewhere = status.with_server(report, 0x16B4000, {})
     assert "the server has no slot 'orders'" in render(TextOutput, results.Status.of(elsewhere))
+
+
+def test_status_says_why_a_capture_cannot_resume(tmp_path: Path) -> None:
+    """An invalidated slot, and one consumed past the log's position: each named, with
+    --reset-slot as the way on (the missing and foreign slots: tests/test_cli_slots.py)."""
+    log = filled_log(str(tmp_path / "log"), commits=1, per_commit=2, shards=1)
+    log.append([{"key": "b", "data": {}}], transaction=Transaction(app_id("orders"), 0x16B3748))
+    report = status.log_status(log)
+    lost = _slot("orders", wal_status="lost", invalidation="wal_removed", lag_note="invalidated")
+    ahead = _slot("orders", confirmed_lsn=0x16B3800)
+    for slot, said in (
+        (lost, "the server invalidated slot 'orders' (wal_removed): the WAL after the log's "
+               "position is gone; 'replog capture ... --reset-slot' starts over"),
+        (ahead, "slot 'orders' was advanced to 0/16B3800, past the log's position 0/16B3748"),
+    ):  # fmt: skip
+        document = results.Status.of(status.with_server(report, 0x16B4000, {"orders": slot}))
+        validate(document.document, "status")
+        assert document.document["captures"][0]["problem"].startswith(said)
+        assert f"CANNOT RESUME: {said}" in render(TextOutput, document)

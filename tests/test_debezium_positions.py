@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import replog
 
 from replog import ingest
 from replog.errors import TransactionOrderError
@@ -317,3 +318,69 @@ def test_two_files_of_other_topics_racing_lose_nothing(log: ReplicationLog) -> N
     again = _append(log, [*order_lines, other[1]])
     assert (again.events, again.behind) == (4, 0)
     assert len(_events(log)) == 11
+
+
+# -- positions that order nothing (issue 40, item 6) ----------------------------------------
+
+
+def sentinel(key: int, lsn: Any, *, tx_id: Any = None, raw_lsn: str | None = None) -> str:
+    """A Debezium 1.6 PostgreSQL snapshot read as a third party recorded it: ``lsn`` is
+    Long.MIN_VALUE written through a double, ``txId`` null (``raw_lsn``: its exact text)."""
+    line = pg("r", key, 1)
+    value = json.loads(line)
+    value["source"].update(version="1.6.0.Final", snapshot="true", lsn=lsn, txId=tx_id)
+    value["source"]["sequence"] = json.dumps([None, "23891136"])
+    text = json.dumps(value, separators=(",", ":"))
+    return text if raw_lsn is None else text.replace(f'"lsn":{json.dumps(lsn)}', f'"lsn":{raw_lsn}')
+
+
+@pytest.mark.parametrize(
+    "lsn",
+    [
+        "-9223372036854776000",  # the issue's file: the sentinel as a double prints it
+        "-9.223372036854776E18",
+        "-1",
+        "18446744073709551616",  # 2**64: past what an LSN can be, would misorder others
+        '"0/abc"',
+        "1.5",
+    ],
+)
+def test_an_event_whose_position_is_unusable_is_appended_with_its_file_and_counted(
+    log: ReplicationLog, lsn: str
+) -> None:
+    """``replog append --format debezium`` refused the whole file ("transaction version
+    must be an integer >= 0"). The event is appended with the rest, without redelivery
+    detection (appended again when the file is), and the summary counts it; the others'
+    position is recorded as before."""
+    lines = [sentinel(1, 0, raw_lsn=lsn), pg("c", 2, 40), pg("u", 2, 41)]
+    report = _append(log, lines)
+    assert report.events == 3 and report.unpositioned == 1
+    assert report.to_json()["without_source_position"] == 1
+    assert report.transaction is not None and report.transaction.app_id == "debezium.pg"
+    again = _append(log, lines)
+    assert (again.events, again.behind, again.unpositioned) == (1, 2, 1)
+    keys = sorted(str(event["key"]) for event in _events(log))
+    assert keys == ['{"id":1}', '{"id":1}', '{"id":2}', '{"id":2}']
+
+
+def test_the_append_summary_says_how_many_events_had_no_usable_position(
+    tmp_path: Path,
+) -> None:
+    url = str(tmp_path / "log")
+    ReplicationLog.create(url, 2)
+    stdin = "\n".join([sentinel(1, -9223372036854775808), pg("c", 2, 40)]) + "\n"
+    result = replog("append", url, "-", "--format", "debezium", "--key-fields", "id", stdin=stdin)
+    assert result.returncode == 0, result.stderr
+    assert "appended 2 events" in result.stdout
+    assert "1 events had no usable source position" in result.stdout
+
+
+def test_a_mysql_file_name_without_a_binlog_number_is_no_reason_to_refuse_the_file(
+    log: ReplicationLog,
+) -> None:
+    """The same rule for MySQL: it refused the input ("does not end in a binlog number")."""
+    value = json.loads(pg("c", 1, 1))
+    value["source"] = {"connector": "mysql", "name": "my", "file": "binlog", "pos": 4,
+                       "row": 0, "db": "shop", "table": "items", "snapshot": "false"}  # fmt: skip
+    report = _append(log, [json.dumps(value)])
+    assert report.events == 1 and report.unpositioned == 1 and report.transaction is None

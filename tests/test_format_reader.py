@@ -18,6 +18,7 @@ import pyarrow as pa
 import pytest
 from independent import format_reader
 from independent.format_reader import LogReader, read_log
+from support.logs import short_retention_log
 
 from replog.core import files, history
 from replog.errors import CorruptionError
@@ -106,7 +107,7 @@ def test_a_big_write_between_small_ones_and_a_full_compaction(tmp_path: Path) ->
 
 
 def test_expired_history_and_a_truncation(tmp_path: Path) -> None:
-    log = ReplicationLog.create(str(tmp_path / "log"), 4, snapshot_interval=20, retention_ms=1000)
+    log = short_retention_log(str(tmp_path / "log"), 4, 1000, snapshot_interval=20)
     for c in range(50):
         log.append(events(c))
     time.sleep(1.1)
@@ -142,7 +143,7 @@ def test_a_log_written_by_replog_0_3_and_then_by_this_replog(tmp_path: Path) -> 
 def test_a_hint_moved_back_past_retention_still_finds_the_log(tmp_path: Path, stale: int) -> None:
     """A slow writer can move the hint back to a header that retention has since deleted
     (or to 0): readers must not see an empty or broken log."""
-    log = ReplicationLog.create(str(tmp_path / "log"), 4, snapshot_interval=20, retention_ms=1000)
+    log = short_retention_log(str(tmp_path / "log"), 4, 1000, snapshot_interval=20)
     for c in range(50):
         log.append(events(c))
     time.sleep(1.1)

@@ -4,8 +4,9 @@ deleted, no process is shown an old view of the log, and retention itself never 
 Each test forces one interleaving found by review (a writer stalled between two steps
 while another writer's expiry runs, an unordered or partial delete, a read outage right
 after a commit landed) through a storage subclass on one process's own storage object.
-Retention is 1 s, so the tests sleep past it instead of replacing clocks: expiry runs in
-writers' background threads, which do not share a test's clock. Appends that must not
+Retention is 1 s (a log as replog 0.5 created them), so the tests sleep past it instead
+of replacing clocks: expiry runs in writers' background threads, which do not share a
+test's clock. Appends that must not
 expire anything before a test is ready are stamped with a stopped clock, and their files
 too (expiry judges ages by file times: :class:`~support.storages.ClockTimes`).
 """
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from support.logcheck import check_log, read_all
+from support.logs import short_retention_log
 from support.storages import ClockTimes, as_class
 
 from replog.appender import GroupAppender
@@ -47,7 +49,7 @@ def tags(url: str) -> list[str]:
 
 
 def create(url: str) -> None:
-    ReplicationLog.create(url, 2, snapshot_interval=10, retention_ms=1000, auto_compact=False)
+    short_retention_log(url, 2, 1000, snapshot_interval=10, auto_compact=False)
 
 
 def writer(url: str) -> ReplicationLog:

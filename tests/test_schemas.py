@@ -11,6 +11,7 @@ ExtractNewRecordState rows).
 
 from __future__ import annotations
 
+import base64
 import json
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
@@ -119,6 +120,29 @@ def test_kafka_connect_types_map_to_exact_arrow_types_and_values() -> None:
     assert table["updated"] == datetime(2024, 3, 1, 10, 0, 0, 123456, tzinfo=timezone.utc)
     assert table["ratio"] == "3.1415"
     assert connect.decode_decimal("AeJA", 2) == Decimal("1234.56")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "123456789012345678901234567890.123",  # 33 digits: Debezium's VariableScaleDecimal
+        "-99999999999999999999999999.999999999999",  # numeric(38, 12)'s largest, negated
+        "0.000000000000000000000000000000000001",
+        "1.50",  # the scale kept, trailing zero and all
+        "12345678901234567890123456789012345678E+5",  # a negative scale (Connect allows it)
+    ],
+)
+def test_connect_decimals_decode_every_digit(text: str) -> None:
+    """Past 28 digits too: Python's default decimal context rounds arithmetic there (a
+    33-digit PostgreSQL numeric from Debezium came back as 123456789012345678901234567900)."""
+    value = Decimal(text)
+    sign, digits, exponent = value.as_tuple()
+    assert isinstance(exponent, int)
+    unscaled = int("".join(map(str, digits))) * (-1 if sign else 1)
+    wire = base64.b64encode(unscaled.to_bytes(20, "big", signed=True)).decode()
+    assert str(connect.decode_decimal(wire, -exponent)) == str(value)
+    decoded = connect.decode_variable_scale({"scale": -exponent, "value": wire})
+    assert str(decoded) == str(value)
 
 
 def test_an_incompatible_change_names_the_column_and_both_versions() -> None:

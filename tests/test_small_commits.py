@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from pyarrow import ipc
 from support.logcheck import check_key_order, check_log
-from support.logs import append_commits, segment_files
+from support.logs import append_commits, segment_files, short_retention_log
 
 from replog.appender import GroupAppender
 from replog.core import history
@@ -133,7 +133,7 @@ def test_full_compaction_gives_every_shard_files_of_its_own(tmp_path: Path) -> N
 
 
 def aged(url: str, commits: int, retention_ms: int = 1_000) -> ReplicationLog:
-    log = ReplicationLog.create(url, 4, snapshot_interval=20, retention_ms=retention_ms)
+    log = short_retention_log(url, 4, retention_ms, snapshot_interval=20)
     for n in range(commits):
         log.append(ten(n))
     return log
@@ -242,7 +242,7 @@ def test_a_sinks_positions_outlive_its_expired_commit(tmp_path: Path) -> None:
     source = ReplicationLog.create(str(tmp_path / "a"), 2)
     for n in range(3):
         source.append(ten(n))
-    target = ReplicationLog.create(str(tmp_path / "b"), 2, snapshot_interval=20, retention_ms=1000)
+    target = short_retention_log(str(tmp_path / "b"), 2, 1000, snapshot_interval=20)
     position = SourcePosition(source.log_id, "mirror", {0: 11, 1: 13})
     consumers.write_link(source.storage, "mirror", SinkLink(target.url, target.log_id, "to-b"))
     staged = target.stage(events_from_records(ten(0)))

@@ -216,9 +216,9 @@ def test_a_batch_write_takes_a_transaction() -> None:
         (False, {"txnVersion": "1"}, "options 'txnAppId' and 'txnVersion' go together"),
         (False, {"txnAppId": "a", "txnVersion": "-1"}, "option 'txnVersion': must be an integer"),
         (False, {"txnAppId": "a b", "txnVersion": "1"}, "option 'txnAppId': 'a b' is not a"),
-        (False, {"shards": "0"}, "option 'shards': must be a positive integer, got 0"),
+        (False, {"shards": "0"}, f"option 'shards' must be an integer from 1 to {MAX_SHARDS}"),
         (False, {"shards": "eight"}, "option 'shards': 'eight' is not an integer"),
-        (False, {"shards": str(MAX_SHARDS + 1)}, f"option 'shards': at most {MAX_SHARDS}"),
+        (False, {"shards": str(MAX_SHARDS + 1)}, f"from 1 to {MAX_SHARDS}, got {MAX_SHARDS + 1}"),
         (False, {"topic": "t"}, "unknown option 'topic'; topic is Kafka's"),
     ],
 )

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
 from support.replication import fill_source
 
 from replog.checkpoints import consumers
-from replog.format.commits import TRUNCATE, CommitRecord
+from replog.core import history
+from replog.format.commits import TRUNCATE, CommitRecord, commit_path
 from replog.log import ReplicationLog
 from replog.ops import status
 
@@ -378,3 +380,74 @@ def test_a_query_restarted_on_its_old_checkpoint_stops_at_an_operator_reset(
     with pytest.raises(Exception, match=r"replog consumer set.*new checkpoint"):
         run("chk", "old_checkpoint")
     assert run("chk2", "new_checkpoint") == 70
+
+
+# -- damage (issue 40): named as replog read names it, or read past as it reads past ---------
+
+
+def _damaged_log(tmp_path: Path, name: str) -> ReplicationLog:
+    """Three shards, a header every 10 commits: commits 1-35, 4 events each."""
+    log = ReplicationLog.create(str(tmp_path / name), 3, snapshot_interval=20, auto_compact=False)
+    for c in range(35):
+        log.append([{"key": f"{c}-{j}", "data": "x"} for j in range(4)])
+    log.flush()
+    return log
+
+
+def test_damage_is_named_or_read_past_by_the_source_as_by_replog_read(
+    spark, tmp_path: Path
+) -> None:
+    """One log per kind of damage (FORMAT.md, "Damage"): a header under another
+    version's name, the newest header corrupt (the hint's copy intact), the checkpoint's
+    own commit deleted, the hint deleted: every event; a commit missing in the middle:
+    an error naming it (it read the 128 events before it as the whole log)."""
+    root = Path(str(tmp_path))
+
+    def misnamed(p: Path) -> None:  # and a hint without the copy, which would serve
+        shutil.copyfile(p / history.header_path(20), p / history.header_path(30))
+        (p / history.SNAPSHOT_HINT_PATH).write_text(json.dumps({"version": 30}))
+
+    damages = {
+        "misnamed": misnamed,
+        "corrupt_header": lambda p: (p / history.header_path(30)).write_bytes(b"{}"),
+        "checkpoint_commit": lambda p: (p / commit_path(30)).unlink(),
+        "hint": lambda p: (p / history.SNAPSHOT_HINT_PATH).unlink(),
+    }
+    for name, damage in damages.items():
+        log = _damaged_log(root, name)
+        damage(Path(log.url))
+        assert spark.read.format("replog").load(log.url).count() == 140, name
+    gapped = _damaged_log(root, "gap")
+    (Path(gapped.url) / commit_path(33)).unlink()
+    with pytest.raises(Exception, match="commit 33 is missing, but commit 34 exists"):
+        spark.read.format("replog").load(gapped.url).count()
+
+
+def test_a_streaming_query_fails_on_a_gap_that_appears_while_it_runs(
+    spark, tmp_path: Path
+) -> None:
+    """Commits 26, 28 and 29 land while the query runs, 27 never does (deleted or lost):
+    the query stopped advancing at 26 as if at the head. It fails naming commit 27."""
+    log = ReplicationLog.create(str(tmp_path / "A"), 3, auto_compact=False)
+    for c in range(25):
+        log.append([{"key": f"{c}-{j}", "data": "x"} for j in range(4)])
+    twin = tmp_path / "twin"  # the same log, gone on to commit 29
+    shutil.copytree(log.url, twin)
+    writer = ReplicationLog.open(str(twin), auto_compact=False)
+    for c in range(25, 29):
+        writer.append([{"key": f"{c}-{j}", "data": "x"} for j in range(4)])
+    query = start_memory_query(spark, log.url, "gapped", tmp_path / "chk")
+    try:
+        query.processAllAvailable()
+        assert spark.table("gapped").count() == 100
+        for segment in (twin / "shards").rglob("*.arrow"):
+            target = Path(log.url) / segment.relative_to(twin)
+            if not target.exists():
+                shutil.copyfile(segment, target)
+        for version in (28, 29, 26):  # 26 last: the query applies it, then misses 27
+            shutil.copyfile(twin / commit_path(version), Path(log.url) / commit_path(version))
+        with pytest.raises(Exception, match="commit 27 is missing, but commit 28 exists"):
+            query.processAllAvailable()
+        assert spark.table("gapped").count() == 100
+    finally:
+        query.stop()

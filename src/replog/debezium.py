@@ -686,6 +686,23 @@ def _int_or_none(value: Any) -> int | None:
         return None
 
 
+def _part(value: Any, bits: int) -> int | None:
+    """One part of a source position: an integer from 0 to 2**bits - 1 (given as a number,
+    a whole float or a numeric string), else None. Connectors write sentinels where a
+    position is unknown: Debezium 1.6's PostgreSQL snapshot reads carry ``lsn``
+    -9223372036854775808 (Long.MIN_VALUE, often through a double as
+    -9223372036854776000); such a part orders nothing."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, float | Decimal):
+        finite = value.is_finite() if isinstance(value, Decimal) else math.isfinite(value)
+        if not finite or value != int(value):
+            return None
+        value = int(value)
+    number = _int_or_none(value)
+    return number if number is not None and 0 <= number < 1 << bits else None
+
+
 def position_app_id(*parts: str) -> str:
     """The app id recording a connector's position: ``debezium.<name>[.<replica set>]``.
     A connector name that is not a valid name (Kafka Connect allows more characters than
@@ -703,35 +720,60 @@ def position_of(source: Mapping[str, Any]) -> Position | None:
     """The connector's position of an event, as one integer that orders like Debezium's
     offsets: PostgreSQL ``(commit LSN, lsn)`` (from ``sequence``, else ``lsn`` twice),
     MySQL ``(binlog file number, pos, row)``, MongoDB ``(ts_ms, ord)`` per replica set.
-    None for a source without one (no ``name``, another connector)."""
+
+    None for a source without one (no ``name``, another connector), or whose position is
+    unusable: a part that is no integer in its range (a sentinel such as a negative LSN).
+    Such an event is still appended, without redelivery detection (the append counts it);
+    it never makes an input fail."""
     name = source.get("name")
     if not name:
         return None
+    parts = [str(name)]
+    if source.get("lsn") is not None:
+        found = _postgres_position(source)
+    elif isinstance(source.get("file"), str) and source["file"] and source.get("pos") is not None:
+        found = _mysql_position(source)
+    elif source.get("ord") is not None and source.get("ts_ms") is not None:
+        found = _mongo_position(source)
+        parts += [str(source["rs"])] if source.get("rs") else []
+    else:
+        found = None
+    if found is None:
+        return None
     snapshot = str(source.get("snapshot", "false")).lower() not in ("false", "none")
-    lsn = _int_or_none(source.get("lsn"))
-    if lsn is not None:
-        commit = lsn
-        sequence = source.get("sequence")
-        if isinstance(sequence, str):
-            try:
-                parsed = json.loads(sequence)
-                commit = int(parsed[0]) if parsed and parsed[0] is not None else lsn
-            except (ValueError, TypeError, IndexError):
-                commit = lsn
-        return Position(position_app_id(name), (commit << 64) | lsn, snapshot, f"lsn {lsn}")
-    binlog, pos = source.get("file"), _int_or_none(source.get("pos"))
-    if isinstance(binlog, str) and binlog and pos is not None:
-        number = _int_or_none(binlog.rsplit(".", 1)[-1])
-        if number is None:
-            raise InvalidEventError(f"source.file {binlog!r} does not end in a binlog number")
-        row = _int_or_none(source.get("row")) or 0
-        version = (number << 96) | (pos << 32) | row
-        return Position(position_app_id(name), version, snapshot, f"{binlog}:{pos}:{row}")
-    ord_, ts_ms = _int_or_none(source.get("ord")), _int_or_none(source.get("ts_ms"))
-    if ord_ is not None and ts_ms is not None:
-        app_id = position_app_id(name, *([str(source["rs"])] if source.get("rs") else []))
-        return Position(app_id, (ts_ms << 32) | ord_, snapshot, f"ts_ms {ts_ms} ord {ord_}")
-    return None
+    return Position(position_app_id(*parts), found[0], snapshot, found[1])
+
+
+def _postgres_position(source: Mapping[str, Any]) -> tuple[int, str] | None:
+    lsn = _part(source.get("lsn"), 64)
+    if lsn is None:
+        return None
+    commit = lsn
+    sequence = source.get("sequence")
+    if isinstance(sequence, str):
+        try:
+            parsed = json.loads(sequence)
+            found = _part(parsed[0], 64) if parsed and parsed[0] is not None else None
+            commit = lsn if found is None else found
+        except (ValueError, TypeError, IndexError, KeyError):
+            commit = lsn
+    return (commit << 64) | lsn, f"lsn {lsn}"
+
+
+def _mysql_position(source: Mapping[str, Any]) -> tuple[int, str] | None:
+    binlog = str(source["file"])
+    number = _part(binlog.rsplit(".", 1)[-1], 64)
+    pos, row = _part(source.get("pos"), 64), _part(source.get("row") or 0, 32)
+    if number is None or pos is None or row is None:
+        return None
+    return (number << 96) | (pos << 32) | row, f"{binlog}:{pos}:{row}"
+
+
+def _mongo_position(source: Mapping[str, Any]) -> tuple[int, str] | None:
+    ord_, ts_ms = _part(source.get("ord"), 32), _part(source.get("ts_ms"), 64)
+    if ord_ is None or ts_ms is None:
+        return None
+    return (ts_ms << 32) | ord_, f"ts_ms {ts_ms} ord {ord_}"
 
 
 _ENVELOPE_OPS = frozenset(OPERATIONS)

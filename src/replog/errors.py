@@ -130,6 +130,24 @@ class MissingFileError(CorruptionError, FileNotFoundError):
     """A file that a commit references is not on storage."""
 
 
+class MissingCommitError(CorruptionError):
+    """A commit record is missing although a later one exists: the log is damaged (a
+    file deleted or lost outside replog), and nothing reads or writes past the gap, since
+    the log up to it is not the whole log."""
+
+    def __init__(self, path: str, version: int, later: int) -> None:
+        super().__init__(
+            path,
+            f"commit {version} is missing, but commit {later} exists: the log is damaged "
+            f"(a commit file was deleted or lost) and is not read or written past version "
+            f"{version - 1}, rather than shown shorter than it is. Restore the file from a "
+            f"backup (or a previous version of the object); 'replog verify' lists every "
+            f"missing commit",
+        )
+        self.version = version
+        self.later = later
+
+
 # -- storage and commits -------------------------------------------------------------------
 
 

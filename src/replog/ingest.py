@@ -65,6 +65,11 @@ class Ingested:
     transactions: int = 0
     """Source transactions held whole (BEGIN, their events, END)."""
     partial_transactions: list[str] = field(default_factory=list)
+    unkeyed: int = 0
+    """Events without a key (each keyed by its event id)."""
+    unpositioned: int = 0
+    """Debezium changes without a usable source position: appended, but a redelivery of
+    one is not recognised."""
 
 
 @dataclass
@@ -86,6 +91,11 @@ class AppendReport:
     """Source transactions the input held whole (bracketed by BEGIN and END)."""
     partial_transactions: list[str] = field(default_factory=list)
     """Source transactions the input held part of."""
+    unkeyed: int = 0
+    """Events without a key, each keyed by its event id (no order with other events)."""
+    unpositioned: int = 0
+    """Debezium changes without a usable source position (a sentinel, or none): appended
+    without redelivery detection."""
 
     @property
     def events(self) -> int:
@@ -109,6 +119,8 @@ class AppendReport:
             "behind_source_position": self.behind,
             "source_transactions": self.transactions,
             "partial_source_transactions": self.partial_transactions,
+            "unkeyed": self.unkeyed,
+            "without_source_position": self.unpositioned,
         }
 
 
@@ -145,6 +157,8 @@ class _Chunks:
     pending: list[int] = field(default_factory=list)
     seen: dict[str, tuple[int, int]] = field(default_factory=dict)
     duplicates: int = 0
+    unkeyed: int = 0
+    """Events without a key (each keyed by its event id)."""
 
     def add(self, record: dict[str, Any], line: int) -> bool:
         """Add ``record`` unless it repeats an earlier line's change (False then).
@@ -164,6 +178,8 @@ class _Chunks:
                     )
                 self.duplicates += 1
                 return False
+        if record.get("key") is None:
+            self.unkeyed += 1
         self.records.append(record)
         self.pending.append(line)
         if len(self.records) >= CHUNK_LINES:
@@ -175,7 +191,7 @@ class _Chunks:
             return
         labels = self.pending.copy()
         self.tables.append(
-            events_from_records(self.records, where=lambda i: f"line {labels[i]}", require_key=True)
+            events_from_records(self.records, where=lambda i: f"line {labels[i]}")
         )
         self.records.clear()
         self.pending.clear()
@@ -422,6 +438,8 @@ class _Taken:
     schemas: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     unpinned: Counter[str] = field(default_factory=Counter)
     """Event id -> how often a change whose source does not pin it gave it so far."""
+    unpositioned: int = 0
+    """Changes taken without a usable source position (no redelivery detection)."""
 
     def take(
         self, converted: debezium.Change | debezium.Skipped | debezium.Marker, line: int
@@ -451,6 +469,8 @@ class _Taken:
             return
         if not self.chunks.add(converted.record, line):
             return  # a redelivery of an earlier line
+        if converted.position is None:
+            self.unpositioned += 1
         collection = converted.record["collection"]
         if converted.digest is not None and converted.schema is not None and collection:
             self.schemas.setdefault((collection, converted.digest), converted.schema)
@@ -521,6 +541,8 @@ def read_lines(
         schemas=taken.schemas,
         transactions=whole,
         partial_transactions=partial,
+        unkeyed=taken.chunks.unkeyed,
+        unpositioned=taken.unpositioned,
     )
 
 
@@ -590,4 +612,6 @@ def append_lines(
         behind=ingested.behind,
         transactions=ingested.transactions,
         partial_transactions=ingested.partial_transactions,
+        unkeyed=ingested.unkeyed,
+        unpositioned=ingested.unpositioned,
     )

@@ -33,9 +33,7 @@ from replog.format.commits import (
     DEFAULT_SHARDS,
     DEFAULT_SNAPSHOT_INTERVAL,
     DESCRIPTOR_PATH,
-    MAX_SHARDS,
     META_DIR,
-    MIN_RETENTION_MS,
     CommitRecord,
     LogDescriptor,
     Transaction,
@@ -43,6 +41,12 @@ from replog.format.commits import (
 )
 from replog.format.gc import StagingStart
 from replog.format.leases import Lease
+from replog.format.limits import (
+    check_retention,
+    check_shards,
+    check_snapshot_interval,
+    retention_advice,
+)
 from replog.format.segments import SHARDS_DIR, SegmentInfo, StagedSegment
 from replog.format.state import LogState
 from replog.maintenance import MERGE_MEMORY_BYTES, LogMaintenance
@@ -100,25 +104,26 @@ class ReplicationLog(LogReader):
     ) -> ReplicationLog:
         """Create an empty log at ``url``.
 
+        ``snapshot_interval``: commits between segment tables (a snapshot header comes
+        every 10, or every ``snapshot_interval`` if it is no multiple of 10).
         ``retention_ms``: how long commits, snapshots and the files of segments that left
-        the log (compacted or truncated) are kept. ``auto_compact``: whether writers merge
-        small files after their commits (each writer may override it).
+        the log (compacted or truncated) are kept: at least 10 minutes (a retention shorter
+        than ``replog recover``'s default grace plus 10 minutes is warned about).
+        ``auto_compact``: whether writers merge small files after their commits (each
+        writer may override it). The limits are :mod:`replog.format.limits`'s, the same
+        for ``replog create`` and the ``replog-sink``.
 
         Raises:
             LogExistsError: a log is already there.
-            InvalidOptionError: ``shards`` is not 1..4096, or the URL cannot be opened.
+            InvalidOptionError: an option is out of its limits (named), or the URL cannot
+                be opened.
             UnsupportedStorageError: the backend has no atomic create-if-absent.
         """
-        if not isinstance(shards, int) or isinstance(shards, bool) or not 1 <= shards <= MAX_SHARDS:
-            raise InvalidOptionError(
-                f"shards must be an integer from 1 to {MAX_SHARDS}, got {shards!r}"
-            )
-        if snapshot_interval < 1:
-            raise InvalidOptionError(f"snapshot_interval must be >= 1, got {snapshot_interval}")
-        if retention_ms < MIN_RETENTION_MS:
-            raise InvalidOptionError(
-                f"retention must be at least {MIN_RETENTION_MS} ms, got {retention_ms}"
-            )
+        check_shards(shards)
+        check_snapshot_interval(snapshot_interval)
+        check_retention(retention_ms)
+        if not isinstance(auto_compact, bool):
+            raise InvalidOptionError(f"auto_compact must be True or False, got {auto_compact!r}")
         storage = Storage(url, storage_options)
         storage.require_writable()
         _check_place_for_a_log(storage)
@@ -142,6 +147,9 @@ class ReplicationLog(LogReader):
             raise LogExistsError(f"{url!r} already holds a replog log") from exc
         history.hint(storage).advance(0)  # readers find it without probing for headers
         logger.info("created log %s with %d shards", url, shards)
+        advice = retention_advice(retention_ms)
+        if advice is not None:
+            logger.warning("%s: %s", url, advice)
         return cls(storage, descriptor)
 
     @classmethod

@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from replog.core import files, history
 from replog.core.files import DecodedFiles
-from replog.errors import DataLossError, InvalidOptionError
+from replog.errors import DataLossError, InvalidOptionError, MissingCommitError
 from replog.format import segments
 from replog.format.commits import TXN_QUERY, LogDescriptor
 from replog.format.events import EVENT_SCHEMA
@@ -158,6 +158,18 @@ class LogReader:
             )
         except history.BaseMissing:  # retention removed what this idle state was built on
             caught_up = False
+        except MissingCommitError as gap:  # a header past the gap holds the state, or raise
+            fresh = history.load_state(self.storage, self.descriptor)
+            logger.warning(
+                "%s: commit %d is missing (commit %d exists), but snapshot %d holds the state "
+                "past it: reading on from there ('replog verify' names the damage)",
+                self.url,
+                gap.version,
+                gap.later,
+                fresh.version - fresh.version % self.descriptor.checkpoint_interval,
+            )
+            self._state = fresh
+            return fresh
         if not caught_up:  # far behind: a snapshot is cheaper than every commit
             fresh = history.load_state(self.storage, self.descriptor)
             if fresh.version >= self._state.version:

@@ -9,7 +9,8 @@ Usage: python format_reader.py <log directory>
 
 Amended where FORMAT.md was made precise (issue 35): a header of another log is unusable,
 a header whose commit is gone or another's is passed over ("Finding the head", step 5),
-a compaction covers exactly what it removes, low watermarks only come with truncations.
+a compaction covers exactly what it removes, low watermarks only come with truncations;
+(issue 40, revision 3.3) a missing commit with a later one existing is damage (step 6).
 It does not know key compaction's holed entries (added to the format later).
 """
 
@@ -846,6 +847,21 @@ class LogReader:
                     self._compare_with_header(st, required_hdr)
             if len(batch) < C:
                 break
+        # step 6: a missing commit with a later one existing is damage, never the head
+        missing = st.version + 1
+        later = [v for v in range(missing + 1, missing + 1 + C)
+                 if self._exists(self.commit_rel(v))]
+        if later and not self._exists(self.commit_rel(missing)):
+            snap = os.path.join(self.meta, "snapshots")
+            above = sorted(int(n[:20]) for n in os.listdir(snap)
+                           if re.fullmatch(r"[0-9]{20}\.json", n) and int(n[:20]) >= missing)
+            for h in reversed(above):
+                if self._read_header(h) is not None:
+                    _warn("%s: missing, but header %d holds the state past it"
+                          % (self.commit_rel(missing), h))
+                    return self.load_state(h)
+            raise CorruptionError("%s: commit %d is missing, but commit %d exists (damage)"
+                                  % (self.commit_rel(missing), missing, later[0]))
         if hdr is not None and st.version == hv > 0:
             # step 5: no commit past header hv; its own commit must be the one it describes
             rec = self._read_commit(hv)

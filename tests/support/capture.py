@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import psycopg
 
-from replog.capture.options import CaptureOptions
-from replog.capture.postgres import capture
+from replog.capture.options import CaptureOptions, capture_app_id
+from replog.capture.postgres import PostgresCapture, capture
 from replog.capture.progress import CaptureProgress
 from replog.format.commits import APPEND, CommitRecord, commit_path
 from replog.log import ReplicationLog
@@ -80,3 +84,35 @@ def captured(log: ReplicationLog) -> list[dict[str, Any]]:
     # commit order, then source commit order, then change order
     changes.sort(key=lambda e: (e["version"], e["commit_lsn"], e["order"]))
     return snapshot + changes
+
+
+@contextmanager
+def following(
+    dsn: str, url: str, slot: str, tables: tuple[str, ...]
+) -> Iterator[threading.Thread]:
+    """A capture of ``dsn`` into the log at ``url`` following ``tables`` in a thread while
+    the block runs, from once the log holds its first commit (its errors are raised when
+    the block ends); the block is given the thread (alive while the capture runs)."""
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    options = CaptureOptions(dsn=dsn, slot=slot, tables=tables, follow=True, poll_s=0.05)
+    log = ReplicationLog.open_or_create(url, 2)
+    with PostgresCapture(options, log, stop=stop) as running:
+
+        def body() -> None:
+            try:
+                running.run()
+            except BaseException as exc:  # raised when the block ends
+                errors.append(exc)
+
+        thread = threading.Thread(target=body, daemon=True)
+        thread.start()
+        try:
+            while log.transaction_version(capture_app_id(slot)) is None:
+                assert thread.is_alive(), errors
+                time.sleep(0.05)
+            yield thread
+        finally:
+            stop.set()
+            thread.join(300)
+    assert not errors, errors

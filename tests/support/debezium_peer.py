@@ -7,24 +7,23 @@ schemas; the value after ExtractNewRecordState; the headers).
         peer.wait_for(lambda record: ...)   # until a record the caller knows comes last
     peer.records()                         # every record, in the order Debezium gave them
 
-Used by tests/test_debezium_peer.py and benchmarks/bench_debezium.py (importable from
-both: it needs only the standard library, psycopg and the jars of ``make jars``).
+Used by tests/support/debezium_workload.py (the tests' one Debezium run) and
+benchmarks/bench_debezium.py (importable from both: it needs only the standard library,
+psycopg and the jars of ``make jars``). The engine reaches a server's Unix socket
+directly (junixsocket's socket factory in PostgreSQL's JDBC driver), as replog does.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 
 from support.kafka import classpath, java
 
@@ -32,60 +31,30 @@ WAIT_S = 300.0
 """A wait for a hang (nothing in the output for this long), not a limit on speed."""
 
 
-class LoopbackForwarder:
-    """A TCP port on loopback (the kernel picks it: no race) forwarding each connection to
-    the server's Unix socket: the embedded server listens on no TCP address, and Debezium's
-    JDBC driver reaches a server over TCP only. Two threads per connection, 1 MiB reads."""
-
-    def __init__(self, unix_path: str) -> None:
-        self.unix_path = unix_path
-        self._listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self._listener.getsockname()[1])
-        self._thread = threading.Thread(target=self._accept, daemon=True)
-        self._thread.start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self._listener.accept()
-            except OSError:
-                return  # closed
-            server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-            server.connect(self.unix_path)
-            for source, target in ((client, server), (server, client)):
-                threading.Thread(target=_pump, args=(source, target), daemon=True).start()
-
-    def close(self) -> None:
-        self._listener.close()
+UNIX_SOCKET_FACTORY = "org.newsclub.net.unix.AFUNIXSocketFactory$FactoryArg"
+"""junixsocket's socket factory for PostgreSQL's JDBC driver: ``socketFactoryArg`` names
+the server's socket file (jvm/debezium/pom.xml puts junixsocket on the classpath)."""
 
 
-def _pump(source: socket.socket, target: socket.socket) -> None:
-    buffer = bytearray(1 << 20)
-    view = memoryview(buffer)
-    try:
-        while True:
-            count = source.recv_into(buffer)
-            if count == 0:
-                break
-            target.sendall(view[:count])
-    except OSError:
-        pass  # the other side closed: the connection is over
-    finally:
-        for end in (source, target):
-            with contextlib.suppress(OSError):  # already shut
-                end.shutdown(socket.SHUT_RDWR)
-
-
-def tcp_dsn(dsn: str) -> tuple[str, LoopbackForwarder | None]:
-    """``dsn`` reachable over TCP: itself when it names a TCP host, else a forwarder to its
-    Unix socket and the DSN of that."""
+def _connection(dsn: str) -> dict[str, str]:
+    """The connector's ``database.*`` settings for ``dsn``, and ``driver.*`` ones that give
+    the JDBC driver the server's Unix socket when the DSN names one (a directory as
+    ``host``, or none): the embedded server listens on no TCP address."""
     parts = conninfo_to_dict(dsn)
     host = str(parts.get("host") or "")
-    if host and not host.startswith("/"):
-        return dsn, None
-    port = int(parts.get("port") or 5432)
-    forwarder = LoopbackForwarder(f"{host or '/tmp'}/.s.PGSQL.{port}")
-    return make_conninfo(dsn, host="127.0.0.1", port=forwarder.port), forwarder
+    port = str(parts.get("port") or 5432)
+    settings = {
+        "database.hostname": host or "localhost",
+        "database.port": port,
+        "database.user": str(parts.get("user") or "postgres"),
+        "database.password": str(parts.get("password") or ""),
+        "database.dbname": str(parts["dbname"]),
+    }
+    if not host or host.startswith("/"):
+        settings["database.hostname"] = "localhost"  # not used: the factory's socket is
+        settings["driver.socketFactory"] = UNIX_SOCKET_FACTORY
+        settings["driver.socketFactoryArg"] = f"{host or '/tmp'}/.s.PGSQL.{port}"
+    return settings
 
 
 def connector_properties(
@@ -101,18 +70,13 @@ def connector_properties(
     """The connector's configuration, as a user of Debezium's defaults writes it (JSON
     converter, precise decimals, adaptive times, tombstones after deletes), with
     transaction metadata on (each change's ``transaction`` block: id, total_order)."""
-    parts = conninfo_to_dict(dsn)
     settings = {
         "name": "replog-peer",
         "connector.class": "io.debezium.connector.postgresql.PostgresConnector",
         "offset.storage": "org.apache.kafka.connect.storage.FileOffsetBackingStore",
         "offset.storage.file.filename": str(directory / "offsets.dat"),
         "offset.flush.interval.ms": "1000",
-        "database.hostname": str(parts.get("host") or "localhost"),
-        "database.port": str(parts.get("port") or 5432),
-        "database.user": str(parts.get("user") or "postgres"),
-        "database.password": str(parts.get("password") or ""),
-        "database.dbname": str(parts["dbname"]),
+        **_connection(dsn),
         "topic.prefix": topic_prefix,
         "plugin.name": "pgoutput",
         "slot.name": slot,
@@ -141,7 +105,6 @@ class DebeziumPeer:
     ) -> None:
         self.directory = directory
         directory.mkdir(parents=True, exist_ok=True)
-        dsn, self._forwarder = tcp_dsn(dsn)
         self.output = directory / "records.jsonl"
         properties = directory / "connector.properties"
         config = connector_properties(dsn, directory, tables=tables, **settings)
@@ -204,8 +167,7 @@ class DebeziumPeer:
 
     def wait_for_text(self, needle: bytes, count: int = 1) -> None:
         """Until ``needle`` has appeared ``count`` times in the output, read as raw bytes
-        (nothing parsed: a benchmark's millions of records, with no work for the GIL that
-        the forwarder's threads need)."""
+        (nothing parsed: a benchmark's millions of records)."""
         scanned, seen, tail = 0, 0, b""
         quiet_since = time.monotonic()
         while seen < count:
@@ -257,8 +219,6 @@ class DebeziumPeer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
-        if self._forwarder is not None:
-            self._forwarder.close()
         self._failed()
 
     def records(self) -> list[dict[str, Any]]:

@@ -180,7 +180,7 @@ def _start(directory: Path) -> Broker | None:
     formatted = _jvm(
         directory,
         "kafka.tools.StorageTool",
-        "format", "-t", cluster_id(), "-c", str(properties),
+        "format", f"--cluster-id={cluster_id()}", "-c", str(properties),  # an id may start with "-"
         out=out,
     )  # fmt: skip
     if formatted.wait() != 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from typing import Any
@@ -9,6 +10,7 @@ from typing import Any
 import pyarrow as pa
 
 from replog.checkpoints.consumers import OffsetCommitter
+from replog.format.commits import DESCRIPTOR_PATH
 from replog.format.events import events_from_records
 from replog.log import ReplicationLog
 
@@ -67,3 +69,14 @@ def append_commits(log: ReplicationLog) -> int:
 
     records = history.read_commits(log.storage, 1, log.refresh().version)
     return sum(1 for record in records if record.operation == "append" and record.add)
+
+
+def short_retention_log(url: str, shards: int, retention_ms: int, **options: Any) -> ReplicationLog:
+    """A new log whose retention is ``retention_ms``, below the 10 minutes a log can be
+    created with since replog 0.6 (replog 0.5 created such logs, which stay readable and
+    writable): retention then runs within a test's seconds, on real clocks. Created with
+    the minimum, its descriptor is sealed again before anything is written."""
+    log = ReplicationLog.create(url, shards, **options)
+    descriptor = dataclasses.replace(log.descriptor, retention_ms=retention_ms)
+    log.storage.write(DESCRIPTOR_PATH, descriptor.to_bytes())
+    return ReplicationLog.open(url, storage_options=options.get("storage_options"))

@@ -10,6 +10,8 @@ position (the staged-commit protocol, :meth:`~replog.log.ReplicationLog.commit_s
 
 from __future__ import annotations
 
+from collections import Counter
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -53,23 +55,29 @@ class Batch:
         """Transactions it holds that are heartbeats (they carry no event)."""
         self.removed: list[str] = []
         """What the deletes at its head are for (:mod:`~replog.capture.removals`)."""
+        self.counts: Counter[tuple[str, str]] = Counter()
+        """Its events by (collection, operation; ``read``: a snapshot chunk's rows)."""
 
     def add(self, events: list[Event]) -> None:
         self.held.add(events)
         self.events += len(events)
+        self.counts.update((event.collection, event.operation) for event in events)
         self._stage_if_many()
 
     def add_chunk(self, chunk: Chunk) -> None:
         """The read events of a snapshot chunk (its rows the window left)."""
+        self.held.add_table(chunk.events.table(chunk.table.qualified, chunk.ts_ms, chunk.metadata))
+        self.events += len(chunk.events)
+        self.counts[(chunk.table.qualified, "read")] += len(chunk.events)
         self.chunk = chunk
-        self.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata,
-                       list(chunk.events.values()))  # fmt: skip
+        self._stage_if_many()
 
     def add_reads(self, collection: str, ts_ms: int, metadata: str, rows: list[Read]) -> None:
         """Read events of ``collection`` that share one ``metadata`` (a chunk's rows, of
-        any source)."""
+        a source whose chunks hold them by key: MySQL's)."""
         self.held.add_reads(collection, ts_ms, metadata, rows)
         self.events += len(rows)
+        self.counts[(collection, "read")] += len(rows)
         self._stage_if_many()
 
     def _stage_if_many(self) -> None:

@@ -29,10 +29,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 
-from replog.capture.events import EventMaker, Read
+from replog.capture.events import ChunkRows, EventMaker
 from replog.capture.options import DEFAULT_CHUNK_ROWS
-from replog.capture.reads import Key, RelationGone, Row, TableRows, next_leaf
+from replog.capture.reads import Key, RelationGone, TableRows, last_key, next_leaf, no_rows
 from replog.capture.snapshot import PendingChunk, TableSnapshot, watermark_content
 from replog.capture.source import WATERMARK_PREFIX, PostgresSource, Table
 from replog.capture.workers import RangeReaders
@@ -44,8 +45,18 @@ logger = logging.getLogger(__name__)
 ATTEMPTS = 5
 """Reads of one chunk before capture gives up on a table whose columns change each time."""
 
-_MOVED = (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedTable, RelationGone)
-"""What a read meets when the table changed under it (a column or the relation gone)."""
+_MOVED = (
+    psycopg.errors.UndefinedColumn,
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    RelationGone,
+)
+"""What a read meets when the table changed under it: the relation or a column gone, a
+key column retyped so that its old type's bound no longer compares with it (``text >
+integer``)."""
+_CHANGED = (psycopg.errors.UndefinedColumn, psycopg.errors.UndefinedFunction)
+"""Of those, the ones taken as a change only when the catalog shows it (else raised: a
+query of capture's that is wrong must not pass for DDL)."""
 
 
 @dataclass
@@ -58,12 +69,14 @@ class Chunk:
     """Names this chunk's watermarks (they carry it)."""
     low_lsn: int
     high_lsn: int
-    events: dict[str, Read]
+    events: ChunkRows
     """Key -> the read event of the row, in key order."""
     after: Key | None
     leaf: int
     block: int
     finished: bool
+    filenode: int = 0
+    """Physical order: the storage of ``leaf`` that ``block`` counts in."""
     low_seen: bool = False
     metadata: str = ""
     """The metadata every read event of the chunk carries."""
@@ -106,6 +119,7 @@ class Chunk:
             len(self.events),
             self.finished,
             self.snapshot.relation,
+            self.filenode,
         )
 
 
@@ -148,7 +162,7 @@ class ChunkReader:
 
     def read(self, snapshot: TableSnapshot, table: Table) -> Chunk | None:
         """The next chunk of ``snapshot`` (of ``table``, described anew), read between
-        its watermarks; None if the table was dropped meanwhile."""
+        its watermarks; None if the table (or the partition read) left meanwhile."""
         for _ in range(ATTEMPTS):
             described = self._describe(snapshot, table)
             if described is None:
@@ -159,27 +173,41 @@ class ChunkReader:
             try:
                 read = self._read(snapshot, table, low)
             except _MOVED as exc:
-                logger.info("%s changed while a chunk was read (%s): read again", table.qualified,
+                if isinstance(exc, _CHANGED) and not self._moved(snapshot, table):
+                    raise
+                logger.info("%s changed while a chunk was read (%s): read again", snapshot.name,
                             str(exc).strip().splitlines()[0])  # fmt: skip
                 continue
-            if self.source.columns_of(table.oid) != table.columns:
-                logger.info("the columns of %s changed while a chunk was read: read again",
-                            table.qualified)  # fmt: skip
+            if self._moved(snapshot, table):
+                logger.info("%s changed while a chunk was read: read again",
+                            snapshot.name)  # fmt: skip
                 continue
-            events, after, leaf, block, finished = read
+            events, after, (leaf, block, filenode), finished = read
             high = self.source.emit_message(WATERMARK_PREFIX, watermark_content(mark, "high"))
-            return Chunk(snapshot, table, mark, low, high, events, after, leaf, block, finished)
+            return Chunk(
+                snapshot, table, mark, low, high, events, after, leaf, block, finished, filenode
+            )
         raise CaptureError(
             f"the columns of {table.qualified} changed during each of {ATTEMPTS} reads of a "
             f"snapshot chunk: capture stops rather than read rows of a shape it cannot name "
             f"(start it again once the DDL on the table is done)"
         )
 
+    def _moved(self, snapshot: TableSnapshot, table: Table) -> bool:
+        """Whether ``table`` changed since it was described: its columns (or the table
+        gone), or the partition the snapshot reads no longer one of its leaves."""
+        return self.source.columns_of(table.oid) != table.columns or bool(
+            snapshot.relation and not self.source.is_leaf_of(snapshot.relation, table.oid)
+        )
+
     def _describe(self, snapshot: TableSnapshot, table: Table) -> Table | None:
-        """``table`` as the catalog has it now (None: dropped); a key column retyped
-        starts its snapshot again from the first key."""
+        """``table`` as the catalog has it now (None: dropped, or the partition the
+        snapshot reads dropped or detached: its rows are no longer the table's); a key
+        column retyped starts its snapshot again from the first key."""
         described = self.source.refresh_columns(table)
         if described is None:
+            return None
+        if snapshot.relation and not self.source.is_leaf_of(snapshot.relation, table.oid):
             return None
         if _key_types(described) != _key_types(table) and snapshot.after is not None:
             logger.warning(
@@ -192,21 +220,24 @@ class ChunkReader:
 
     def _read(
         self, snapshot: TableSnapshot, table: Table, low: int
-    ) -> tuple[dict[str, Read], Key | None, int, int, bool]:
+    ) -> tuple[ChunkRows, Key | None, Block, bool]:
+        """The chunk's read events, the last key read (key order) or the next block
+        (physical order), and whether the table (or partition) was read to its end."""
         relation = snapshot.relation or table.oid
         if not table.key_indexed:
-            rows, leaf, block, finished = self._by_block(snapshot, table, relation)
-            return self.maker.reads(table, rows, low), None, leaf, block, finished
+            rows, block, finished = self._by_block(snapshot, table, relation)
+            return self.maker.reads(table, rows, low), None, block, finished
         if self.worker_count > 1:
             events, after, finished = self._by_key_ranges(snapshot, table, relation, low)
-            return events, after, 0, 0, finished
+            return events, after, _NO_BLOCK, finished
         rows = self.rows.key_range(table, relation, snapshot.after, None, self.chunk_rows)
-        after = table.key_of(rows[-1]) if rows else snapshot.after
-        return self.maker.reads(table, rows, low), after, 0, 0, len(rows) < self.chunk_rows
+        after = last_key(table, rows) or snapshot.after
+        finished = rows.num_rows < self.chunk_rows
+        return self.maker.reads(table, rows, low), after, _NO_BLOCK, finished
 
     def _by_key_ranges(
         self, snapshot: TableSnapshot, table: Table, relation: int, low: int
-    ) -> tuple[dict[str, Read], Key | None, bool]:
+    ) -> tuple[ChunkRows, Key | None, bool]:
         """The next ``workers`` x ``chunk_rows`` rows, cut into ranges at every
         ``chunk_rows``-th key (the last range ending at the table's last key when fewer
         are left), read by the workers at once."""
@@ -216,33 +247,40 @@ class ChunkReader:
         cuts, last = self.rows.key_cuts(table, relation, snapshot.after, self.chunk_rows, count)
         ends = [*cuts, last] if last is not None and last not in cuts else cuts
         if not ends:
-            return {}, snapshot.after, True
+            return ChunkRows.empty(), snapshot.after, True
         starts = [snapshot.after, *ends[:-1]]
         found = self._workers.read(table, relation, list(zip(starts, ends, strict=True)), low)
-        events: dict[str, Read] = {}
-        for reads, _ in found:
-            events.update(reads)
+        events = ChunkRows.joined([reads for reads, _ in found])
         return events, ends[-1], len(cuts) < count
 
     def _by_block(
         self, snapshot: TableSnapshot, table: Table, relation: int
-    ) -> tuple[list[Row], int, int, bool]:
+    ) -> tuple[pa.Table, Block, bool]:
         """A table whose key is no unique index of NOT NULL columns is read in physical
         order, a range of blocks of one leaf relation at a time, leaves in the order of
-        their ids (the plan names the one being read by its id)."""
+        their ids (the plan names the one being read by its id, and the storage its
+        blocks count in: a leaf rewritten since is read again from its first block)."""
         leaves = self.rows.leaves(relation)
-        leaf, block = snapshot.leaf, snapshot.block
+        leaf, block, filenode = snapshot.leaf, snapshot.block, snapshot.filenode
         if leaf not in leaves:  # none read yet, or detached: the next one by id
-            leaf, block = next_leaf(leaves, leaf) or 0, 0
+            leaf, block, filenode = next_leaf(leaves, leaf) or 0, 0, 0
         while leaf:
             try:
-                rows, end = self.rows.blocks(table, leaf, block, self.chunk_rows)
+                rows, end, filenode = self.rows.blocks(
+                    table, leaf, block, self.chunk_rows, filenode
+                )
             except RelationGone:  # detached and dropped between two looks
-                rows, end = [], block
-            if rows or end > block:
-                return rows, leaf, end, False
-            leaf, block = next_leaf(leaves, leaf) or 0, 0
-        return [], 0, 0, True
+                rows, end = no_rows(table), block
+            if rows.num_rows or end > block:
+                return rows, (leaf, end, filenode), False
+            leaf, block, filenode = next_leaf(leaves, leaf) or 0, 0, 0
+        return no_rows(table), _NO_BLOCK, True
+
+
+Block = tuple[int, int, int]
+"""Physical order: the leaf relation read, its next block, and the storage
+(``relfilenode``) that block counts in."""
+_NO_BLOCK: Block = (0, 0, 0)
 
 
 def _key_types(table: Table) -> list[tuple[int, int]]:

@@ -27,6 +27,7 @@ from typing import Any, NamedTuple
 
 import pyarrow as pa
 
+from replog.capture.jsoncolumns import NUMERIC, event_ids, json_objects, json_values
 from replog.capture.pgoutput import Relation, RowChange, SourceTransaction, Unchanged, Value
 from replog.capture.schemas import TypeLookup, table_schema
 from replog.capture.source import Columns, Table
@@ -91,6 +92,10 @@ def event_id(identity: str) -> str:
     return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
 
 
+TRUNCATE_OPERATION = "truncate"
+"""The operation of a truncate event (FORMAT.md, "Truncate events")."""
+
+
 def truncate_key(shard: int, shards: int) -> str:
     """The key of a truncate event meant for ``shard`` of a log of ``shards``:
     ``{"__truncate":n}`` with the smallest ``n`` that routes there."""
@@ -134,8 +139,8 @@ Fetch = Callable[[Table, Sequence[str | None], Sequence[str]], "dict[str, str | 
 Unsent = Callable[[str, list[str]], "dict[str, str]"]
 """(event key, columns the server did not send) -> the JSON text of those of them an
 earlier image of the row holds."""
-"""(table, its key columns' text, columns) -> those columns' text in the row with that key
-now, or None if there is none."""
+"""(table, its key columns' text, columns) -> the text of those columns the table still has,
+in the row with that key now, or None if there is none."""
 
 
 class Event(NamedTuple):
@@ -154,7 +159,9 @@ class Event(NamedTuple):
 @dataclass
 class EventColumns:
     """Events held as columns, made into one Arrow table in the log's stored schema (no
-    dict per event, no validation: capture writes them, and they are well-formed)."""
+    dict per event, no validation: capture writes them, and they are well-formed). Events
+    added one by one gather in lists; a table added whole (a snapshot chunk's) is kept
+    as it is, in its place."""
 
     event_id: list[str] = field(default_factory=list)
     timestamp_ms: list[int] = field(default_factory=list)
@@ -164,9 +171,11 @@ class EventColumns:
     data: list[str] = field(default_factory=list)
     before: list[str | None] = field(default_factory=list)
     metadata: list[str] = field(default_factory=list)
+    tables: list[pa.Table] = field(default_factory=list)
+    """Whole tables added, and the lists' events before each, in order."""
 
     def __len__(self) -> int:
-        return len(self.event_id)
+        return len(self.event_id) + sum(int(table.num_rows) for table in self.tables)
 
     def add(self, events: Sequence[Event]) -> None:
         for event in events:
@@ -191,7 +200,19 @@ class EventColumns:
         self.before.extend([None] * count)
         self.metadata.extend([metadata] * count)
 
+    def add_table(self, table: pa.Table) -> None:
+        """Events already made into a table of the stored schema (a chunk's reads)."""
+        if len(self.event_id):
+            self.tables.append(self._listed())
+            self._clear_lists()
+        self.tables.append(table)
+
     def table(self) -> pa.Table:
+        if not self.tables:
+            return self._listed()
+        return pa.concat_tables([*self.tables, self._listed()])
+
+    def _listed(self) -> pa.Table:
         stamps = pa.array(self.timestamp_ms, pa.int64())
         columns = {
             "event_id": pa.array(self.event_id, pa.string()),
@@ -205,9 +226,14 @@ class EventColumns:
         }
         return pa.table(columns, schema=STORED_SCHEMA)
 
-    def clear(self) -> None:
+    def _clear_lists(self) -> None:
         for name in self.__dataclass_fields__:
-            getattr(self, name).clear()
+            if name != "tables":
+                getattr(self, name).clear()
+
+    def clear(self) -> None:
+        self._clear_lists()
+        self.tables.clear()
 
 
 class Read(NamedTuple):
@@ -216,6 +242,86 @@ class Read(NamedTuple):
     event_id: str
     key: str
     data: str
+
+
+class ChunkRows:
+    """A snapshot chunk's read events, held as columns (event ids, keys, row JSON), found
+    by key as a dict would find them: a change of the chunk's window takes a row out
+    (:meth:`pop`), and the rows left become the chunk's events in one Arrow table
+    (:meth:`table`). A key read twice (a table read in physical order, keyed by columns
+    that are not unique) is its last row."""
+
+    def __init__(self, event_ids: pa.Array, keys: pa.Array, data: pa.Array) -> None:
+        self._ids, self._keys, self._data = event_ids, keys, data
+        self._index: dict[str, int] = dict(zip(keys.to_pylist(), range(len(keys)), strict=True))
+
+    @classmethod
+    def empty(cls) -> ChunkRows:
+        nothing = pa.array([], pa.string())
+        return cls(nothing, nothing, nothing)
+
+    @classmethod
+    def joined(cls, parts: Sequence[ChunkRows]) -> ChunkRows:
+        """The rows of ``parts`` (each one's rows left), in order."""
+        kept = [part._kept() for part in parts]
+        return cls(
+            *(
+                pa.concat_arrays([part[column] for part in kept])
+                if kept
+                else pa.array([], pa.string())
+                for column in range(3)
+            )
+        )
+
+    def _kept(self) -> tuple[pa.Array, pa.Array, pa.Array]:
+        if len(self._index) == len(self._keys):
+            return self._ids, self._keys, self._data
+        rows = pa.array(sorted(self._index.values()), pa.int64())
+        return self._ids.take(rows), self._keys.take(rows), self._data.take(rows)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._index
+
+    def get(self, key: str) -> Read | None:
+        row = self._index.get(key)
+        return None if row is None else self._read(row)
+
+    def pop(self, key: str, default: Read | None = None) -> Read | None:
+        row = self._index.pop(key, None)
+        return default if row is None else self._read(row)
+
+    def clear(self) -> None:
+        self._index.clear()
+
+    def values(self) -> list[Read]:
+        return [self._read(row) for row in sorted(self._index.values())]
+
+    def _read(self, row: int) -> Read:
+        return Read(self._ids[row].as_py(), self._keys[row].as_py(), self._data[row].as_py())
+
+    def table(self, collection: str, ts_ms: int, metadata: str) -> pa.Table:
+        """The rows left as insert events of ``collection`` (the log's stored schema), all
+        with ``ts_ms`` and ``metadata``."""
+        ids, keys, data = self._kept()
+        count = len(keys)
+        return pa.table(
+            {
+                "event_id": ids,
+                "timestamp": pa.array([ts_ms * 1000] * count, pa.int64()).cast(
+                    pa.timestamp("us", tz="UTC")
+                ),
+                "operation": pa.array(["insert"] * count, pa.string()),
+                "collection": pa.array([collection] * count, pa.string()),
+                "key": keys,
+                "data": data.cast(pa.binary()),
+                "before": pa.nulls(count, pa.binary()),
+                "metadata": pa.array([metadata] * count, pa.string()),
+            },
+            schema=STORED_SCHEMA,
+        )
 
 
 @dataclass(frozen=True)
@@ -423,34 +529,39 @@ class EventMaker:
             schema=self.shape(table).digest,
         )
 
-    def reads(
-        self, table: Table, rows: Sequence[Sequence[str | None]], position: int
-    ) -> dict[str, Read]:
-        """The read events of the rows a chunk read (each value its type's output text),
-        by key, in the order read. The hot loop of a snapshot: kept to plain list work."""
+    def reads(self, table: Table, rows: pa.Table, position: int) -> ChunkRows:
+        """The read events of the rows a chunk read (``rows``: a column of each value's
+        output text per column of ``table``, in order), made column-wise
+        (:mod:`~replog.capture.jsoncolumns`); their ids name the slot, ``position``, the
+        table and the key."""
+        if rows.num_rows == 0:
+            return ChunkRows.empty()
         shape = self.shape(table)
-        fragments = shape.fragments
-        positions = shape.key_positions
-        assert positions is not None  # the snapshot reads every column, the key's included
-        key_parts = list(zip(shape.key_fragments, positions, strict=True))
+        assert shape.key_positions is not None  # the snapshot reads every column, the key's
+        values = [
+            json_values(rows.column(index).combine_chunks(), type_oid, self._fragment(type_oid))
+            for index, (_, type_oid) in enumerate(shape.reads)
+        ]
+        data = json_objects([(name, values[i]) for i, (name, _) in enumerate(shape.fragments)])
+        keys = json_objects(
+            [
+                (name, self._key_values(rows.column(index).combine_chunks(), shape, index))
+                for (name, _), index in zip(shape.key_fragments, shape.key_positions, strict=True)
+            ]
+        )
         prefix = f"{self.slot}:snapshot:{position}:{table.qualified}:"
-        found: dict[str, Read] = {}
-        for values in rows:
-            data = ",".join(
-                [
-                    name + ("null" if value is None else fragment(value))
-                    for (name, fragment), value in zip(fragments, values, strict=True)
-                ]
-            )
-            key = ",".join(
-                [
-                    name + ("null" if (value := values[i]) is None else fragment(value))
-                    for (name, fragment), i in key_parts
-                ]
-            )
-            key = "{" + key + "}"
-            found[key] = Read(event_id(prefix + key), key, "{" + data + "}")
-        return found
+        return ChunkRows(event_ids(EVENT_ID_NAMESPACE.bytes, prefix, keys), keys, data)
+
+    def _key_values(self, texts: pa.Array, shape: Shape, index: int) -> pa.Array:
+        """A key column's values as the key writes them (a numeric in its shortest form)."""
+        type_oid = shape.reads[index][1]
+        if type_oid != NUMERIC:
+            return json_values(texts, type_oid, self._fragment(type_oid))
+        key_fragment = self._key_fragment(type_oid)
+        return pa.array(
+            [None if text is None else key_fragment(text) for text in texts.to_pylist()],
+            pa.string(),
+        )
 
     def _fetched(
         self, table: Table, shape: Shape, change: RowChange, unavailable: list[str]
@@ -468,7 +579,7 @@ class EventMaker:
         if found is None:  # deleted since: a later event of the stream deletes it too
             return self._row(shape, change.new)[0], unavailable, []
         values = [
-            found.get(name) if isinstance(value, Unchanged) else value
+            found[name] if isinstance(value, Unchanged) and name in found else value
             for name, value in zip(shape.names, change.new, strict=False)
         ]
         after, still = self._row(shape, values)
@@ -516,7 +627,7 @@ class EventMaker:
             Event(
                 event_id(f"{self.slot}:{txn.commit_lsn}:{order}:truncate:{shard}"),
                 txn.commit_ms,
-                "truncate",
+                TRUNCATE_OPERATION,
                 table.qualified,
                 truncate_key(shard, shards),
                 "{}",

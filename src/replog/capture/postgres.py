@@ -62,6 +62,7 @@ from replog.capture.snapshot import (
     INITIAL,
     RECREATED,
     REQUESTED,
+    RESYNC,
     SnapshotPlan,
     signal,
     watermark,
@@ -71,9 +72,12 @@ from replog.capture.source import (
     MARKER_PREFIX,
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
+    LogHolds,
     PostgresSource,
+    SlotHealth,
     SlotInfo,
     Table,
+    qualified_name,
     server_positions,
 )
 from replog.capture.stream import DeferredKeys, Relations
@@ -84,7 +88,6 @@ from replog.crashpoints import crash_point
 from replog.errors import (
     CaptureError,
     InvalidOptionError,
-    SlotOwnershipError,
     SourcePositionError,
     TransactionOrderError,
 )
@@ -98,6 +101,12 @@ logger = logging.getLogger(__name__)
 __all__ = ["UNAVAILABLE", "PostgresCapture", "capture", "server_positions"]
 
 ProgressCallback = Callable[[CaptureProgress], None]
+
+IDLE_WAL_BYTES = 64 * 1024
+"""WAL the server may write past capture's position and still be idle: after a heartbeat
+it writes its own bookkeeping (a running-transactions record every 15 s, a checkpoint),
+which must not call for the next heartbeat, or an idle server writes WAL forever (and,
+with ``archive_timeout``, switches and archives a segment each time)."""
 
 
 class PostgresCapture:
@@ -129,7 +138,8 @@ class PostgresCapture:
         self.source.known = self._known
         try:
             self.source.lock_slot()  # before anything else touches the slot
-            self.source.check()
+            logged = log.transaction_version(self.app_id)
+            self.source.check(LogHolds(log.log_id, logged, self._slot_lsn))
             self._check_left_out()
             self.run_record = RunRecord(log.storage, options.slot, log.log_id)
             self.run_record.claim()
@@ -204,8 +214,8 @@ class PostgresCapture:
                 if not self.options.follow:
                     self.watch.check(now=True)  # DDL since the last look owes nothing
                     self._save_plan()
-                    if self._snapshot_owed() or self.removals.end_before is not None:
-                        continue
+                    if self._snapshot_owed() or self.removals.owed:
+                        continue  # a marker written at that look is in the WAL: read to it
                     break
                 self._heartbeat()
                 self.stop.wait(self.options.poll_s)
@@ -225,15 +235,16 @@ class PostgresCapture:
         """While the tables are idle and the server writes WAL elsewhere, confirm how far
         capture got every ``heartbeat_s``: a transactional message, which the next batch
         reads and commits (with no events) like any transaction, so the slot advances
-        and keeps WAL within a few heartbeats of the server's position. Also looks at the
-        slot: how much WAL it keeps, and whether the server invalidated it."""
+        and keeps WAL within a few heartbeats of the server's position (WAL moved: more
+        than :data:`IDLE_WAL_BYTES`). Also looks at the slot: how much WAL it keeps, and
+        whether the server invalidated it."""
         interval = self.options.heartbeat_s
         clock = time.monotonic()
         if not interval or clock - self._beat_at < interval:
             return
         self._beat_at = clock
         self._look_at_slot()
-        if self.source.current_position() > self.progress.position:
+        if self.source.current_position() - self.progress.position > IDLE_WAL_BYTES:
             self.source.emit_message(HEARTBEAT_PREFIX, json.dumps({"slot": self.options.slot}))
             self.progress.heartbeats += 1
 
@@ -244,7 +255,7 @@ class PostgresCapture:
             return
         self.progress.retained_wal_bytes = health.retained_bytes
         self.progress.slot_wal_status = health.wal_status
-        self._check_health()
+        self._check_health(health)
         limit = health.limit_bytes
         if health.wal_status in ("extended", "unreserved") or (
             limit is not None and health.safe_bytes is not None and health.safe_bytes < limit / 4
@@ -308,6 +319,7 @@ class PostgresCapture:
         ``--tables-changed`` says so (more: each new one gets its snapshot)."""
         plan = SnapshotPlan.load(self.log.storage, options.slot, self.log.log_id)
         self._known = dict(plan.tables) if plan is not None else {}
+        self._slot_lsn = plan.slot_lsn if plan is not None else 0
         remembered = sorted(self._known)
         if not options.tables and not options.publication:
             if not remembered:
@@ -345,42 +357,39 @@ class PostgresCapture:
         logged = self.log.transaction_version(self.app_id)  # the slot position it holds
         self._logged = logged or 0
         slot = self.source.slot()
-        self._check_owner(logged, slot)
         if logged is None:
             return self._start_new(slot)
-        if slot is None:
+        why = self._not_resumable(logged, slot)
+        if why is not None:
+            if self.options.reset_slot or self._started_over(logged, slot):
+                logger.warning("%s: starting over with a new slot (--reset-slot)", why)
+                return self._start_new(slot, resync=True)
             raise SourcePositionError(
-                f"the log holds capture position {lsn_to_text(logged)} of slot "
-                f"{self.options.slot!r}, but the slot does not exist: changes after it are "
-                f"gone. --reset-slot starts over with a new slot and a snapshot into this log"
+                f"{why}. --reset-slot starts over with a new slot into this log: the rows "
+                f"the source no longer holds are deleted from it, and every row is read again"
             )
-        self._check_health()
-        confirmed = slot[2]
-        if confirmed > logged:
-            raise SourcePositionError(
-                f"slot {self.options.slot!r} was advanced to {lsn_to_text(confirmed)}, past "
-                f"the log's position {lsn_to_text(logged)}: the changes between were consumed "
-                f"elsewhere and would be lost. --reset-slot starts over with a new slot and a "
-                f"snapshot into this log"
-            )
+        assert slot is not None
         plan = SnapshotPlan.load(self.log.storage, self.options.slot, self.log.log_id)
-        added = self.source.ensure_publication(self._owner)
-        for name, oid in self.released.items():
-            self.source.remove_from_publication(name, oid)
-            logger.warning("%s is no longer captured (--tables-changed): its rows stay in "
-                           "tables built from the log", name)  # fmt: skip
         if plan is None:  # a capture of an earlier replog, or one that never had a plan
             plan = SnapshotPlan(self.options.slot, self.log.log_id, tables=self._table_ids())
             self._plan_changed = True
         self.plan = self.truncations.plan = plan
         self._plan_changed |= plan.resolve(logged)
-        for name in self.released:
-            plan.drop(name)
+        missed = self._missed(plan)  # before the publication is made whole
+        self.removals.plan = plan
+        for table, why in missed:
+            self._resync(table, why)
+        if missed:  # what is owed, saved before the publication changes (as it was)
+            plan.save(self.log.storage)
+        added = self._publish()
+        self._release(plan, logged)
         self.watch.start(plan)  # what DDL did while no capture ran
         for table in self.source.tables.values():
-            if table in added or table.qualified not in plan.tables:
+            if table.qualified not in plan.tables or (table in added and table not in dict(missed)):
                 self._owe_snapshot(table, ADDED)
+        self.removals.emit_owed()
         self._save_plan()
+        confirmed = slot[2]
         if confirmed < logged:  # killed after a commit, before the advance
             logger.info(
                 "advancing slot %s from %s to the log's %s",
@@ -391,71 +400,156 @@ class PostgresCapture:
             self.source.advance(logged)
         return logged
 
-    @property
-    def _owner(self) -> dict[str, str]:
-        return {"log_id": self.log.log_id, "log": self.log.url}
-
-    def _check_owner(self, logged: int | None, slot: SlotInfo | None) -> None:
-        """Never drop or advance a slot another log owns: the log that created it (named
-        in capture's own publication), or, without that record, one this log holds no
-        capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly."""
-        owner = self.source.slot_owner()
-        name = self.options.slot
-        foreign = owner is not None and owner.get("log_id") != self.log.log_id
-        if slot is None or not (foreign or logged is None) or self.options.reset_slot:
-            return
-        if logged is None and owner is None and self.options.snapshot == "never":
-            return  # a slot of the user's, adopted without a snapshot (as documented)
-        whose = (
-            f"log {owner.get('log', '?')} (id {owner['log_id']})"
-            if owner is not None
-            else "another log, or none (no capture's publication names its owner)"
-        )
-        here = (
-            f"this log holds capture position {lsn_to_text(logged)} of it, but"
-            if logged is not None
-            else "this log holds no capture of it:"
-        )
-        raise SlotOwnershipError(
-            f"slot {name!r} exists and {here} it belongs to {whose}. Capture into that "
-            f"log's URL to resume it; use another slot (--slot) for this log; or give "
-            f"--reset-slot to drop {name!r} and start over here with a new slot and a "
-            f"snapshot (the log that follows {name!r} can then never resume)"
-        )
-
-    def _check_health(self) -> None:
-        """A slot the server invalidated (``max_slot_wal_keep_size``, an old xmin) holds
-        none of the changes after its position: say so with the way on, never loop."""
+    def _not_resumable(self, logged: int, slot: SlotInfo | None) -> str | None:
+        """Why the log's capture cannot go on reading the slot from its position (None:
+        it can)."""
+        name, at = self.options.slot, lsn_to_text(logged)
+        if slot is None:
+            return (
+                f"the log holds capture position {at} of slot {name!r}, but the slot does "
+                f"not exist: changes after it are gone"
+            )
         health = self.source.slot_health()
         if health is not None and health.lost:
+            reason = health.invalidation or "wal_status lost"
+            return (
+                f"the server invalidated slot {name!r} ({reason}): the WAL after the log's "
+                f"position {at} is gone (max_slot_wal_keep_size is {health.limit}: raise it, "
+                f"or keep the capture running)"
+            )
+        if slot[2] > logged:
+            return (
+                f"slot {name!r} was advanced to {lsn_to_text(slot[2])}, past the log's "
+                f"position {at}: the changes between were consumed elsewhere and would be lost"
+            )
+        owner = self.source.slot_owner()
+        if owner is not None and owner.get("log_id") != self.log.log_id:  # --reset-slot
+            return f"slot {name!r} belongs to log {owner.get('log', '?')}"
+        return None
+
+    def _check_health(self, health: SlotHealth) -> None:
+        """A slot the server invalidated while capture ran (``max_slot_wal_keep_size``, an
+        old xmin) holds none of the changes after its position: say so with the way on,
+        never loop."""
+        if health.lost:
             raise SourcePositionError(
                 f"the server invalidated slot {self.options.slot!r} "
                 f"({health.invalidation or 'wal_status lost'}): the WAL after the log's "
                 f"position is gone (max_slot_wal_keep_size is {health.limit}). Start over with "
-                f"--reset-slot (a new slot and a snapshot into this log), and raise "
+                f"--reset-slot (a new slot into this log: the rows the source no longer holds "
+                f"are deleted from it, and every row is read again), and raise "
                 f"max_slot_wal_keep_size or keep the capture running"
             )
 
-    def _start_new(self, slot: SlotInfo | None) -> int:
-        """A capture the log holds nothing of: a new slot, every table's snapshot owed."""
-        if slot is not None and self.options.reset_slot:
+    def _started_over(self, logged: int, slot: SlotInfo | None) -> bool:
+        """The slot is one this log's capture created in place of one it could not resume
+        (``--reset-slot``) and never advanced: that run was killed before its first
+        commit, and this one starts over again."""
+        return slot is not None and bool(self._slot_lsn) and slot[2] == self._slot_lsn > logged
+
+    def _missed(self, plan: SnapshotPlan) -> list[tuple[Table, str]]:
+        """The captured tables whose changes since the log's position the stream lacks,
+        and why: capture's own publication dropped meanwhile (created again at start) or
+        the table taken out of it, or, for a partitioned table, a publication through
+        partition roots (replog before 0.6), which sent no TRUNCATE of one partition."""
+        state = self.source.own_publication_state()
+        if state == "user":
+            return []
+        publication = self.source.publication
+        if state is None:
+            why = f"capture's own publication {publication} was dropped since the log's position"
+            return [(table, why) for table in self.source.tables.values()]
+        missing = self.source.unpublished([table.oid for table in self.source.tables.values()])
+        found = []
+        for table in self.source.tables.values():
+            if plan.tables.get(table.qualified) != table.oid:
+                continue  # new to the capture, or created again: its snapshot is owed anyway
+            if missing and table.oid in missing:
+                why = f"{table.qualified} was taken out of capture's own publication {publication}"
+                found.append((table, f"{why} since the log's position"))
+            elif state == "root" and self.source.is_partitioned(table.oid):
+                why = f"publication {publication} published through partition roots (replog "
+                found.append((table, f"{why}before 0.6), which sends no TRUNCATE of a partition"))
+        return found
+
+    def _resync(self, table: Table, why: str) -> None:
+        """The stream missed changes of ``table``: its rows the source no longer holds are
+        deleted from the log (at a marker), and it is snapshotted again."""
+        logger.warning(
+            "%s: changes of %s are missing from the stream since the log's position. Its rows "
+            "the source no longer holds are deleted from the log, and it is snapshotted again",
+            why,
+            table.qualified,
+        )
+        self.removals.stale(table)
+        self._restart_snapshot(table, RESYNC)
+
+    def _publish(self) -> list[Table]:
+        """Capture's own publication made whole for the tables (and naming this log its
+        owner), the tables ``--tables-changed`` released taken out; the tables it added."""
+        added = self.source.ensure_publication(self._owner)
+        for name, oid in self.released.items():
+            if self.source.remove_from_publication(oid):
+                logger.warning("%s is no longer captured (--tables-changed): its rows stay in "
+                               "tables built from the log", name)  # fmt: skip
+        return added
+
+    def _release(self, plan: SnapshotPlan, logged: int) -> None:
+        """Remember in the plan the tables released now, and skip the changes still unread
+        of those released before (until the log's position passes where they left)."""
+        at = self.source.current_position()
+        for name, oid in self.released.items():
+            plan.drop(name)
+            plan.released[name] = {"oid": oid, "at": at}
+            self._plan_changed = True
+        captured = {table.oid for table in self.source.tables.values()}
+        for name, entry in list(plan.released.items()):
+            if entry["at"] <= logged or entry["oid"] in captured:
+                del plan.released[name]
+                self._plan_changed = True
+            else:
+                self.released.setdefault(name, entry["oid"])
+
+    @property
+    def _owner(self) -> dict[str, str]:
+        return {"log_id": self.log.log_id, "log": self.log.url}
+
+    def _start_new(self, slot: SlotInfo | None, *, resync: bool = False) -> int:
+        """A capture the log holds nothing of (or, ``resync``, one that cannot resume its
+        slot): a new slot, every table's snapshot owed (with ``resync``, after the rows
+        the source no longer holds are deleted)."""
+        ours_to_redo = self.source.slot_ours and self.options.snapshot == "initial"
+        if slot is not None and (self.options.reset_slot or ours_to_redo or resync):
             logger.warning(
-                "--reset-slot: dropping slot %s (the log holds no capture of it) to start "
-                "over with a new slot and a snapshot",
+                "%s: dropping slot %s (the log holds no capture it can resume) to start over "
+                "with a new slot and a snapshot",
+                "--reset-slot"
+                if self.options.reset_slot
+                else "this log's earlier run ended before its first commit",
                 self.options.slot,
             )
             self.source.drop_slot()
             slot = None
-        self.source.ensure_publication(self._owner)
+        self._publish()
         position = slot[2] if slot is not None else self.source.create_slot()
-        self.plan = SnapshotPlan(self.options.slot, self.log.log_id, tables=self._table_ids())
+        self.plan = SnapshotPlan(
+            self.options.slot,
+            self.log.log_id,
+            tables=self._table_ids(),
+            slot_lsn=0 if slot is not None else position,
+        )
+        self._slot_lsn = self.plan.slot_lsn
         self.truncations.plan = self.plan
         self.watch.start(self.plan)
-        if self.options.snapshot == "initial":
+        if resync:
+            for table in self.source.tables.values():
+                self._resync(table, f"slot {self.options.slot} started over")
+        elif self.options.snapshot == "initial":
             for table in self.source.tables.values():
                 self.plan.enqueue(table, INITIAL, self.source.estimated_rows(table))
         self._plan_changed = True
         self._save_plan()
+        self.removals.emit_owed()
         return position
 
     def _table_ids(self) -> dict[str, int]:
@@ -523,10 +617,10 @@ class PostgresCapture:
         if not owed.started_ms:
             owed.started_ms = now_ms()
         chunk = self.chunks.read(owed, table)
-        if chunk is None:  # the table was dropped: the watch says what comes of it
-            logger.warning("%s was dropped while its snapshot was read: the snapshot is "
-                           "given up", owed.name)  # fmt: skip
-            self.plan.drop(owed.table)
+        if chunk is None:  # the table, or the partition, left: the watch says what comes of it
+            logger.warning("%s was dropped (or detached) while its snapshot was read: the "
+                           "snapshot is given up", owed.name)  # fmt: skip
+            self.plan.give_up(owed)
             self._plan_changed = True
             self.watch.check(now=True)
             return
@@ -567,7 +661,7 @@ class PostgresCapture:
         logger.info("signal %s asks for snapshots of %s", signal_id, ", ".join(names))
         self._plan_changed = True
         for name in names:
-            table = self.source.tables.get(name if "." in name else f"public.{name}")
+            table = self.source.captured(qualified_name(name))
             if table is None:
                 logger.warning(
                     "a signal asks for a snapshot of %s, which this capture does not capture",
@@ -616,6 +710,7 @@ class PostgresCapture:
             self._plan_changed = True  # saved with the next change of the plan
         self.progress.position = max(position, last)
         self.progress.rows += batch.events - (len(batch.chunk.events) if batch.chunk else 0)
+        self.progress.count(batch.counts)
         self.progress.transactions += batch.captured
         self.progress.skipped_transactions += batch.transactions - batch.captured - batch.heartbeats
         if batch.last_commit_ms is not None:
@@ -702,6 +797,8 @@ class PostgresCapture:
         if mapped is None:
             return order
         table = mapped.table
+        if self.removals.replaced(table):
+            return order
         if mapped.replaced is not None:  # seen in the stream first (a user's publication)
             self.watch.replaced(table.qualified, mapped.replaced)
         self.removals.first(table, batch, txn.commit_lsn)

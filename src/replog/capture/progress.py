@@ -9,7 +9,8 @@ fill reads as its default (0, False or None) everywhere.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from replog.capture.pgoutput import lsn_to_text
@@ -75,6 +76,15 @@ class CaptureProgress:
     publication_dropped: str | None = None
     """``--drop-slot``: the name of the publication this capture had created and dropped
     with the slot (None: none dropped; a ``--publication`` given is never dropped)."""
+    table_events: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Events written to the log per collection (``schema.table``) and operation
+    (``insert``, ``update``, ``delete``, ``truncate``; ``read``: snapshot rows)."""
+
+    def count(self, events: Mapping[tuple[str, str], int]) -> None:
+        """Add a commit's events, by (collection, operation), to :attr:`table_events`."""
+        for (collection, operation), number in events.items():
+            table = self.table_events.setdefault(collection, {})
+            table[operation] = table.get(operation, 0) + number
 
     @property
     def snapshot_fraction(self) -> float | None:
@@ -110,4 +120,5 @@ class CaptureProgress:
             "errors": self.errors,
             "slot_dropped": self.slot_dropped,
             "publication_dropped": self.publication_dropped,
+            "tables": {table: dict(ops) for table, ops in sorted(self.table_events.items())},
         }

@@ -13,18 +13,20 @@ Each value is read as its type's output function writes it (:func:`text_rows`).
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 from psycopg import sql
 
-from replog.capture.source import PostgresSource, Table, text_rows
+from replog.capture.source import PostgresSource, Table, copy_rows, relation_of, text_rows
+
+logger = logging.getLogger(__name__)
 
 Key = list[str | None]
 """A key as its columns' text, in key order."""
-
-Row = tuple[str | None, ...]
 
 
 class RelationGone(Exception):  # noqa: N818 - a state the chunk reader acts on, never escapes
@@ -40,18 +42,12 @@ class TableRows:
         self.connection = connection
 
     def relation(self, oid: int) -> sql.Composable:
-        """Relation ``oid`` as a read names it: ``ONLY`` a plain table (inheritance children
-        are published as themselves), a partitioned table with its partitions. Raises
-        :class:`RelationGone` for one dropped meanwhile."""
-        row = self.connection.execute(
-            "SELECT c.relkind, quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
-            " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
-            (oid,),
-        ).fetchone()
-        if row is None:
+        """Relation ``oid`` as a read names it (:func:`~replog.capture.source.relation_of`).
+        Raises :class:`RelationGone` for one dropped meanwhile."""
+        found = relation_of(self.connection, oid)
+        if found is None:
             raise RelationGone(oid)
-        only = sql.SQL("ONLY ") if row[0] == "r" else sql.SQL("")
-        return sql.SQL("{}{}").format(only, sql.SQL(row[1]))
+        return found
 
     def _select(self, table: Table, relation: sql.Composable) -> sql.Composed:
         columns = sql.SQL(", ").join(sql.Identifier(name) for name, _, _ in table.columns)
@@ -67,7 +63,7 @@ class TableRows:
         after: Key | None,
         upto: Key | None,
         limit: int | None = None,
-    ) -> list[Row]:
+    ) -> pa.Table:
         """Rows of relation ``relation`` (``table`` or one of its partitions) with keys
         after ``after`` (None: from the first) up to and including ``upto`` (None: no
         bound), in key order, at most ``limit``."""
@@ -87,7 +83,7 @@ class TableRows:
         query = sql.SQL("{} ORDER BY {}").format(query, keys)
         if limit is not None:
             query = sql.SQL("{} LIMIT {}").format(query, sql.Literal(limit))
-        return text_rows(self.connection, query, params)
+        return copy_rows(self.connection, query, params)
 
     def key_cuts(
         self, table: Table, relation: int, after: Key | None, every: int, count: int
@@ -142,28 +138,61 @@ class TableRows:
         ]
         return found or [oid]
 
-    def blocks(self, table: Table, leaf: int, block: int, rows: int) -> tuple[list[Row], int]:
+    def blocks(
+        self, table: Table, leaf: int, block: int, rows: int, filenode: int
+    ) -> tuple[pa.Table, int, int]:
         """About ``rows`` rows of leaf relation ``leaf`` from block ``block`` on (every row
-        of a range of whole blocks), and the block after the range; no rows and the block
-        past the relation's end when it has no more."""
-        row = self.connection.execute(
-            "SELECT pg_relation_size(%s) / current_setting('block_size')::int,"
-            " CASE WHEN relpages > 0 THEN greatest(reltuples / relpages, 1) ELSE 100 END"
-            " FROM pg_class WHERE oid = %s",
-            (leaf, leaf),
-        ).fetchone()
-        if row is None:
-            raise RelationGone(leaf)
-        size, per_block = row
-        if block >= size:
-            return [], block
-        step = max(1, int(rows / per_block))
-        query = sql.SQL("{} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
-            self._select(table, self.relation(leaf))
-        )
-        return text_rows(self.connection, query, (f"({block},0)", f"({block + step},0)")), (
-            block + step
-        )
+        of a range of whole blocks), the block after the range, and the storage
+        (``relfilenode``) the blocks count in; no rows and the block past the relation's
+        end when it has no more. ``filenode``: the storage ``block`` counted in (0: none
+        yet). A relation rewritten since (``VACUUM FULL``, ``CLUSTER``, pg_repack: its rows
+        moved to other blocks, and no change says so) is read again from its first block.
+        The read holds the relation's lock from before it looks at its storage to its
+        end, so no rewrite falls between."""
+        relation = self.relation(leaf)
+        with self.connection.transaction():
+            try:
+                self.connection.execute(sql.SQL("SELECT FROM {} LIMIT 0").format(relation))
+            except psycopg.errors.UndefinedTable as exc:  # dropped since it was named
+                raise RelationGone(leaf) from exc
+            row = self.connection.execute(
+                "SELECT pg_relation_size(%s) / current_setting('block_size')::int,"
+                " CASE WHEN relpages > 0 THEN greatest(reltuples / relpages, 1) ELSE 100 END,"
+                " pg_relation_filenode(%s) FROM pg_class WHERE oid = %s",
+                (leaf, leaf, leaf),
+            ).fetchone()
+            if row is None:
+                raise RelationGone(leaf)
+            size, per_block, storage = row[0], row[1], int(row[2])
+            if block and storage != filenode:
+                logger.warning(
+                    "%s was rewritten while its snapshot read it in physical order (VACUUM "
+                    "FULL, CLUSTER?): it is read again from its first block",
+                    table.qualified,
+                )
+                block = 0
+            if block >= size:
+                return no_rows(table), block, storage
+            step = max(1, int(rows / per_block))
+            query = sql.SQL("{} WHERE ctid >= %s::tid AND ctid < %s::tid").format(
+                self._select(table, relation)
+            )
+            found = copy_rows(self.connection, query, (f"({block},0)", f"({block + step},0)"))
+        return found, block + step, storage
+
+
+def no_rows(table: Table) -> pa.Table:
+    """No row of ``table``, as :meth:`TableRows.key_range` gives rows."""
+    return pa.table({f"c{index}": pa.array([], pa.string()) for index in range(len(table.columns))})
+
+
+def last_key(table: Table, rows: pa.Table) -> Key | None:
+    """The key (each key column's text) of the last of ``rows`` (every column of
+    ``table``, in order); None for no rows."""
+    if rows.num_rows == 0:
+        return None
+    names = [name for name, _, _ in table.columns]
+    return [rows.column(names.index(key))[rows.num_rows - 1].as_py() for key in table.key]
 
 
 def next_leaf(leaves: Sequence[int], current: int) -> int | None:

@@ -12,7 +12,11 @@ rows. Capture deletes them itself, at a point of the stream:
   (:mod:`~replog.capture.watch`) writes a marker into the WAL when it sees the partition
   gone, and the rows are deleted where the stream meets it: the live rows of the
   collection that the partition's constraint selects and that the table does not hold
-  now (a row inserted again since, into another partition, stays).
+  now (a row inserted again since, into another partition, stays);
+* a table whose changes the stream **missed** (a new slot in place of one that cannot be
+  resumed, capture's publication dropped or left by the table): a marker written once the
+  table is published again; where the stream meets it, the live rows of the collection
+  the table does not hold now are deleted, and the table is snapshotted again after it.
 
 In each case capture ends its batch just before that point (:class:`EndBefore`), so the
 log holds every event before it; it then reads the collection's live rows back from the
@@ -24,7 +28,9 @@ The cost is one read of the log's events of that collection, once per such DDL.
 
 from __future__ import annotations
 
+import json
 import logging
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -32,9 +38,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.capture.batch import Batch
-from replog.capture.events import Event, EventMaker, event_id
-from replog.capture.snapshot import SnapshotPlan
-from replog.capture.source import PostgresSource, Table
+from replog.capture.events import TRUNCATE_OPERATION, Event, EventMaker, event_id
+from replog.capture.snapshot import RESYNC, SnapshotPlan
+from replog.capture.source import MARKER_PREFIX, PostgresSource, Table
 from replog.log import ReplicationLog
 from replog.tables.changes import latest_events
 from replog.timeutil import now_ms
@@ -54,17 +60,33 @@ class EndBefore(Exception):  # noqa: N818 - control flow of the capture loop, ne
         self.what = what
 
 
+_LIVE_COLUMNS = ["collection", "key", "data", "operation", "shard", "sequence"]
+"""What a live row needs: its metadata (most of an event's bytes) is left out."""
+
+
 def _of_collection(log: ReplicationLog, collection: str) -> Iterator[pa.RecordBatch]:
     for batch in log.scan():
         kept = batch.filter(pc.equal(batch.column("collection"), collection))
         if kept.num_rows:
-            yield kept
+            yield kept.select(_LIVE_COLUMNS)
 
 
 def live_rows(log: ReplicationLog, collection: str) -> pa.Table | None:
-    """The newest event of each key of ``collection`` that the log holds live (its newest
-    event is no delete); None when there is none."""
-    return latest_events(_of_collection(log, collection))
+    """The newest event of each key of ``collection`` that the log holds live: its newest
+    event is no delete, and no truncate of the collection follows it on its shard (a
+    truncate event is no row either); None when there is none."""
+    latest = latest_events(_of_collection(log, collection))
+    if latest is None:
+        return None
+    operation = latest.column("operation")
+    truncates = latest.filter(pc.equal(operation, TRUNCATE_OPERATION))
+    rows = latest.filter(pc.not_equal(operation, TRUNCATE_OPERATION))
+    if truncates.num_rows:  # one key per shard: the newest truncate of each shard
+        since = dict(zip(truncates.column("shard").to_pylist(),
+                         truncates.column("sequence").to_pylist(), strict=True))  # fmt: skip
+        after = [since.get(shard, -1) for shard in rows.column("shard").to_pylist()]
+        rows = rows.filter(pc.greater(rows.column("sequence"), pa.array(after, pa.int64())))
+    return rows if rows.num_rows else None
 
 
 def live_keys(log: ReplicationLog, collection: str) -> list[str]:
@@ -123,8 +145,23 @@ class Removals:
         """What the batch ended before: the resets and removals whose deletes are made next."""
         self.ready: dict[str, list[Event]] = {}
         """Deletes for the head of the next batch, by what they are for."""
+        self._warned: set[int] = set()
+        self.superseded: set[int] = set()
+        """Ids of tables replaced under their name whose rows are deleted at the head of
+        the batch: changes of theirs later in the stream are no longer the collection's
+        (a table renamed away while another took its name, still written)."""
 
     # -- what is owed -------------------------------------------------------------------
+
+    @property
+    def owed(self) -> bool:
+        """Deletes are owed at a point of the stream not read yet (a batch ended before
+        it, or a marker of a partition's removal is still ahead): a capture that is not
+        following reads on to it before it ends."""
+        return self.end_before is not None or any(
+            removal.get("done_at") is None
+            for removal in (self.plan.removals if self.plan is not None else [])
+        )
 
     def _reset(self, name: str) -> str:
         return f"{RESET}:{name}"
@@ -153,6 +190,8 @@ class Removals:
         what = self._removal(removal_id)
         if what not in batch.removed:
             raise EndBefore(commit_lsn, what)
+        if removal.get("cause") != RESYNC:
+            self.source.place_partition(int(removal["leaf"]), None)  # its later changes: not ours
 
     def _owed_removal(self, removal_id: str) -> dict[str, Any] | None:
         if self.plan is None:
@@ -166,6 +205,25 @@ class Removals:
             None,
         )
 
+    def stale(self, table: Table) -> None:
+        """The stream missed changes of ``table``: its rows the log holds and the source
+        no longer does are deleted where the stream meets a marker (:meth:`emit_owed`
+        writes it: after the plan that owes it is saved)."""
+        assert self.plan is not None
+        self.plan.removals.append(
+            {"id": uuid.uuid4().hex, "table": table.qualified, "leaf": table.oid,
+             "constraint": "true", "columns": None, "done_at": None, "cause": RESYNC}
+        )  # fmt: skip
+        self.changed = True
+
+    def emit_owed(self) -> None:
+        """A marker into the WAL now for each resync owed whose marker the stream has not
+        met: one written by a run killed before its plan was saved is lost, and one met
+        twice is taken once."""
+        for removal in self.plan.removals if self.plan is not None else []:
+            if removal.get("cause") == RESYNC and removal.get("done_at") is None:
+                self.source.emit_message(MARKER_PREFIX, json.dumps({"removal": removal["id"]}))
+
     # -- the batches --------------------------------------------------------------------
 
     def head(self, batch: Batch) -> None:
@@ -173,6 +231,25 @@ class Removals:
         for what, made in self.ready.items():
             batch.add(made)
             batch.removed.append(what)
+            kind, _, name = what.partition(":")
+            reset = self.plan.resets.get(name) if kind == RESET and self.plan else None
+            if reset is not None:
+                self.superseded.add(int(reset["old_oid"] or 0))
+
+    def replaced(self, table: Table) -> bool:
+        """Whether ``table`` (a change's) was replaced under its name and its rows deleted
+        before this point of the stream: its change is not captured (warned once)."""
+        if table.oid not in self.superseded:
+            return False
+        if table.oid not in self._warned:
+            self._warned.add(table.oid)
+            logger.warning(
+                "changes of table %d, which another table replaced as %s, are no longer "
+                "captured (it was renamed away: capture follows the name)",
+                table.oid,
+                table.qualified,
+            )
+        return True
 
     def done(self, batch: Batch, position: int) -> None:
         """Write down, before ``batch``'s commit at ``position``, the deletes it carries."""
@@ -238,19 +315,26 @@ class Removals:
         keys = (
             []
             if rows is None
-            else self.source.rows_of_partition(table, rows, removal["constraint"], keep_held=False)
+            else self.source.rows_of_partition(
+                table, rows, removal["constraint"], removal.get("columns")
+            )
         )
-        logger.warning(
-            "partition %s left %s (detached or dropped): deleting its %d rows from the log",
-            removal["leaf"],
-            table.qualified,
-            len(keys),
-        )
+        resync = removal.get("cause") == RESYNC
+        if resync:
+            logger.warning("%s: deleting the %d rows of the log the source no longer holds",
+                           table.qualified, len(keys))  # fmt: skip
+        else:
+            logger.warning(
+                "partition %s left %s (detached or dropped): deleting its %d rows from the log",
+                removal["leaf"],
+                table.qualified,
+                len(keys),
+            )
         return deletes(
             self.maker,
             table,
             keys,
-            cause={"partition_removed": int(removal["leaf"])},
+            cause={"resync" if resync else "partition_removed": int(removal["leaf"])},
             identity=f"partition:{removal_id}",
             ts_ms=now_ms(),
             position=position,

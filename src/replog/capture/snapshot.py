@@ -49,6 +49,10 @@ plan keeps the captured tables' partitions and column names (what the catalog wa
 compares against)."""
 CAPTURES_DIR = "_replog/captures"
 INITIAL, ADDED, REQUESTED, RECREATED = "initial", "added", "requested", "recreated"
+RESYNC = "resync"
+"""A table whose changes the stream missed (a new slot in place of one that cannot be
+resumed, capture's publication dropped or left by the table): read again whole, after
+its rows the source no longer holds were deleted."""
 ATTACHED, COLUMNS_CHANGED = "attached", "columns-changed"
 _KEPT_SIGNALS = 100
 _KEPT_FINISHED = 20
@@ -69,7 +73,8 @@ class TableSnapshot:
     oid: int
     reason: str
     """``initial``, ``added`` (joined the capture later), ``requested`` (a signal),
-    ``recreated`` (dropped and created again under its name), ``attached`` (a partition
+    ``recreated`` (dropped and created again under its name), ``resync`` (its changes
+    were missed: :data:`RESYNC`), ``attached`` (a partition
     attached to it), ``columns-changed`` (a column renamed or retyped)."""
     after: list[str | None] | None = None
     """Key order: the key (each column's text) of the last row read; None: none yet."""
@@ -78,6 +83,10 @@ class TableSnapshot:
     read in the order of their ids."""
     block: int = 0
     """Physical order: the next block of that relation to read."""
+    filenode: int = 0
+    """Physical order: the storage of that relation (``relfilenode``) the block counts
+    in: rewritten since (``VACUUM FULL``, ``CLUSTER``, pg_repack move rows and write no
+    change), the relation is read again from its first block."""
     rows: int = 0
     chunks: int = 0
     estimate: int = 0
@@ -98,7 +107,7 @@ class TableSnapshot:
 
     def restart(self) -> None:
         """Read the table again from its start."""
-        self.after, self.leaf, self.block = None, 0, 0
+        self.after, self.leaf, self.block, self.filenode = None, 0, 0, 0
 
 
 @dataclass
@@ -113,6 +122,7 @@ class PendingChunk:
     rows: int
     finished: bool
     relation: int = 0
+    filenode: int = 0
 
 
 def _from_version_1(item: dict[str, Any]) -> dict[str, Any]:
@@ -157,11 +167,29 @@ class SnapshotPlan:
     """Captured partitioned tables -> their leaf partitions (id as text -> partition
     constraint, ``pg_get_partition_constraintdef``), as last seen."""
     columns: dict[str, dict[str, list[str]]] = field(default_factory=dict)
-    """Captured tables -> their columns (``attnum`` as text -> [name, type]), as last seen."""
+    """Captured tables -> their columns (``attnum`` as text -> [name, type, the ``xmin`` of
+    its catalog row]), as last seen."""
+    attached: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Captured partitioned tables -> their leaf partitions -> how each was attached (the
+    ``xmin`` of its catalog rows), as last seen: one detached and attached again between
+    two looks has other ones."""
+    storage: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Captured tables -> the table or its leaf partitions -> their storage
+    (``relfilenode``), as last seen: a table rewritten has another one."""
     removals: list[dict[str, Any]] = field(default_factory=list)
     """Partitions that left a captured table (detached, dropped): ``id`` (their marker in
     the WAL), ``table``, ``leaf``, ``constraint``, ``done_at`` (the position of the commit
-    that deletes their rows, once one is made)."""
+    that deletes their rows, once one is made). With ``cause`` ``resync``: a table whose
+    changes the stream missed (``leaf`` its id, ``constraint`` ``true``): its rows the
+    source no longer holds are deleted."""
+    slot_lsn: int = 0
+    """The consistent point of the slot this log's capture created (0: a slot it adopted,
+    or a plan of replog before 0.6): a slot found still there is this log's, never
+    advanced (its run was killed before its first commit), whoever names its owner."""
+    released: dict[str, dict[str, int]] = field(default_factory=dict)
+    """Tables ``--tables-changed`` stopped capturing -> ``oid`` and ``at`` (the server's
+    WAL position once they left capture's publication): their changes before it, still
+    in the slot, are skipped (counted), until the log's position passes it."""
 
     # -- storage -----------------------------------------------------------------------
 
@@ -192,7 +220,11 @@ class SnapshotPlan:
                 resets=dict(body.get("resets", {})),
                 partitions=dict(body.get("partitions", {})),
                 columns=dict(body.get("columns", {})),
+                attached=dict(body.get("attached", {})),
+                storage=dict(body.get("storage", {})),
                 removals=list(body.get("removals", [])),
+                slot_lsn=int(body.get("slot_lsn", 0)),
+                released=dict(body.get("released", {})),
             )
         except (KeyError, TypeError) as exc:
             raise CorruptionError(storage.path(path), f"malformed capture plan: {exc}") from exc
@@ -244,6 +276,16 @@ class SnapshotPlan:
             found.restart()
             return True
         return self.enqueue(table, reason, estimate)
+
+    def give_up(self, snapshot: TableSnapshot) -> None:
+        """Stop taking ``snapshot`` (what it reads left the table)."""
+        self.queue = [item for item in self.queue if item is not snapshot]
+        pending = self.pending
+        if pending is not None and (pending.table, pending.relation) == (
+            snapshot.table,
+            snapshot.relation,
+        ):
+            self.pending = None
 
     def drop(self, table: str) -> None:
         """Stop snapshotting ``table`` (it was dropped)."""
@@ -305,6 +347,7 @@ class SnapshotPlan:
         ):
             return True
         current.after, current.leaf, current.block = pending.after, pending.leaf, pending.block
+        current.filenode = pending.filenode
         current.rows += pending.rows
         current.chunks += 1
         if pending.finished:

@@ -13,9 +13,11 @@ Two rules protect the source:
   one, every UPDATE and DELETE on it fails (a DEFERRABLE primary key cannot be the
   identity; ``REPLICA IDENTITY NOTHING`` has none; a partitioned table's partitions each
   need their own).
-* Capture's own publication publishes through partitioned tables' roots
-  (``publish_via_partition_root``) and, from PostgreSQL 18, STORED generated columns
-  (``publish_generated_columns``), so the stream carries what the snapshot reads.
+* Capture's own publication publishes partitions as themselves
+  (``publish_via_partition_root = false``: only then is a TRUNCATE of one partition in
+  the stream; the stream maps each partition to its root) and, from PostgreSQL 18,
+  STORED generated columns (``publish_generated_columns``), so the stream carries what
+  the snapshot reads.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 import pyarrow as pa
+import pyarrow.csv as pacsv
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict
 
@@ -41,6 +44,7 @@ from replog.errors import (
     CaptureError,
     CaptureRunningError,
     InvalidOptionError,
+    SlotOwnershipError,
     SourceConfigError,
     SourceConnectionError,
     SourcePrivilegeError,
@@ -67,6 +71,17 @@ PARTITION_ROWS_PER_QUERY = 50_000
 
 SlotInfo = tuple[str, str, int, int | None]
 """A slot's plug-in, database, confirmed position and active server process."""
+
+
+class LogHolds(NamedTuple):
+    """What the log a capture writes holds of its slot: whose slot it is depends on it."""
+
+    log_id: str
+    position: int | None
+    """The capture position the log holds (None: none yet)."""
+    slot_lsn: int
+    """The consistent point of the slot this log's capture created (0: none known)."""
+
 
 Columns = tuple[tuple[str, int, int], ...]
 """A table's columns: name, type id and type modifier (``atttypmod``: a numeric's
@@ -125,6 +140,37 @@ class SlotHealth:
         return self.wal_status == "lost" or self.invalidation is not None
 
 
+class CatalogEntry(NamedTuple):
+    """What the catalog says now of a captured table, named and known by id."""
+
+    oid: int | None
+    """The id its name has now (None: no such table)."""
+    name: str | None
+    """The name its id has now (None: dropped)."""
+    leaves: list[str] | None
+    """Its leaf partitions' ids as text (None: not partitioned)."""
+    columns: dict[str, list[str]]
+    """Its columns: ``attnum`` (as text) -> [name, type, the ``xmin`` of its catalog row
+    (written anew by a rename, a retype, ``SET DEFAULT``...)]."""
+    attached: dict[str, str]
+    """Leaf partitions -> the ``xmin`` of the catalog rows that attach it and its parents
+    (written anew by each ATTACH: one detached and attached again has other ones)."""
+    storage: dict[str, int]
+    """The table, or each leaf partition -> its storage (``relfilenode``: new when the
+    relation is rewritten: a retype, a column added with a volatile default, ``VACUUM
+    FULL``)."""
+
+
+def parse_owner(comment: str | None) -> dict[str, str] | None:
+    """The log that owns a slot, from the comment of capture's own publication of it
+    (``{"replog": {"slot": ..., "log_id": ..., "log": ...}}``); None for any other."""
+    try:
+        found = json.loads(comment)["replog"] if comment else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return found if isinstance(found, dict) and "log_id" in found else None
+
+
 def safe_dsn(dsn: str) -> str:
     """The DSN without its password, for messages."""
     try:
@@ -176,6 +222,10 @@ def text_rows(
 
 CAPTURE_LOCK_CLASS = 0x7265706C
 """The first key of replog's advisory locks ("repl"); the second is the slot name's hash."""
+CAPTURE_LOCK_WAIT = "3s"
+"""How long a capture waits for its slot's lock: a capture that ended a moment ago holds
+it until its server process has exited (a restart at once was refused as a second
+capture)."""
 
 
 def session_name(slot: str) -> str:
@@ -190,6 +240,33 @@ def sql_ident(name: str) -> str:
         name
         if name.isidentifier() and name == name.lower()
         else '"' + name.replace('"', '""') + '"'
+    )
+
+
+def copy_rows(
+    connection: psycopg.Connection[Any], query: sql.Composable, params: Sequence[Any] = ()
+) -> pa.Table:
+    """The rows of ``query`` as columns of strings, each value its type's output text (as
+    :func:`text_rows` gives it; NULL a null), read as ``COPY (query) TO STDOUT`` in CSV and
+    parsed by Arrow's CSV reader: no Python object per value (a snapshot chunk's path)."""
+    copy = sql.SQL("COPY ({}) TO STDOUT (FORMAT csv)").format(query)
+    with connection.cursor() as cursor:
+        with cursor.copy(copy, params or None) as stream:
+            raw = b"".join(bytes(block) for block in stream)
+        described = cursor.description or []
+    names = [f"c{index}" for index in range(len(described))]
+    if not raw:
+        return pa.table({name: pa.array([], pa.string()) for name in names})
+    return pacsv.read_csv(
+        pa.py_buffer(raw),
+        read_options=pacsv.ReadOptions(column_names=names, use_threads=False),
+        parse_options=pacsv.ParseOptions(newlines_in_values=True),
+        convert_options=pacsv.ConvertOptions(
+            column_types=dict.fromkeys(names, pa.string()),
+            null_values=[""],  # not Arrow's default list, which holds "null" and "NaN"
+            strings_can_be_null=True,
+            quoted_strings_can_be_null=False,  # "" is an empty string, nothing a NULL
+        ),
     )
 
 
@@ -220,6 +297,9 @@ class PostgresSource:
         """Tables the log's capture captured (collection -> id): one renamed since is
         described by its id, under its collection."""
         self._key_bounds: dict[tuple[tuple[int, int], ...], sql.Composed] = {}
+        self.slot_ours = False
+        """The slot is the log's (:meth:`check` judged it): named its owner in capture's
+        own publication, or the one its capture created and never advanced."""
 
     def close(self) -> None:
         self.connection.close()
@@ -233,9 +313,11 @@ class PostgresSource:
 
     # -- checks, before anything is written ------------------------------------------
 
-    def check(self) -> None:
+    def check(self, log: LogHolds | None = None) -> None:
         """Every reason capture cannot run, as an error naming the value at fault and the
-        statement that fixes it: before anything is written (to the log or the source)."""
+        statement that fixes it: before anything is written (to the log or the source).
+        ``log``: what the capture's log holds of the slot (None: a log not created yet),
+        whose slot it is judged by (:attr:`slot_ours`)."""
         wal_level = self._one("SHOW wal_level")
         if wal_level != "logical":
             raise SourceConfigError(
@@ -266,6 +348,48 @@ class PostgresSource:
                     )
         self._check_privileges()
         self._check_slot()
+        self.slot_ours = self._check_owner(log)
+        if publication is not None:
+            self._warn_unpublished(publication)
+
+    def _warn_unpublished(self, publication: str) -> None:
+        """Say what the user's publication keeps out of the stream (nothing is skipped
+        silently): the operations it does not publish, and, through partition roots, a
+        TRUNCATE of one partition (PostgreSQL sends none)."""
+        row = self.connection.execute(
+            "SELECT pubinsert, pubupdate, pubdelete, pubtruncate, pubviaroot"
+            " FROM pg_publication WHERE pubname = %s",
+            (publication,),
+        ).fetchone()
+        if row is None:
+            return
+        *actions, via_root = row
+        names = ("insert", "update", "delete", "truncate")
+        missing = [
+            name
+            for name, published in zip(names, actions, strict=True)
+            if not published and not (name == "truncate" and self.options.skip_truncate)
+        ]
+        if missing:
+            logger.warning(
+                "publication %s does not publish %s: those changes of its tables never reach "
+                "the stream and are not captured (tables built from the log keep what they "
+                "changed). ALTER PUBLICATION %s SET (publish = '%s')",
+                publication, ", ".join(missing), sql_ident(publication), ", ".join(names),
+            )  # fmt: skip
+        partitioned = self._all(
+            "SELECT oid::regclass::text FROM pg_class WHERE oid = ANY(%s) AND relkind = 'p'"
+            " ORDER BY 1",
+            ([table.oid for table in self.tables.values()],),
+        )
+        if via_root and partitioned and not self.options.skip_truncate:
+            logger.warning(
+                "publication %s publishes through partition roots (publish_via_partition_root)"
+                ": PostgreSQL sends no TRUNCATE of one partition of %s through it, so such a "
+                "TRUNCATE is not captured (tables built from the log keep the partition's "
+                "rows). ALTER PUBLICATION %s SET (publish_via_partition_root = false)",
+                publication, ", ".join(name for (name,) in partitioned), sql_ident(publication),
+            )  # fmt: skip
 
     @property
     def role(self) -> str:
@@ -351,8 +475,13 @@ class PostgresSource:
         one that holds it, before it touches anything. The server releases it when the
         session ends, however the capture ended."""
         key = (CAPTURE_LOCK_CLASS, self.options.slot)
-        if self._one("SELECT pg_try_advisory_lock(%s, hashtext(%s))", key):
+        try:
+            with self.connection.transaction():  # a session lock: it outlives the transaction
+                self.connection.execute(f"SET LOCAL lock_timeout = '{CAPTURE_LOCK_WAIT}'")
+                self.connection.execute("SELECT pg_advisory_lock(%s, hashtext(%s))", key)
             return
+        except psycopg.errors.LockNotAvailable:
+            pass
         holder = self.connection.execute(
             "SELECT a.pid, coalesce(a.client_hostname, host(a.client_addr), 'a local socket'),"
             " a.application_name, a.backend_start FROM pg_locks l"
@@ -454,14 +583,25 @@ class PostgresSource:
         name = self._one("SELECT %s::oid::regclass::text", (oid,))
         return sql.SQL(str(name).replace("%", "%%"))
 
+    def captured(self, name: str) -> Table | None:
+        """The captured table ``schema.table`` names: its collection, or the name a
+        captured table has now (renamed while captured: ``replog snapshot`` checks the
+        publication, which knows it by that name)."""
+        found = self.tables.get(name)
+        if found is None:
+            found = self.table_with_oid(self.current_oids([name])[name] or 0)
+        return found
+
     def table_with_oid(self, oid: int) -> Table | None:
         """The captured table whose id is ``oid`` (whatever it is called now)."""
         return self._by_oid.get(oid)
 
     def partition_root(self, oid: int) -> int | None:
         """The partitioned table at the top of relation ``oid``'s tree (None if it is no
-        partition, or no longer exists). Cached: a partition's root never changes while
-        it stays attached, and a detached one is no longer published through it."""
+        partition, or no longer exists). Cached: the stream's changes of a partition are
+        older than the catalog, so a partition that left its table is placed where its
+        changes still unread belong (:meth:`place_partition`) until the point of the
+        stream where it left."""
         if oid not in self._roots:
             root = self._one("SELECT pg_partition_root(%s::regclass)::oid", (oid,))
             self._roots[oid] = int(root) if root is not None and int(root) != oid else None
@@ -473,6 +613,26 @@ class PostgresSource:
         published as itself) is still mapped to its root."""
         for leaf in leaves:
             self._leaf_roots[leaf] = root
+
+    def is_leaf_of(self, leaf: int, root: int) -> bool:
+        """Whether relation ``leaf`` is a leaf partition of table ``root`` now."""
+        return bool(
+            self._one(
+                "SELECT count(*) FROM pg_partition_tree(%s) WHERE relid = %s::oid AND isleaf",
+                (root, leaf),
+            )
+        )
+
+    def place_partition(self, oid: int, root: int | None) -> None:
+        """Map changes of relation ``oid`` to the table ``root`` from now on (a partition
+        that left it, whose changes up to that point are still to be read); None: to
+        whatever the catalog says at its next change (the stream passed the point where it
+        left: a detached partition a publication of the user's still publishes, as
+        ``FOR ALL TABLES`` does, is no longer that table's)."""
+        if root is None:
+            self._roots.pop(oid, None)
+        else:
+            self._roots[oid] = root
 
     def relation_name(self, oid: int) -> str:
         """``schema.table`` of relation ``oid``."""
@@ -491,39 +651,45 @@ class PostgresSource:
         )
         return {name: (int(oid) if oid is not None else None) for name, oid in rows}
 
-    def catalog_now(
-        self, known: dict[str, int]
-    ) -> dict[str, tuple[int | None, str | None, list[str] | None, dict[str, list[str]]]]:
-        """For each captured table (name -> id), one query that takes no lock (catalogs
-        only: a good guest never queues behind, or in front of, a DDL): the id its name
-        has now (None: no such table), the name its id has now (None: dropped), its leaf
-        partitions' ids as text (None: not partitioned) and its columns (attnum as text ->
-        [name, type])."""
+    def catalog_now(self, known: dict[str, int]) -> dict[str, CatalogEntry]:
+        """For each captured table (name -> id), what the catalog says of it now
+        (:class:`CatalogEntry`): one query for all that takes no lock (catalogs only: a
+        good guest never queues behind, or in front of, a DDL)."""
         rows = self._all(
-            "SELECT k.name, to_regclass(k.name)::oid,"
-            " (SELECT n.nspname || '.' || c.relname FROM pg_class c JOIN pg_namespace n"
-            "  ON n.oid = c.relnamespace WHERE c.oid = k.oid),"
-            " CASE WHEN (SELECT relkind FROM pg_class WHERE oid = k.oid) = 'p' THEN"
-            "  (WITH RECURSIVE tree(relid) AS (SELECT inhrelid FROM pg_inherits"
-            "    WHERE inhparent = k.oid UNION ALL SELECT i.inhrelid FROM pg_inherits i"
-            "    JOIN tree ON i.inhparent = tree.relid)"
-            "   SELECT coalesce(json_agg(tree.relid::text ORDER BY tree.relid), '[]')"
-            "   FROM tree JOIN pg_class c ON c.oid = tree.relid WHERE c.relkind <> 'p') END,"
-            " (SELECT json_object_agg(a.attnum::text,"
-            "   json_build_array(a.attname, format_type(a.atttypid, a.atttypmod)))"
-            "  FROM pg_attribute a"
-            "  WHERE a.attrelid = k.oid AND a.attnum > 0 AND NOT a.attisdropped)"
-            " FROM unnest(%s::text[], %s::oid[]) AS k(name, oid)",
+            "SELECT k.name, to_regclass(k.name)::oid, cur.name,"
+            " CASE WHEN cur.relkind = 'p' THEN coalesce(parts.leaves, '[]') END,"
+            " cols.columns, parts.attached,"
+            " CASE WHEN cur.relkind = 'r' THEN json_build_object(k.oid::text, cur.relfilenode)"
+            "  ELSE parts.storage END"
+            " FROM unnest(%s::text[], %s::oid[]) AS k(name, oid)"
+            " LEFT JOIN LATERAL (SELECT n.nspname || '.' || c.relname AS name, c.relkind,"
+            "  c.relfilenode FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace"
+            "  WHERE c.oid = k.oid) cur ON true"
+            " LEFT JOIN LATERAL (WITH RECURSIVE tree(relid, chain) AS ("
+            "   SELECT inhrelid, xmin::text FROM pg_inherits WHERE inhparent = k.oid"
+            "   UNION ALL SELECT i.inhrelid, tree.chain || '.' || i.xmin::text"
+            "   FROM pg_inherits i JOIN tree ON i.inhparent = tree.relid)"
+            "  SELECT json_agg(tree.relid::text ORDER BY tree.relid) AS leaves,"
+            "  json_object_agg(tree.relid::text, tree.chain) AS attached,"
+            "  json_object_agg(tree.relid::text, c.relfilenode) AS storage"
+            "  FROM tree JOIN pg_class c ON c.oid = tree.relid WHERE c.relkind <> 'p'"
+            " ) parts ON cur.relkind = 'p'"
+            " LEFT JOIN LATERAL (SELECT json_object_agg(a.attnum::text, json_build_array("
+            "  a.attname, format_type(a.atttypid, a.atttypmod), a.xmin::text)) AS columns"
+            "  FROM pg_attribute a WHERE a.attrelid = k.oid AND a.attnum > 0"
+            "  AND NOT a.attisdropped) cols ON true",
             (list(known), list(known.values())),
         )
         return {
-            name: (
+            name: CatalogEntry(
                 int(oid) if oid is not None else None,
                 current,
                 list(leaves) if leaves is not None else None,
                 dict(columns or {}),
+                dict(attached or {}),
+                {leaf: int(node) for leaf, node in (storage or {}).items()},
             )
-            for name, oid, current, leaves, columns in rows
+            for name, oid, current, leaves, columns, attached, storage in rows
         }
 
     def partition_constraints(self, leaves: Sequence[str]) -> dict[str, str] | None:
@@ -543,43 +709,98 @@ class PostgresSource:
         return dict(rows)
 
     def rows_of_partition(
-        self, table: Table, rows: pa.Table, constraint: str, *, keep_held: bool
+        self,
+        table: Table,
+        rows: pa.Table,
+        constraint: str,
+        columns: dict[str, list[str]] | None = None,
+        *,
+        keep_held: bool = False,
     ) -> list[str]:
         """The keys of ``rows`` (newest events of ``table``'s collection: ``key`` and
         ``data``) whose row the partition constraint ``constraint``
-        (``pg_get_partition_constraintdef``) selects; with ``keep_held`` False, only those
-        whose key the table does not hold now. The server evaluates the constraint, so
-        range, list, hash and multi-level partitions all read as PostgreSQL reads them.
-        A table keyed by its primary key is judged by the key alone (PostgreSQL makes
-        every partition column part of it), any other by its row image."""
+        (``pg_get_partition_constraintdef``) selects and, unless ``keep_held``, whose key
+        the table does not hold now (a partition gone: a key held again since, in another
+        partition, stays; a TRUNCATE judged where it was done keeps them). The server
+        evaluates the constraint, so range, list, hash and multi-level partitions all read
+        as PostgreSQL reads them. A table keyed by its
+        primary key is judged by the key alone (PostgreSQL makes every partition column
+        part of it), any other by its row image. ``columns``: the table's columns as they
+        were when the constraint was taken (``attnum`` -> [name, type, ...]), which it
+        names: a column renamed since is read under the name the constraint gives it
+        (else the table's columns now)."""
+        constraint = self._evaluable(constraint)
         by_key = table.key == self.primary_key(table.oid)
-        images = rows.column("key" if by_key else "data").cast(pa.string()).to_pylist()
-        keys = rows.column("key").to_pylist()
+        images = rows.column("key" if by_key else "data").cast(pa.string())
+        keys = rows.column("key")
         relation = self.relation_sql(table.oid)
+        record: sql.Composable = sql.SQL("jsonb_populate_record(NULL::{}, x.replog_row)").format(
+            relation
+        )
+        named = list(table.key)
+        if columns:
+            then = {int(attnum): column[0] for attnum, column in columns.items()}
+            now = {
+                name: int(attnum)
+                for name, attnum in self._all(
+                    "SELECT attname, attnum FROM pg_attribute WHERE attrelid = %s"
+                    " AND attname = ANY(%s) AND NOT attisdropped",
+                    (table.oid, list(table.key)),
+                )
+            }
+            named = [then.get(now.get(name, 0), name) for name in table.key]
+            record = sql.SQL("jsonb_to_record(x.replog_row) AS r({})").format(
+                sql.SQL(", ").join(
+                    sql.SQL("{} {}").format(sql.Identifier(column[0]), sql.SQL(column[1]))
+                    for _, column in sorted(columns.items(), key=lambda item: int(item[0]))
+                )
+            )
+        else:
+            record = sql.SQL("{} AS r").format(record)
         query = sql.SQL(
             "SELECT x.replog_key FROM jsonb_to_recordset(%s::jsonb)"
-            " AS x(replog_key text, replog_row jsonb)"
-            " CROSS JOIN LATERAL jsonb_populate_record(NULL::{}, x.replog_row) AS r WHERE ({})"
-        ).format(relation, sql.SQL(constraint.replace("%", "%%")))
+            " AS x(replog_key text, replog_row jsonb) CROSS JOIN LATERAL {} WHERE ({})"
+        ).format(record, sql.SQL(constraint.replace("%", "%%")))
         if not keep_held:
             query = sql.SQL("{} AND NOT EXISTS (SELECT FROM {} AS held WHERE ({}) = ({}))").format(
                 query,
                 relation,
                 sql.SQL(", ").join(sql.Identifier("held", k) for k in table.key),
-                sql.SQL(", ").join(sql.Identifier("r", k) for k in table.key),
+                sql.SQL(", ").join(sql.Identifier("r", k) for k in named),
             )
         found: list[str] = []
-        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):
+        for start in range(0, len(keys), PARTITION_ROWS_PER_QUERY):  # a piece in memory
             members = [
                 '{"replog_key":' + json.dumps(key) + ',"replog_row":' + image + "}"
                 for key, image in zip(
-                    keys[start : start + PARTITION_ROWS_PER_QUERY],
-                    images[start : start + PARTITION_ROWS_PER_QUERY],
+                    keys.slice(start, PARTITION_ROWS_PER_QUERY).to_pylist(),
+                    images.slice(start, PARTITION_ROWS_PER_QUERY).to_pylist(),
                     strict=True,
                 )
             ]
             found.extend(row[0] for row in self._all(query, ("[" + ",".join(members) + "]",)))
         return found
+
+    def _evaluable(self, constraint: str) -> str:
+        """``constraint`` with each hash bound whose partitioned table is gone taken as
+        true. A hash partition's constraint names its parent by id
+        (``satisfies_hash_partition('16391'::oid, 2, 0, id)``: the parent's key says how to
+        hash), which no longer answers once that parent was dropped (a sub-partitioned
+        partition dropped whole). Every leaf went with it, so together they held the rows
+        the bounds around the call select: taken as true, the call leaves those."""
+        calls = list(_hash_calls(constraint))
+        if not calls:
+            return constraint
+        present = {
+            int(oid)
+            for (oid,) in self._all(
+                "SELECT oid FROM pg_class WHERE oid = ANY(%s::oid[])", ([o for o, _, _ in calls],)
+            )
+        }
+        for oid, start, end in reversed(calls):
+            if oid not in present:
+                constraint = constraint[:start] + "true" + constraint[end:]
+        return constraint
 
     def describe(self, name: str) -> Table:
         """Table ``name`` as the catalog describes it now, its identity checked."""
@@ -887,15 +1108,29 @@ class PostgresSource:
         self, table: Table, key: Sequence[str | None], columns: Sequence[str]
     ) -> dict[str, str | None] | None:
         """``columns`` of the row whose key columns' text is ``key``, as the table holds it
-        now (each value its output text); None if no row has that key."""
+        now (each value its output text); None if no row has that key. The change that
+        asks may be older than DDL on the table: the table is named by its id (renamed
+        since: still found), only the columns it still has are read (a column renamed or
+        dropped since is left out: its value is not the row's any more under that name),
+        and the key is compared as its columns are typed now; a table, or a key column,
+        gone since holds no row."""
+        relation = relation_of(self.connection, table.oid)
+        now = self.columns_of(table.oid)
+        present = {name for name, _, _ in now}
+        if relation is None or not set(table.key) <= present:
+            return None
+        wanted = [name for name in columns if name in present]
         query = sql.SQL("SELECT {} FROM {} WHERE ({}) = ({})").format(
-            sql.SQL(", ").join(sql.Identifier(name) for name in columns),
-            self.relation_sql(table.oid),
+            sql.SQL(", ").join([sql.SQL("true"), *(sql.Identifier(name) for name in wanted)]),
+            relation,
             sql.SQL(", ").join(sql.Identifier(name) for name in table.key),
-            self.key_bound(table),
+            self.key_bound(replace(table, columns=now)),
         )
-        rows = text_rows(self.connection, query, list(key))
-        return dict(zip(columns, rows[0], strict=True)) if rows else None
+        try:
+            rows = text_rows(self.connection, query, list(key))
+        except psycopg.errors.DataException:  # the key's text is no value of its type now
+            return None
+        return dict(zip(wanted, rows[0][1:], strict=True)) if rows else None
 
     def estimated_rows(self, table: Table, relation: int = 0) -> int:
         """The planner's estimate of the rows of ``table`` (or of its partition
@@ -909,6 +1144,44 @@ class PostgresSource:
             (oid, oid),
         )
         return int(value or 0)
+
+    def _check_owner(self, log: LogHolds | None) -> bool:
+        """Never drop or advance a slot another log owns: the log that created it (named
+        in capture's own publication, or by its plan's ``slot_lsn``: the slot is where
+        that log's capture created it), or, without that record, one this log holds no
+        capture of. ``--reset-slot`` takes an unowned or foreign slot over, explicitly.
+        Whether the slot is this log's."""
+        slot = self.slot()
+        if slot is None:
+            return False
+        owner = self.slot_owner()
+        name, logged = self.options.slot, log.position if log is not None else None
+        if owner is not None:
+            ours = log is not None and owner.get("log_id") == log.log_id
+        else:
+            ours = log is not None and bool(log.slot_lsn) and slot[2] == log.slot_lsn
+        if ours or self.options.reset_slot:
+            return ours  # or taken over explicitly
+        if logged is None and owner is None and self.options.snapshot == "never":
+            return False  # a slot of the user's, adopted without a snapshot (as documented)
+        if logged is not None and owner is None:
+            return False  # a --publication capture's: the log's position is the only record
+        whose = (
+            f"log {owner.get('log', '?')} (id {owner['log_id']})"
+            if owner is not None
+            else "another log, or none (no capture's publication names its owner)"
+        )
+        here = (
+            f"this log holds capture position {lsn_to_text(logged)} of it, but"
+            if logged is not None
+            else "this log holds no capture of it:"
+        )
+        raise SlotOwnershipError(
+            f"slot {name!r} exists and {here} it belongs to {whose}. Capture into that "
+            f"log's URL to resume it; use another slot (--slot) for this log; or give "
+            f"--reset-slot to drop {name!r} and start over here with a new slot and a "
+            f"snapshot (the log that follows {name!r} can then never resume)"
+        )
 
     def _check_slot(self) -> None:
         slot = self.slot()
@@ -1030,28 +1303,45 @@ class PostgresSource:
         )
         return added
 
+    def own_publication_state(self) -> str | None:
+        """Capture's own publication as it is now: None (it does not exist), ``root`` (it
+        publishes through partition roots, as replog before 0.6 made it) or
+        ``partitions``; ``user`` with ``--publication``."""
+        if not self.own_publication:
+            return "user"
+        row = self.connection.execute(
+            "SELECT pubviaroot FROM pg_publication WHERE pubname = %s", (self.publication,)
+        ).fetchone()
+        return None if row is None else "root" if row[0] else "partitions"
+
+    def unpublished(self, oids: Sequence[int]) -> list[int] | None:
+        """Those of tables ``oids`` capture's own publication does not publish now (None:
+        the publication is gone; [] with ``--publication``)."""
+        if not self.own_publication:
+            return []
+        row = self.connection.execute(
+            "SELECT array(SELECT prrelid::bigint FROM pg_publication_rel WHERE prpubid = p.oid)"
+            " FROM pg_publication p WHERE pubname = %s",
+            (self.publication,),
+        ).fetchone()
+        if row is None:
+            return None
+        members = set(row[0])
+        return [oid for oid in oids if oid not in members]
+
+    def is_partitioned(self, oid: int) -> bool:
+        return bool(self._one("SELECT relkind = 'p' FROM pg_class WHERE oid = %s", (oid,)))
+
     def slot_owner(self) -> dict[str, str] | None:
         """The log that owns the slot, as capture's own publication names it (None: no
         such publication, or one no replog commented)."""
-        text = self._one(
-            "SELECT obj_description(oid, 'pg_publication') FROM pg_publication WHERE pubname = %s",
-            (self.options.slot,),
+        return parse_owner(
+            self._one(
+                "SELECT obj_description(oid, 'pg_publication') FROM pg_publication"
+                " WHERE pubname = %s",
+                (self.options.slot,),
+            )
         )
-        try:
-            found = json.loads(text)["replog"] if text else None
-        except (ValueError, KeyError, TypeError):
-            return None
-        return found if isinstance(found, dict) and "log_id" in found else None
-
-    def remove_from_publication(self, name: str, oid: int) -> None:
-        """Stop publishing table ``oid`` (called ``name``) in capture's own publication."""
-        if self.own_publication and oid in self._own_members():
-            self.connection.execute(
-                sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
-                    sql.Identifier(self.publication), self.relation_sql(oid)
-                )
-            )  # fmt: skip
-            logger.info("removed %s from publication %s", name, self.publication)
 
     def add_to_publication(self, table: Table) -> None:
         """Publish ``table`` in capture's own publication (its identity was checked)."""
@@ -1063,6 +1353,19 @@ class PostgresSource:
             )
         )
         logger.info("added %s to publication %s", table.qualified, self.publication)
+
+    def remove_from_publication(self, oid: int) -> bool:
+        """Stop publishing relation ``oid`` in capture's own publication; whether it was
+        published there (and still exists)."""
+        if not self.own_publication or oid not in self._own_members():
+            return False
+        self.connection.execute(
+            sql.SQL("ALTER PUBLICATION {} DROP TABLE {}").format(
+                sql.Identifier(self.publication), self.relation_sql(oid)
+            )
+        )
+        logger.info("removed relation %d from publication %s", oid, self.publication)
+        return True
 
     def drop_own_publication(self) -> str | None:
         """Drop capture's own publication (with the slot, at ``--drop-slot``); its name,
@@ -1127,6 +1430,47 @@ class PostgresSource:
     def reader(self) -> psycopg.Connection[Any]:
         """A second session, for reading table rows (the snapshot's chunks)."""
         return connect(self.options.dsn)
+
+
+_HASH_CALL = "satisfies_hash_partition('"
+
+
+def _hash_calls(constraint: str) -> Iterator[tuple[int, int, int]]:
+    """(parent id, start, end) of each ``satisfies_hash_partition('<id>'::oid, ...)`` call
+    in a partition constraint (its parentheses matched, quoted text skipped)."""
+    start = constraint.find(_HASH_CALL)
+    while start >= 0:
+        oid_start = start + len(_HASH_CALL)
+        oid = int(constraint[oid_start : constraint.index("'", oid_start)])
+        depth, index, quoted = 0, start + len(_HASH_CALL) - 2, False
+        while True:
+            char = constraint[index]
+            if char == "'":
+                quoted = not quoted  # a doubled quote leaves and enters again: the same
+            elif not quoted and char == "(":
+                depth += 1
+            elif not quoted and char == ")":
+                depth -= 1
+                if depth == 0:
+                    break
+            index += 1
+        yield oid, start, index + 1
+        start = constraint.find(_HASH_CALL, index + 1)
+
+
+def relation_of(connection: psycopg.Connection[Any], oid: int) -> sql.Composable | None:
+    """Relation ``oid`` as a query names it (None: it no longer exists): ``ONLY`` a plain
+    table (inheritance children are published as themselves), a partitioned table with
+    its partitions; by its name now, so a table renamed is still found."""
+    row = connection.execute(
+        "SELECT c.relkind, quote_ident(n.nspname) || '.' || quote_ident(c.relname)"
+        " FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = %s",
+        (oid,),
+    ).fetchone()
+    if row is None:
+        return None
+    only = sql.SQL("ONLY ") if row[0] == "r" else sql.SQL("")
+    return sql.SQL("{}{}").format(only, sql.SQL(row[1]))
 
 
 def publication_tables(connection: psycopg.Connection[Any], publication: str) -> list[str] | None:

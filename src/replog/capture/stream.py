@@ -59,7 +59,7 @@ class Relations:
         self.progress = progress
         self.joined = joined
         """Called with a table that joined the user's publication while capturing."""
-        self.released = released or {}
+        self.released = released if released is not None else {}
         """Tables no longer captured (name -> id): their changes still unread are skipped."""
         self._renames_noted: set[tuple[int, str]] = set()
         self._keys_followed: dict[int, Relation] = {}

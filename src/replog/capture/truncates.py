@@ -26,11 +26,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from replog.capture.batch import Batch
 from replog.capture.chunks import Chunk
-from replog.capture.events import EventMaker
+from replog.capture.events import TRUNCATE_OPERATION, EventMaker
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import SourceTransaction, Truncation, lsn_to_text
 from replog.capture.progress import CaptureProgress
@@ -40,7 +42,7 @@ from replog.capture.source import PostgresSource, Table
 from replog.capture.stream import Relations
 from replog.errors import CaptureError
 from replog.log import ReplicationLog
-from replog.tables.changes import last_per_key
+from replog.tables.changes import DELETE, last_per_key
 
 logger = logging.getLogger(__name__)
 
@@ -154,12 +156,20 @@ class Truncations:
 
     def _live(self, table: Table, batch: Batch, chunk: Chunk | None) -> pa.Table:
         """Each key of the collection the source may hold here, with its newest image
-        (``key``, ``data``): the log's live rows, this batch's, a chunk's in flight."""
+        (``key``, ``data``): the log's live rows, this batch's, a chunk's in flight. A
+        truncate of the table earlier in this batch leaves only what follows it; a key
+        whose newest event is a delete is held by no partition."""
         parts = []
         logged = live_rows(self.log, table.qualified)
         if logged is not None:
-            parts.append(logged.select(["key", "data"]))
-        parts.extend(rows.select(["key", "data"]) for rows in batch.rows_of(table.qualified))
+            parts.append(logged.select(["key", "data", "operation"]))
+        for held in batch.rows_of(table.qualified):
+            truncated = np.flatnonzero(pc.equal(held.column("operation"), TRUNCATE_OPERATION))
+            if truncated.size:  # the table's TRUNCATE (its copies are together): after it
+                parts = []
+            parts.append(held.slice(int(truncated[-1]) + 1 if truncated.size else 0).select(
+                ["key", "data", "operation"]
+            ))  # fmt: skip
         if chunk is not None and chunk.low_seen and chunk.events:
             reads = list(chunk.events.values())
             parts.append(
@@ -169,13 +179,17 @@ class Truncations:
                         "data": pa.array([read.data for read in reads], pa.string()).cast(
                             pa.binary()
                         ),
+                        "operation": pa.array(["insert"] * len(reads), pa.string()),
                     }
                 )
             )
         if not parts:
             return pa.table({"key": pa.array([], pa.string()), "data": pa.array([], pa.binary())})
         every = pa.concat_tables([part.cast(parts[0].schema) for part in parts])
-        return every.take(last_per_key(every, ["key"]))
+        newest = every.take(last_per_key(every, ["key"]))
+        return newest.filter(pc.not_equal(newest.column("operation"), DELETE)).select(
+            ["key", "data"]
+        )
 
     def _skip(self, table: Table, txn: SourceTransaction, lsn: int, oids: set[int]) -> None:
         self.progress.skipped_truncations += 1

@@ -14,11 +14,20 @@ compares the catalog with what capture knows, by table id:
   their keys fall, are snapshotted: nothing in the WAL brings them);
 * a leaf partition gone: **detached or dropped** (a marker into the WAL now; where the
   stream meets it, its rows are deleted);
+* a leaf partition whose attachment is new (the ``xmin`` of its ``pg_inherits`` rows):
+  **detached and attached again** between two looks (both of the above: its rows may
+  have changed meanwhile, unpublished);
 * a column with the same ``attnum`` and another name or type: **renamed** or **retyped**
   (the table is snapshotted again: every row carries the new name; a rewrite ``USING`` an
-  expression changed values no row change reports).
+  expression changed values no row change reports); a column **dropped and added again**
+  under its name; the table **rewritten** (new ``relfilenode``) with a column's catalog
+  row written anew or a column added (``TYPE ... USING`` of the same type, a volatile
+  default, ``serial``): each is snapshotted again. A rewrite alone (``VACUUM FULL``)
+  changes no value.
 
-Each costs one catalog query for all captured tables.
+Each costs one catalog query for all captured tables. Not seen: a column renamed and
+renamed back between two looks (the catalog is as it was; rows changed meanwhile carry
+the transient name downstream).
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from replog.capture.removals import Removals
 from replog.capture.snapshot import ATTACHED, COLUMNS_CHANGED, RECREATED, SnapshotPlan
 from replog.capture.source import MARKER_PREFIX, PostgresSource, Table
 from replog.capture.stream import Relations
+from replog.errors import CaptureError
 
 logger = logging.getLogger(__name__)
 
@@ -75,6 +85,10 @@ class CatalogWatch:
         self.removals.plan = plan
         for name, reset in plan.resets.items():
             self.relations.gone[int(reset["old_oid"] or 0)] = name
+        for removal in plan.removals:  # its changes before its marker are its table's
+            table = self.source.tables.get(removal["table"])
+            if table is not None:
+                self.source.place_partition(int(removal["leaf"]), table.oid)
         for table in list(self.source.tables.values()):
             known = plan.tables.get(table.qualified, table.oid)
             if known != table.oid:
@@ -86,20 +100,43 @@ class CatalogWatch:
         clock = time.monotonic()
         if (not now and clock - self._checked < CHECK_S) or self.plan is None:
             return
-        self._checked = clock
         known = {name: table.oid for name, table in self.source.tables.items()}
         found = self.source.catalog_now(known)
-        for name, (oid, current_name, leaves, columns) in found.items():
+        self._published([self.source.tables[name] for name, e in found.items() if e.name])
+        for name, entry in found.items():
             table = self.source.tables[name]
-            if oid != table.oid:
-                if current_name is None and oid is not None:
+            if entry.oid != table.oid:
+                if entry.name is None and entry.oid is not None:
                     self.replaced(name, table.oid)
                     continue
-                self._moved(table, oid, current_name)
-                if current_name is None:
+                self._moved(table, entry.oid, entry.name)
+                if entry.name is None:
                     continue
-            self._partitions(table, leaves)
-            self._columns(table, columns)
+            self._partitions(table, entry.leaves, entry.attached)
+            self._columns(table, entry.columns, self._rewritten(table, entry.storage))
+        self._checked = clock  # a look that ended (what it saw is in the plan)
+
+    def _published(self, tables: list[Table]) -> None:
+        """Capture's own publication still publishes each captured table that exists: one
+        dropped, or a table taken out of it (by hand), leaves its changes out of the
+        stream from that point, and capture stops rather than go on without them (a
+        restart publishes them again and makes the tables good)."""
+        missing = self.source.unpublished([table.oid for table in tables])
+        if not missing and missing is not None:
+            return
+        publication = self.source.publication
+        what = (
+            f"capture's own publication {publication} was dropped"
+            if missing is None
+            else f"{', '.join(t.qualified for t in tables if t.oid in missing)} left capture's "
+            f"own publication {publication}"
+        )
+        raise CaptureError(
+            f"{what} while capture ran (by hand?): their changes from then on are not in the "
+            f"stream. Start capture again: it publishes its tables again, deletes from the "
+            f"log the rows the source no longer holds and reads every row again (to stop "
+            f"capturing a table, name the others with --tables and give --tables-changed)"
+        )
 
     def _note(self, key: tuple[str, str | int], message: str, *args: object) -> None:
         if key not in self._noted:
@@ -128,9 +165,12 @@ class CatalogWatch:
         )
 
     def replaced(self, name: str, old_oid: int) -> None:
-        """Table ``name`` is a new table (the one with id ``old_oid`` was dropped): its
-        predecessor's rows are deleted before its first event, it is published (capture's
-        own publication) after its identity was checked, and its rows are snapshotted."""
+        """Table ``name`` is a new table (the one with id ``old_oid`` was dropped, or
+        renamed away while no capture ran): its predecessor's rows are deleted before its
+        first event, it is published (capture's own publication) after its identity was
+        checked, and its rows are snapshotted. A predecessor renamed away leaves capture's
+        own publication: the collection is the table of that name now (its changes from
+        here on are no longer published, so none follows the deletes)."""
         assert self.plan is not None
         if name in self.plan.resets:
             return
@@ -144,6 +184,15 @@ class CatalogWatch:
             table = source.add_table(name)  # its identity checked before publishing
         if source.own_publication:
             source.add_to_publication(table)
+            if source.remove_from_publication(old_oid):
+                logger.warning(
+                    "%s is called %s now and another table is called %s: capture follows "
+                    "the name (--tables), and no longer publishes %s",
+                    name,
+                    source.relation_name(old_oid),
+                    name,
+                    source.relation_name(old_oid),
+                )
         elif not source.is_published(table):
             logger.warning(
                 "%s was dropped and created again, and publication %s no longer publishes "
@@ -153,49 +202,105 @@ class CatalogWatch:
                 source.publication,
                 name,
             )
-        self.plan.partitions.pop(name, None)
-        self.plan.columns.pop(name, None)
+        for seen in (self.plan.partitions, self.plan.columns, self.plan.attached,
+                     self.plan.storage):  # fmt: skip
+            seen.pop(name, None)
         self.owe(table, RECREATED, 0)
 
-    def _partitions(self, table: Table, leaves: list[str] | None) -> None:
+    def _partitions(self, table: Table, leaves: list[str] | None, attached: dict[str, str]) -> None:
         """Partitions attached (snapshotted) and gone (their rows deleted) since last
-        seen; the constraint of each new one is remembered while it is attached."""
+        seen; one detached and attached again (its attachment written anew: its rows
+        changed unpublished meanwhile) is both. The constraint of each new one is asked
+        for (with a lock timeout) and remembered while it is attached."""
         assert self.plan is not None
         name = table.qualified
         seen = self.plan.partitions.get(name)
-        if leaves is None or (seen is not None and set(seen) == set(leaves)):
+        seen_attached = self.plan.attached.get(name, {})
+        if leaves is None:
             return
-        new = [leaf for leaf in leaves if seen is None or leaf not in seen]
-        constraints = self.source.partition_constraints(new) if new else {}
+        again = sorted(
+            (leaf for leaf in set(leaves) & set(seen or {})
+             if leaf in seen_attached and attached.get(leaf) != seen_attached[leaf]),
+            key=int,
+        )  # fmt: skip
+        if seen is not None and set(seen) == set(leaves) and not again:
+            if attached != seen_attached:
+                self.plan.attached[name] = attached
+                self.changed = True
+            return
+        asked = [leaf for leaf in leaves if seen is None or leaf not in seen] + again
+        constraints = self.source.partition_constraints(asked) if asked else {}
         if constraints is None:
             return  # a DDL holds the partitions: looked at again in a second
+        self.plan.attached[name] = attached
         known = {**(seen or {}), **constraints}
         self.plan.partitions[name] = {leaf: known[leaf] for leaf in leaves}
         self.changed = True
         if seen is None:
             return  # first seen: what it holds now is what the table's snapshot reads
-        for leaf in new:
-            logger.warning("partition %s was attached to %s: its rows are snapshotted", leaf, name)
-            self.owe(table, ATTACHED, int(leaf))
-        for leaf in sorted(set(seen) - set(leaves), key=int):
-            removal_id = uuid.uuid4().hex
-            self.plan.removals.append(
-                {"id": removal_id, "table": name, "leaf": int(leaf),
-                 "constraint": seen[leaf], "done_at": None}
-            )  # fmt: skip
-            self.source.emit_message(MARKER_PREFIX, json.dumps({"removal": removal_id}))
+        for leaf in again:
             logger.warning(
-                "partition %s left %s (detached or dropped): its rows are deleted from the "
-                "log where the stream meets marker %s",
+                "partition %s of %s was detached and attached again: its rows are taken "
+                "out of the log and snapshotted again (changes made while it was detached "
+                "were not published)",
                 leaf,
                 name,
-                removal_id,
             )
+        for leaf in sorted(set(seen) - set(leaves), key=int) + again:
+            self._remove(name, leaf, seen[leaf])
+        for leaf in sorted(set(leaves) - set(seen), key=int) + again:
+            if leaf not in again:
+                logger.warning("partition %s was attached to %s: its rows are snapshotted",
+                               leaf, name)  # fmt: skip
+            self.owe(table, ATTACHED, int(leaf))
 
-    def _columns(self, table: Table, columns: dict[str, list[str]]) -> None:
-        """Columns renamed or retyped since last seen: the table is snapshotted again (a
-        rename leaves every row's value under the old name downstream; a retype rewrites
-        every row, ``USING`` an expression maybe, and no row change says so)."""
+    def _remove(self, name: str, leaf: str, constraint: str) -> None:
+        """Partition ``leaf`` left table ``name``: a marker into the WAL now, where the
+        stream meets it its rows are deleted. Its changes before the marker are the
+        table's: the stream names the partition (capture's own publication publishes
+        partitions as themselves), which the catalog no longer places under the table."""
+        assert self.plan is not None
+        self.source.place_partition(int(leaf), self.source.tables[name].oid)
+        removal_id = uuid.uuid4().hex
+        self.plan.removals.append(
+            {
+                "id": removal_id,
+                "table": name,
+                "leaf": int(leaf),
+                "constraint": constraint,
+                "columns": self.plan.columns.get(name),
+                "done_at": None,
+            }
+        )  # fmt: skip  (the columns as the constraint names them: seen at the same look)
+        self.source.emit_message(MARKER_PREFIX, json.dumps({"removal": removal_id}))
+        logger.warning(
+            "partition %s left %s (detached or dropped): its rows are deleted from the "
+            "log where the stream meets marker %s",
+            leaf,
+            name,
+            removal_id,
+        )
+
+    def _rewritten(self, table: Table, storage: dict[str, int]) -> bool:
+        """Whether the table (or a leaf partition of it) was rewritten since last seen
+        (new storage); what is seen now is kept."""
+        assert self.plan is not None
+        seen = self.plan.storage.get(table.qualified)
+        if seen == storage:
+            return False
+        self.plan.storage[table.qualified] = storage
+        self.changed = True
+        return seen is not None and any(
+            leaf in storage and storage[leaf] != node for leaf, node in seen.items()
+        )
+
+    def _columns(self, table: Table, columns: dict[str, list[str]], rewritten: bool) -> None:
+        """Columns whose values changed with no row change since last seen: the table is
+        snapshotted again. A column renamed leaves every row's value under the old name
+        downstream; one retyped, or rewritten ``USING`` an expression (its catalog row
+        written anew, the table rewritten), changed every row; one dropped and added again
+        under its name holds the new column's values; one added by a rewrite (a volatile
+        default: ``random()``, ``serial``, identity) holds a value each row got then."""
         assert self.plan is not None
         name = table.qualified
         seen = self.plan.columns.get(name)
@@ -203,11 +308,21 @@ class CatalogWatch:
             return
         self.plan.columns[name] = columns
         self.changed = True
-        changed = sorted(
-            f"{' '.join(seen[n])} -> {' '.join(columns[n])}"
-            for n in set(seen or {}) & set(columns)
-            if seen is not None and list(seen[n]) != list(columns[n])
-        )
+        if seen is None:
+            return
+        changed = []
+        for attnum in sorted(set(seen) & set(columns), key=int):
+            before, now = seen[attnum], columns[attnum]
+            if before[:2] != now[:2]:
+                changed.append(f"{' '.join(before[:2])} -> {' '.join(now[:2])}")
+            elif rewritten and len(before) > 2 and before[2] != now[2]:
+                changed.append(f"{now[0]} rewritten")
+        gone = {seen[attnum][0] for attnum in set(seen) - set(columns)}
+        for attnum in sorted(set(columns) - set(seen), key=int):
+            if columns[attnum][0] in gone:
+                changed.append(f"{columns[attnum][0]} dropped and added again")
+            elif rewritten:
+                changed.append(f"{columns[attnum][0]} added by a rewrite")
         if changed:
             logger.warning("columns of %s changed (%s): the table is snapshotted again",
                            name, ", ".join(changed))  # fmt: skip

@@ -24,9 +24,9 @@ from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
-from replog.capture.events import EventMaker, Read
+from replog.capture.events import ChunkRows, EventMaker
 from replog.capture.options import CaptureOptions
-from replog.capture.reads import Key, TableRows
+from replog.capture.reads import Key, TableRows, last_key
 from replog.capture.source import PostgresSource, Table
 
 Range = tuple[Key | None, Key]
@@ -59,11 +59,11 @@ def _start_worker(options: CaptureOptions, parent: int) -> None:
 
 def _read_range(
     table: Table, relation: int, key_range: Range, low: int
-) -> tuple[dict[str, Read], Key | None]:
+) -> tuple[ChunkRows, Key | None]:
     """In a worker: the read events of one key range, and its last key (None: empty)."""
     after, upto = key_range
     rows = _WORKER["rows"].key_range(table, relation, after, upto)
-    return _WORKER["maker"].reads(table, rows, low), table.key_of(rows[-1]) if rows else None
+    return _WORKER["maker"].reads(table, rows, low), last_key(table, rows)
 
 
 class RangeReaders:
@@ -80,7 +80,7 @@ class RangeReaders:
 
     def read(
         self, table: Table, relation: int, ranges: Sequence[Range], low: int
-    ) -> list[tuple[dict[str, Read], Key | None]]:
+    ) -> list[tuple[ChunkRows, Key | None]]:
         """Each range's read events and last key, in the order of ``ranges``."""
         futures = [
             self._pool.submit(_read_range, table, relation, key_range, low) for key_range in ranges

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -14,7 +15,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -39,15 +40,17 @@ from replog.errors import (
     ReplogError,
 )
 from replog.format.commits import DEFAULT_SHARDS, DESCRIPTOR_PATH, Transaction
-from replog.format.gc import CLOCK_SKEW_MS
+from replog.format.limits import check_retention, check_shards, check_snapshot_interval
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
 from replog.ops import compaction, history, keys, recovery, retention, status, verify
-from replog.ops.recovery import DEFAULT_GRACE_MS
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
+
+if TYPE_CHECKING:  # psycopg is the 'postgres' extra's
+    from replog.capture.slots import SlotProbe
 
 PROGRESS_MIN_BYTES = 8 * 1024 * 1024
 """``append`` shows its progress for files at least this large."""
@@ -121,15 +124,20 @@ def _postgres() -> ModuleType:
 
 
 def cmd_capture(args: argparse.Namespace, out: Output) -> int:
-    """``replog capture postgres`` (``mysql``: :mod:`replog.cli.mysql`): stops cleanly on Ctrl-C or SIGTERM (after the commit in
+    """``replog capture postgres`` or ``replog capture mysql`` (:mod:`replog.cli.mysql`)."""
+    if args.source == "mysql":
+        return mysql_commands.cmd_capture_mysql(args, out, storage_options(args.fs_option))
+    mysql_commands.refuse_foreign_options(args)
+    return _capture_postgres(args, out)
+
+
+def _capture_postgres(args: argparse.Namespace, out: Output) -> int:
+    """``replog capture postgres``: stops cleanly on Ctrl-C or SIGTERM (after the commit in
     progress, saying so at once; a second Ctrl-C stops at once), with its progress on
     stderr and, with ``--metrics-port``, Prometheus metrics."""
     # A capture runs for days in a process of its own: the system allocator gives memory
     # freed by a merge or a staged piece back, where Arrow's jemalloc keeps it for reuse
     # (measured at 10M rows: 345 MB against 568 MB peak RSS, at the same speed).
-    if args.source == "mysql":
-        return mysql_commands.cmd_capture_mysql(args, out, storage_options(args.fs_option))
-    mysql_commands.refuse_foreign_options(args)
     if not args.slot:
         raise InvalidOptionError("replog capture postgres needs --slot (the replication slot)")
     pa.set_memory_pool(pa.system_memory_pool())
@@ -153,9 +161,13 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
     )
     options.check()
     postgres = _postgres()
+    from replog.capture.slots import SlotProbe  # noqa: PLC0415 - needs psycopg
+    from replog.capture.source import safe_dsn  # noqa: PLC0415 - needs psycopg
+
     stop = threading.Event()
-    metrics = CaptureMetrics(args.slot, args.url)
-    server = serve(metrics, args.metrics_port) if args.metrics_port is not None else None
+    probe = SlotProbe(options.dsn, options.slot, options.publication or options.slot)
+    metrics = CaptureMetrics(args.slot, args.url, probe=lambda: _measured(probe))
+    server, port = _serve_metrics(metrics, args.metrics_port)
     try:
         with _display(out) as display:
             shown = CaptureDisplay(display)
@@ -193,11 +205,75 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
         if server is not None:
             server[0].shutdown()
             server[0].server_close()
-    out.show(results.Captured.of(args.url, captured))
+        probe.close()
+    given = safe_dsn(options.dsn)  # never the password
+    where = shlex.quote(given) if "=" in given else "DSN"
+    drop = f"replog slots drop {where} {options.slot}"
+    out.show(results.Captured.of(args.url, captured, options.slot, drop, port))
     return 0
 
 
+def _serve_metrics(metrics: CaptureMetrics, port: int | None) -> tuple[Any, int | None]:
+    """The ``--metrics-port`` endpoint (None without one) and the port it bound (0 asks
+    for any free one), said at once on stderr (also under --json, whose stdout holds only
+    the summary): a script learns where to scrape as soon as the endpoint is up."""
+    if port is None:
+        return None, None
+    server = serve(metrics, port)
+    bound = int(server[0].server_port)
+    print(f"replog: metrics at http://{socket.gethostname()}:{bound}/metrics",
+          file=sys.stderr, flush=True)  # fmt: skip
+    return server, bound
+
+
+def _measured(probe: SlotProbe) -> dict[str, Any] | None:
+    """The capture's slot on the server at a scrape, as ``status --json`` names its fields."""
+    slot = probe.measure()
+    return None if slot is None else slot.to_json()
+
+
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+def cmd_slots(args: argparse.Namespace, out: Output) -> int:
+    """``replog slots DSN`` lists the server's logical slots; ``replog slots drop DSN
+    NAME`` drops one, after naming what depends on it and (on a terminal, unless
+    ``--force``) asking."""
+    words = list(args.words)
+    _postgres()  # the 'postgres' extra, or a clear error
+    from replog.capture import slots  # noqa: PLC0415 - needs psycopg
+
+    if words[0] != "drop":
+        if len(words) != 1 or args.force:
+            raise InvalidOptionError(
+                "slots: give one DSN to list the slots ('replog slots DSN'), or 'replog slots "
+                "drop DSN NAME [--force]' to drop one"
+            )
+        out.show(results.Slots.of(slots.list_slots(words[0])))
+        return 0
+    if len(words) != 3:
+        raise InvalidOptionError("slots drop: give the DSN and the slot's name: "
+                                 "'replog slots drop DSN NAME [--force]'")  # fmt: skip
+    dsn, name = words[1], words[2]
+    slot = slots.inspect(dsn, name)
+    slots.check_free(slot)
+    if not args.force:
+        if not sys.stdin.isatty():
+            raise InvalidOptionError(
+                f"slots drop {name}: not asking without a terminal; give --force to drop it "
+                f"from a script ({'; '.join(slots.dependents(slot))})"
+            )
+        print(f"slot {name} (database {slot.database}, plug-in {slot.plugin}):", file=sys.stderr)
+        for said in slots.dependents(slot):
+            print(f"  - {said}", file=sys.stderr)
+        print(f"drop slot {name}? [y/N] ", end="", file=sys.stderr, flush=True)
+        answer = sys.stdin.readline()
+        if answer.strip().lower() not in ("y", "yes"):
+            out.show(results.SlotDropped.of(slot, dropped=False))
+            return 1
+    done = slots.drop(dsn, slot)
+    out.show(results.SlotDropped.of(slot, dropped=True, publication=done.publication))
+    return 0
 
 
 def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
@@ -224,6 +300,8 @@ def _capture_log(
     server or a missing table must leave nothing behind, nor a log whose shard count a
     later, corrected command could no longer choose)."""
     fs_options = storage_options(args.fs_option)
+    if args.shards is not None:
+        check_shards(args.shards, "--shards")
     try:
         log = ReplicationLog.open(args.url, storage_options=fs_options)
     except LogNotFoundError:
@@ -248,33 +326,18 @@ def _capture_log(
 # -- create / append / info / read / tail / verify -----------------------------------------
 
 
-def _retention(text: str) -> int:
-    """``--retention`` in ms: refused below the clock skew writers allow (no age can be
-    judged that finely), warned about below recover's default grace plus that skew (the
-    documented minimum: files a merge replaced must outlive recover's grace)."""
-    retention = duration_ms(text, "--retention")
-    if retention < CLOCK_SKEW_MS:
-        raise InvalidOptionError(
-            f"--retention {text}: at least {CLOCK_SKEW_MS // 60_000}m (the clock skew writers "
-            f"allow); keep it at least recover's --grace plus 10m "
-            f"(default {(DEFAULT_GRACE_MS + CLOCK_SKEW_MS) // 60_000}m)"
-        )
-    if retention < DEFAULT_GRACE_MS + CLOCK_SKEW_MS:
-        print(
-            f"replog: warning: --retention {text} is below recover's default --grace "
-            f"({DEFAULT_GRACE_MS // 60_000}m) plus 10m: run 'replog recover' with --grace "
-            f"{(retention - CLOCK_SKEW_MS) // 60_000}m or less on this log",
-            file=sys.stderr,
-        )
-    return retention
-
-
 def cmd_create(args: argparse.Namespace, out: Output) -> int:
+    """The limits are ReplicationLog.create's (:mod:`replog.format.limits`), checked
+    first under the options' names here."""
+    retention = check_retention(
+        duration_ms(args.retention, "--retention"), "--retention", given=args.retention
+    )
     log = ReplicationLog.create(
         args.url,
-        args.shards,
+        check_shards(args.shards, "--shards"),
         storage_options=storage_options(args.fs_option),
-        retention_ms=_retention(args.retention),
+        snapshot_interval=check_snapshot_interval(args.snapshot_interval, "--snapshot-interval"),
+        retention_ms=retention,
         auto_compact=args.auto_compact,
     )
     out.show(results.Created.of(log.info()))
@@ -559,13 +622,22 @@ def cmd_consumer(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_status(args: argparse.Namespace, out: Output) -> int:
-    report = status.log_status(open_log(args))
+    log = open_log(args)
+    report = status.log_status(log)
     if args.source_dsn and args.source_dsn.startswith(("mysql://", "mariadb://")):
         binlog = mysql_commands.server_binlog(args.source_dsn)
         report = status.with_mysql_server(report, *binlog)
     elif args.source_dsn:
-        postgres = _postgres()
-        report = status.with_server(report, *postgres.server_positions(args.source_dsn))
+        _postgres()  # the 'postgres' extra, or a clear error
+        from replog.capture import slots  # noqa: PLC0415 - needs psycopg
+        from replog.capture.snapshot import SnapshotPlan  # noqa: PLC0415 - needs psycopg
+
+        tables = {}
+        for capture in report.captures:
+            plan = SnapshotPlan.load(log.storage, capture.slot, log.log_id)
+            tables[capture.slot] = sorted(plan.tables) if plan is not None else []
+        server, states = slots.capture_slots(args.source_dsn, tables)
+        report = status.with_server(report, server.server_lsn, states)
     shown = results.Status.of(report)
     if args.format == "prometheus":
         out.stream.write(status_metrics(shown.document))

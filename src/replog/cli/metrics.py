@@ -12,7 +12,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 from wsgiref.simple_server import WSGIServer
 
@@ -22,17 +22,23 @@ from prometheus_client.registry import Collector
 
 from replog.capture.progress import CaptureProgress
 from replog.errors import InvalidOptionError
+from replog.spark.options import normalize_location
 
 SINK_STATES = ("Committed", "Pending", "Failed")
 
 
 class CaptureMetrics(Collector):
-    """A capture's metrics, labelled with its slot and log. :meth:`update` is the
-    capture's ``progress=`` callback (or is called by it); a scrape reads the latest."""
+    """A capture's metrics, labelled with its slot and log (:func:`log_label`).
+    :meth:`update` is the capture's ``progress=`` callback (or is called by it); a scrape
+    reads the latest progress and, through ``probe``, measures the slot on the source
+    server (lag, retained WAL: the same gauges as ``status --format prometheus``)."""
 
-    def __init__(self, slot: str, url: str) -> None:
-        self.labels = {"slot": slot, "log": url}
+    def __init__(
+        self, slot: str, url: str, probe: Callable[[], Mapping[str, Any] | None] | None = None
+    ) -> None:
+        self.labels = {"slot": slot, "log": log_label(url)}
         self.progress = CaptureProgress()
+        self.probe = probe
         self._lock = threading.Lock()
 
     def update(self, progress: CaptureProgress) -> None:
@@ -45,6 +51,7 @@ class CaptureMetrics(Collector):
             self.progress.errors += 1
 
     def collect(self) -> Iterator[Metric]:
+        measured = self.probe() if self.probe is not None else None
         with self._lock:
             p = self.progress
             counters = {
@@ -59,9 +66,15 @@ class CaptureMetrics(Collector):
                     p.skipped_transactions,
                     "Transactions skipped because the log held them already.",
                 ),
+                "truncations": (p.truncations, "TRUNCATEs of captured tables captured as events."),
                 "skipped_truncations": (
                     p.skipped_truncations,
                     "TRUNCATEs of captured tables not captured.",
+                ),
+                "heartbeats": (
+                    p.heartbeats,
+                    "Heartbeats written while the captured tables were idle and the server "
+                    "wrote WAL (each lets the slot advance).",
                 ),
                 "errors": (p.errors, "Errors the capture met."),
             }
@@ -80,24 +93,19 @@ class CaptureMetrics(Collector):
                     int(p.snapshot_completed),
                     "1 once this capture's snapshot is committed (Debezium: SnapshotCompleted).",
                 ),
-                "lag_bytes": (
-                    p.lag_bytes,
-                    "WAL the server wrote past the captured position.",
-                ),
             }
-            lag_ms, last_commit_ms = p.lag_ms, p.last_commit_ms
+            last_commit_ms = p.last_commit_ms
+            tables = {table: dict(ops) for table, ops in p.table_events.items()}
+            if measured is None:  # no probe, or the server did not answer: the capture's own
+                measured = {"lag_bytes": p.lag_bytes, "retained_wal_bytes": p.retained_wal_bytes}
         for name, (value, text) in counters.items():
             yield self._one(CounterMetricFamily, name, text, value)
         for name, (value, text) in gauges.items():
             yield self._one(GaugeMetricFamily, name, text, value)
-        if lag_ms is not None:
-            yield self._one(
-                GaugeMetricFamily,
-                "lag_seconds",
-                "Time from the last captured transaction's source commit to its capture "
-                "(Debezium: MilliSecondsBehindSource / 1000).",
-                lag_ms / 1000,
-            )
+        yield self._table_events(tables)
+        server = _server_gauges(self._gauge, {})
+        _add_server(server, list(self.labels.values()), measured)
+        yield from (gauge for name, gauge in server.items() if name != "resumable")
         if last_commit_ms is not None:
             yield self._one(
                 GaugeMetricFamily,
@@ -105,6 +113,22 @@ class CaptureMetrics(Collector):
                 "Source commit time of the last captured transaction.",
                 last_commit_ms / 1000,
             )
+
+    def _gauge(self, name: str, text: str, labels: Mapping[str, str]) -> GaugeMetricFamily:
+        """A gauge named as :func:`status_metrics` names it, with this capture's labels."""
+        return GaugeMetricFamily(f"replog_{name}", text, labels=[*self.labels, *labels])
+
+    def _table_events(self, tables: Mapping[str, Mapping[str, int]]) -> Metric:
+        metric = CounterMetricFamily(
+            "replog_capture_table_events",
+            "Events this capture wrote to the log per captured table and operation (insert, "
+            "update, delete, truncate; read: snapshot rows).",
+            labels=[*self.labels, "table", "op"],
+        )
+        for table, operations in sorted(tables.items()):
+            for operation, count in sorted(operations.items()):
+                metric.add_metric([*self.labels.values(), table, operation], count)
+        return metric
 
     def _one(
         self,
@@ -136,7 +160,7 @@ class _StatusCollector(Collector):
         self.document = document
 
     def collect(self) -> Iterator[Metric]:
-        d = self.document
+        d = {**self.document, "url": log_label(self.document["url"])}
         log = {"log": d["url"]}
 
         def gauge(name: str, text: str, labels: Mapping[str, str]) -> GaugeMetricFamily:
@@ -232,25 +256,107 @@ class _StatusCollector(Collector):
             "When the log commit holding the capture's position was made.",
             labels,
         )
-        lag = gauge(
-            "capture_lag_bytes",
-            "WAL (MySQL: binlog) the source server wrote past the log's capture position "
-            "(with --source-dsn; MySQL captures are labelled slot=mysql.<name>).",
+        state = gauge(
+            "capture_state",
+            "1 for the state of the capture's last run, from its run record in the log: "
+            "running, stopped, failed (ended on an error) or gone (no beat for a minute: killed).",
+            {**labels, "state": ""},
+        )
+        beat = gauge(
+            "capture_beat_timestamp_seconds",
+            "When the capture's run last wrote its run record (every few seconds while it runs).",
             labels,
         )
+        server = _server_gauges(gauge, labels)
         for capture in d["captures"]:
             key = [d["url"], capture["slot"]]
             if capture["committed_ms"] is not None:
                 committed.add_metric(key, capture["committed_ms"] / 1000)
-            if capture["lag_bytes"] is not None:
-                lag.add_metric(key, capture["lag_bytes"])
+            run = capture["run"]
+            if run is not None:
+                for name in RUN_STATES:
+                    state.add_metric([*key, name], int(run["state"] == name))
+                beat.add_metric(key, run["beat_ms"] / 1000)
+            _add_server(server, key, capture)
         for capture in d.get("mysql_captures", []):
-            key = [d["url"], f"mysql.{capture['name']}"]
-            if capture["committed_ms"] is not None:
-                committed.add_metric(key, capture["committed_ms"] / 1000)
-            if capture["lag_bytes"] is not None:
-                lag.add_metric(key, capture["lag_bytes"])
-        yield from (committed, lag)
+            _add_mysql(committed, state, server, [d["url"], f"mysql.{capture['name']}"], capture)
+        yield from (committed, state, beat, *server.values())
+
+
+def _add_mysql(
+    committed: GaugeMetricFamily,
+    state: GaugeMetricFamily,
+    server: Mapping[str, GaugeMetricFamily],
+    key: list[str],
+    capture: Mapping[str, Any],
+) -> None:
+    """A MySQL capture's measures (``status --json``'s ``mysql_captures``), labelled
+    ``slot=mysql.<name>``: its commit time, its run's state, its lag in binlog bytes."""
+    if capture["committed_ms"] is not None:
+        committed.add_metric(key, capture["committed_ms"] / 1000)
+    if capture["run"] is not None:
+        for name in RUN_STATES:
+            state.add_metric([*key, name], int(capture["run"] == name))
+    if capture["lag_bytes"] is not None:
+        server["lag_bytes"].add_metric(key, capture["lag_bytes"])
+
+
+RUN_STATES = ("running", "stopped", "failed", "gone")
+
+SERVER_GAUGES = {
+    "lag_bytes": (
+        "capture_lag_bytes",
+        "WAL the source server wrote past the slot's confirmed position (MySQL: binlog "
+        "bytes past the capture's position; its captures are labelled slot=mysql.<name>).",
+    ),
+    "lag_s": (
+        "capture_lag_seconds",
+        "Time since the oldest source commit the slot holds unconfirmed, on the source's "
+        "clock (0: caught up; grows while capture is down).",
+    ),
+    "retained_wal_bytes": (
+        "capture_retained_wal_bytes",
+        "WAL the source server keeps for the slot (from its restart_lsn).",
+    ),
+    "safe_wal_bytes": (
+        "capture_safe_wal_bytes",
+        "WAL the server may still write before the slot is at risk (max_slot_wal_keep_size).",
+    ),
+}
+"""Measures of a capture's slot on the source server: ``status --source-dsn`` and the
+``--metrics-port`` endpoint give each under the same name, read from the same fields."""
+
+
+def _server_gauges(gauge: Any, labels: Mapping[str, str]) -> dict[str, GaugeMetricFamily]:
+    found = {field: gauge(name, text, labels) for field, (name, text) in SERVER_GAUGES.items()}
+    found["resumable"] = gauge(
+        "capture_resumable",
+        "1 if this log's capture can resume its slot on the source; 0 if not (no slot, "
+        "invalidated, another log's, or consumed past the log: status --json says why).",
+        labels,
+    )
+    return found
+
+
+def _add_server(
+    gauges: Mapping[str, GaugeMetricFamily], key: list[str], measured: Mapping[str, Any]
+) -> None:
+    """A slot's measures (``status --json``'s capture fields) into ``gauges``; those
+    unknown are left out."""
+    for field in SERVER_GAUGES:
+        value = measured.get(field)
+        if value is not None:
+            gauges[field].add_metric(key, value)
+    if measured.get("server_lsn") is not None:
+        gauges["resumable"].add_metric(key, int(measured.get("problem") is None))
+
+
+def log_label(url: str) -> str:
+    """The ``log`` label of every replog metric: the log's URL in one spelling per place
+    (a local path absolute, ``s3a://`` as ``s3://``, no trailing ``/``), so the capture's
+    endpoint and ``status --format prometheus``, given the URL in different spellings,
+    label one log alike."""
+    return normalize_location(url)
 
 
 def status_metrics(document: Mapping[str, Any]) -> str:

@@ -171,7 +171,7 @@ def cmd_capture_mysql(args: argparse.Namespace, out: Output, fs_options: dict[st
     return 0
 
 
-def _open(
+def _open(  # noqa: PLR0917 - the command's parts
     mysql: ModuleType,
     options: MySqlOptions,
     args: argparse.Namespace,
@@ -258,6 +258,7 @@ class MySqlCaptured(results.Result):
             f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
             f"position {at}{skipped}"
         )
+        yield from results.table_event_lines(d["tables"])
         if d["zero_dates"]:
             total = sum(d["zero_dates"].values())
             columns = ", ".join(sorted(d["zero_dates"]))

@@ -31,6 +31,8 @@ COMMAND_SCHEMAS = {
     "capture mysql": "capture-mysql",
     "snapshot": "snapshot",
     "snapshot mysql": "snapshot-mysql",
+    "slots": "slots",
+    "slots drop": "slots-drop",
     "info": "info",
     "schemas": "schemas",
     "read": "event",

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from replog.about import __version__
+from replog.capture.mysql.options import DEFAULT_NAME as MYSQL_DEFAULT_NAME
+from replog.capture.mysql.options import POSITION_MODES as MYSQL_POSITION_MODES
 from replog.capture.options import (
     DEFAULT_CHUNK_ROWS,
     DEFAULT_HEARTBEAT_S,
@@ -14,10 +16,8 @@ from replog.capture.options import (
     DEFAULT_STAGE_EVENTS,
     SNAPSHOT_MODES,
 )
-from replog.capture.mysql.options import DEFAULT_NAME as MYSQL_DEFAULT_NAME
-from replog.capture.mysql.options import POSITION_MODES as MYSQL_POSITION_MODES
 from replog.cli import commands
-from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS
+from replog.format.commits import DEFAULT_RETENTION_MS, DEFAULT_SHARDS, DEFAULT_SNAPSHOT_INTERVAL
 from replog.ingest import FORMATS
 from replog.ops.compaction import DEFAULT_TARGET_BYTES
 from replog.ops.recovery import DEFAULT_GRACE_MS
@@ -37,13 +37,13 @@ def _count(text: str) -> int:
 
 
 def _port(text: str) -> int:
-    """A TCP port, 1..65535."""
+    """A TCP port to listen on, 0..65535 (0: any free port, chosen when it binds)."""
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if not 0 < value < 65536:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (1..65535)")
+        value = -1
+    if not 0 <= value < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a TCP port (0..65535; 0: any free port)")
     return value
 
 
@@ -70,7 +70,14 @@ def _write_commands(command: _Command) -> None:
         default=_duration(DEFAULT_RETENTION_MS),
         help="how long commits, snapshots and the files of merged or truncated segments "
         f"are kept before writers delete them (default {_duration(DEFAULT_RETENTION_MS)}; "
-        "at least recover's --grace)",
+        "at least 10m; warned below recover's --grace plus 10m)",
+    )
+    p.add_argument(
+        "--snapshot-interval",
+        type=int,
+        default=DEFAULT_SNAPSHOT_INTERVAL,
+        help="commits between segment tables, which readers load instead of the commits "
+        f"(default {DEFAULT_SNAPSHOT_INTERVAL})",
     )
     p.add_argument(
         "--no-auto-compact",
@@ -199,7 +206,8 @@ def _capture_commands(command: _Command) -> None:
         type=_port,
         metavar="PORT",
         help="serve Prometheus metrics on this port while capturing (/metrics on every "
-        "interface): changes, snapshot, lag, errors",
+        "interface): changes per table, snapshot, lag in WAL bytes and seconds, retained "
+        "WAL, heartbeats, errors. 0: any free port, said on stderr and in --json",
     )
     p.add_argument(
         "--snapshot-chunk-rows",
@@ -222,6 +230,33 @@ def _capture_commands(command: _Command) -> None:
         f"a large transaction, still committed once (default {DEFAULT_STAGE_EVENTS})",
     )
     _mysql_capture_options(p)
+
+    p = command(
+        "slots",
+        commands.cmd_slots,
+        help="list the server's logical replication slots, or drop one ('slots drop DSN NAME')",
+        usage="replog slots [--json] DSN\n       replog slots drop [--json] [--force] DSN NAME",
+        description="'replog slots DSN' lists every logical replication slot of the server "
+        "(any database): its plug-in, who reads or captures it, the log that owns it (named "
+        "in capture's own publication), the WAL it keeps, its confirmed position and how far "
+        "behind it is in bytes and in seconds (the oldest commit it holds unconfirmed, on the "
+        "server's clock). 'replog slots drop DSN NAME' drops one after naming what depends "
+        "on it, and capture's own publication of it; it asks first on a terminal (--force: "
+        "never), and refuses a slot that is being read or captured.",
+    )
+    p.add_argument(
+        "words",
+        nargs="+",
+        metavar="DSN | drop DSN NAME",
+        help="a libpq connection string or URI (any database of the server); drop: also "
+        "the slot's name",
+    )
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="drop without asking (for scripts; a slot being read or captured is refused "
+        "all the same)",
+    )
 
     p = command(
         "snapshot",

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime, timezone
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from replog.capture.options import capture_slot
 from replog.capture.pgoutput import lsn_to_text
@@ -35,6 +35,9 @@ from replog.ops.status import ConsumerStatus, LogStatus
 from replog.ops.verify import VerifyReport
 from replog.schemas.registry import SchemaVersion
 from replog.timeutil import now_ms
+
+if TYPE_CHECKING:  # psycopg is the 'postgres' extra's: the CLI works without it
+    from replog.capture.slots import ServerSlots, SlotState
 
 
 def age(ms: int | None) -> str:
@@ -189,14 +192,49 @@ class Appended(Result):
             yield f"{d['source_transactions']} whole source transactions{more}"
         if d["skipped"]:
             yield "skipped " + ", ".join(f"{n} {kind}" for kind, n in d["skipped"].items())
+        if d["unkeyed"] and d["version"] is not None:
+            yield (
+                f"{d['unkeyed']} events had no key: each is keyed by its event_id (no order "
+                f"with other events)"
+            )
+        if d["without_source_position"] and d["version"] is not None:
+            yield (
+                f"{d['without_source_position']} events had no usable source position: "
+                f"appended without redelivery detection"
+            )
+
+
+def table_event_lines(tables: dict[str, dict[str, int]]) -> Iterator[str]:
+    """A capture's events per table and operation (``--json``'s ``tables``), a line each."""
+    for table, operations in tables.items():
+        counts = ", ".join(f"{number:,} {operation}" for operation, number in operations.items())
+        yield f"  {table}: {counts}"
 
 
 class Captured(Result):
     schema = "capture"
 
     @classmethod
-    def of(cls, url: str, progress: CaptureProgress) -> Captured:
-        return cls({"url": url, **progress.to_json()})
+    def of(
+        cls,
+        url: str,
+        progress: CaptureProgress,
+        slot: str | None = None,
+        drop_command: str | None = None,
+        metrics_port: int | None = None,
+    ) -> Captured:
+        """``drop_command``: how to drop the slot (``replog slots drop DSN SLOT``), said
+        when the capture did not drop it; ``metrics_port``: the port ``--metrics-port``
+        bound (0 asks for any free one)."""
+        return cls(
+            {
+                "url": url,
+                "slot": slot,
+                **progress.to_json(),
+                "slot_drop_command": None if progress.slot_dropped else drop_command,
+                "metrics_port": metrics_port,
+            }
+        )
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
@@ -210,6 +248,9 @@ class Captured(Result):
             f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
             f"position {d['lsn']}{skipped}"
         )
+        yield from table_event_lines(d["tables"])
+        if d["truncations"] or d["heartbeats"]:
+            yield f"{d['truncations']} TRUNCATE(s) captured, {d['heartbeats']} heartbeats written"
         if d["skipped_truncations"]:
             yield (
                 f"warning: {d['skipped_truncations']} TRUNCATE(s) of captured tables were "
@@ -221,6 +262,122 @@ class Captured(Result):
             yield (
                 f"dropped the replication slot{also}: the server no longer keeps WAL for "
                 f"this capture"
+            )
+        elif d["slot"] is not None:
+            kept = d["retained_wal_bytes"]
+            amount = f"{kept:,} bytes of WAL" if kept is not None else "WAL"
+            yield (
+                f"slot {d['slot']} keeps {amount} on the server (wal_status "
+                f"{d['slot_wal_status'] or 'unknown'}), growing with every write until a "
+                f"capture reads it again"
+                + (
+                    f"; if none will, drop it: {d['slot_drop_command']}"
+                    if d["slot_drop_command"]
+                    else ""
+                )
+            )
+
+
+def _slot_state(slot: Mapping[str, Any]) -> str:
+    """Who reads the slot, in words."""
+    holder = slot["holder"]
+    if holder is not None:
+        who = holder["application_name"] or "a session"
+        return f"captured by {who} (server process {holder['pid']}, from {holder['client']})"
+    if slot["active_pid"] is not None:
+        return f"read now by server process {slot['active_pid']}"
+    released = slot["inactive_since_ms"]
+    return "not read" + (f", last released {age(released)}" if released is not None else "")
+
+
+class Slots(Result):
+    """``replog slots DSN``: the server's logical replication slots."""
+
+    schema = "slots"
+
+    @classmethod
+    def of(cls, found: ServerSlots) -> Slots:
+        return cls(found.to_json())
+
+    def lines(self, verbose: bool = False) -> Iterator[str]:
+        d = self.document
+        limit = d["max_slot_wal_keep_size"]
+        yield (
+            f"server at {d['server_lsn']}, max_slot_wal_keep_size "
+            f"{'unlimited' if limit == '-1' else limit}; {len(d['slots'])} logical slot(s)"
+        )
+        for slot in d["slots"]:
+            yield (
+                f"{slot['name']}  database {slot['database']}, {slot['plugin']}"
+                f"{', temporary' if slot['temporary'] else ''}: {_slot_state(slot)}"
+            )
+            owner = slot["owner"]
+            if owner is not None:
+                yield f"    owner     log {owner.get('log', '?')} (id {owner['log_id']})"
+            elif slot["owner_note"] is not None:
+                yield f"    owner     unknown: {slot['owner_note']}"
+            else:
+                yield "    owner     no replog log (another tool's slot, or an older replog's)"
+            lag_s = slot["lag_s"]
+            seconds = (
+                f"{lag_s:,.1f}s behind (oldest unconfirmed commit)"
+                if lag_s is not None
+                else f"seconds behind unknown: {slot['lag_note']}"
+            )
+            lag = "-" if slot["lag_bytes"] is None else f"{slot['lag_bytes']:,}"
+            yield f"    confirmed {slot['confirmed_lsn']}: {lag} bytes of WAL behind; {seconds}"
+            kept = "-" if slot["retained_wal_bytes"] is None else f"{slot['retained_wal_bytes']:,}"
+            safe = (
+                f", {slot['safe_wal_bytes']:,} bytes before it is at risk"
+                if slot["safe_wal_bytes"] is not None
+                else ""
+            )
+            lost = f", INVALIDATED ({slot['invalidation']})" if slot["invalidation"] else ""
+            yield f"    keeps     {kept} bytes of WAL (wal_status {slot['wal_status']}{safe}{lost})"
+
+
+class SlotDropped(Result):
+    """``replog slots drop DSN NAME``."""
+
+    schema = "slots-drop"
+
+    @classmethod
+    def of(
+        cls, slot: SlotState, *, dropped: bool, publication: str | None = None
+    ) -> SlotDropped:
+        """``slot``: as it was before the drop."""
+        return cls(
+            {
+                "slot": slot.name,
+                "database": slot.database,
+                "dropped": dropped,
+                "owner": slot.owner,
+                "publication_dropped": publication,
+                "retained_wal_bytes": slot.retained_bytes,
+            }
+        )
+
+    def lines(self, verbose: bool = False) -> Iterator[str]:
+        d = self.document
+        if not d["dropped"]:
+            yield f"slot {d['slot']} not dropped"
+            return
+        also = (
+            f" and capture's own publication {d['publication_dropped']}"
+            if d["publication_dropped"]
+            else ""
+        )
+        kept = d["retained_wal_bytes"]
+        freed = f" (it kept {kept:,} bytes of WAL)" if kept is not None else ""
+        yield (
+            f"dropped slot {d['slot']}{also} in database {d['database']}{freed}: the server "
+            f"frees the WAL at its next checkpoint"
+        )
+        owner = d["owner"]
+        if owner is not None:
+            yield (
+                f"the capture of log {owner.get('log', '?')} can no longer resume; a capture "
+                f"into a new slot starts over with a snapshot"
             )
 
 
@@ -304,12 +461,15 @@ class Verified(Result):
             yield f"{len(self.document['problems'])} problem(s) found in {self.document['url']}"
 
 
+def _capture_writer(capture: dict[str, Any]) -> str:
+    if capture.get("source") == "mysql":
+        return f"mysql capture {capture['name']} at position {capture['version']}"
+    return f"slot {capture['slot']} at LSN {capture['lsn']}"
+
+
 def _writer(commit: dict[str, Any]) -> str:
     if commit["capture"] is not None:
-        capture = commit["capture"]
-        if capture.get("source") == "mysql":
-            return f"mysql capture {capture['name']} at position {capture['version']}"
-        return f"slot {capture['slot']} at LSN {capture['lsn']}"
+        return _capture_writer(commit["capture"])
     if commit["transaction"] is not None:
         return f"app {commit['transaction']['app_id']} version {commit['transaction']['version']}"
     if commit["sink"] is not None:
@@ -556,19 +716,45 @@ def _mysql_capture_line(capture: dict[str, Any]) -> str:
     return f"{line}; server at {capture['server_file']}:{capture['server_pos']}, lag {lag}"
 
 
-def _capture_line(capture: dict[str, Any]) -> str:
-    line = (
-        f"at LSN {capture['lsn']} (log version {capture['log_version']}, "
-        f"{age(capture['committed_ms'])})"
+def _run_words(run: dict[str, Any] | None) -> str:
+    if run is None:
+        return "no run record"
+    where = f"on {run['host']} (pid {run['pid']}"
+    if run["state"] == "running":
+        return f"running {where}, since {age(run['started_ms'])}, beat {age(run['beat_ms'])})"
+    if run["state"] == "gone":
+        return f"gone {where}: no beat since {age(run['beat_ms'])}, killed?)"
+    return f"{run['state']} {age(run['stopped_ms'])} {where})"
+
+
+def _capture_lines(capture: dict[str, Any]) -> Iterator[str]:
+    yield (
+        f"  {capture['slot']:<24} {_run_words(capture['run'])}; at LSN {capture['lsn']} (log "
+        f"version {capture['log_version']}, {age(capture['committed_ms'])})"
     )
+    run = capture["run"]
+    if run is not None and run["error"]:
+        yield f"      last error: {run['error']}"
     if capture["server_lsn"] is None:
-        return line + "; lag: give --source-dsn"
-    if capture["slot_lsn"] is None:
-        return line + f"; the server has no slot {capture['slot']!r}"
-    return (
-        f"{line}; server at {capture['server_lsn']}, lag {capture['lag_bytes']:,} bytes, "
-        f"slot confirmed {capture['slot_lsn']}"
-    )
+        yield "      lag: give --source-dsn"
+    elif capture["slot_lsn"] is not None:
+        lag_s = capture["lag_s"]
+        seconds = f"{lag_s:,.1f}s" if lag_s is not None else f"? s ({capture['lag_note']})"
+        kept = (
+            f"{capture['retained_wal_bytes']:,} bytes of WAL kept ({capture['wal_status']}"
+            + (
+                f", {capture['safe_wal_bytes']:,} bytes before it is at risk"
+                if capture["safe_wal_bytes"] is not None
+                else ""
+            )
+            + ")"
+        )
+        yield (
+            f"      server at {capture['server_lsn']}, slot confirmed {capture['slot_lsn']}: "
+            f"lag {capture['lag_bytes']:,} bytes and {seconds}; {kept}"
+        )
+    if capture["problem"]:
+        yield f"      CANNOT RESUME: {capture['problem']}"
 
 
 class Status(Result):
@@ -606,7 +792,7 @@ class Status(Result):
         if d["captures"]:
             yield f"captures ({len(d['captures'])}):"
             for capture in d["captures"]:
-                yield f"  {capture['slot']:<24} {_capture_line(capture)}"
+                yield from _capture_lines(capture)
         if d.get("mysql_captures"):
             yield f"mysql captures ({len(d['mysql_captures'])}):"
             for capture in d["mysql_captures"]:

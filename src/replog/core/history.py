@@ -26,6 +26,7 @@ from replog.errors import (
     CorruptionError,
     LogNotFoundError,
     LogRecreatedError,
+    MissingCommitError,
     MissingFileError,
     StorageError,
     UnsupportedFormatError,
@@ -238,6 +239,34 @@ def _check_head(storage: Storage, state: LogState, base: bytes | None, idle_ms: 
         _check_not_overtaken(storage, state)
 
 
+def _check_no_gap(
+    storage: Storage, state: LogState, seen: dict[int, bool], probe: int
+) -> None:
+    """After commit ``state.version + 1`` was found missing: raise
+    :class:`MissingCommitError` if one of the ``probe`` commits after it exists
+    (``seen``: which of them the caller already looked at) and it is still missing when
+    read again, with commit ``state.version`` still the state's.
+
+    A writer puts commit v + 1 only once commit v exists, and retention deletes commits
+    oldest first: a missing commit below one that exists, above a commit that is still
+    the state's, was deleted or lost outside replog. Taking the commit before it as the
+    head would show readers a prefix of the log as the whole, and let a writer fill the
+    gap with other events. Commits written meanwhile (the missing one first) are told
+    apart by reading the missing one again once a later one was seen, and retention
+    racing the check (deleting the base too) by reading the base again."""
+    missing = state.version + 1
+    versions = range(missing + 1, missing + 1 + probe)
+    unknown = [v for v in versions if v not in seen]
+    found = storage.map(lambda v: storage.exists(commit_path(v)), unknown, threads=READ_THREADS)
+    seen = {**seen, **dict(zip(unknown, found, strict=True))}
+    later = next((v for v in versions if seen[v]), None)
+    if later is None or storage.exists(commit_path(missing)):
+        return  # no later commit, or the missing one was written since (with the later)
+    base = storage.read_optional(commit_path(state.version)) if state.version else None
+    check_base(storage, state, base)  # BaseMissing: retention ran meanwhile
+    raise MissingCommitError(storage.path(commit_path(missing)), missing, later)
+
+
 def catch_up(
     storage: Storage,
     state: LogState,
@@ -246,6 +275,7 @@ def catch_up(
     window: int = 1,
     verify_within: float | None = 0.0,
     idle_ms: int | None = None,
+    probe: int = 1,
 ) -> bool:
     """Apply the commits after ``state.version``; False if ``limit`` commits were applied
     and more may follow. On remote storage reads ``window`` commits at once, then twice as
@@ -263,6 +293,10 @@ def catch_up(
     (``ReplicationLog.commit``). A state whose commit is older than ``idle_ms`` (the
     retention less the clock skew) by this clock is also checked not to have been
     overtaken (:func:`_check_not_overtaken`: one more small read, on idle logs only).
+    That check, and a miss after commits were applied in this call, also look at the
+    ``probe`` commits after the missing one (those this round read, the first after it
+    read alongside on remote storage, the others probed): one that exists makes the
+    miss a gap, :class:`MissingCommitError` (:func:`_check_no_gap`).
     """
     parallel = storage.is_remote
     window = window if parallel else 1
@@ -270,43 +304,89 @@ def catch_up(
     applied = 0
     while limit is None or applied < limit:
         count = window if limit is None else min(window, limit - applied)
-        first = state.version + 1
-        versions = list(range(first, first + count))
         # The base alongside the first round only: in a later one it is a commit applied
         # just now, read again after a miss, which then proves the order (head_seen).
-        with_base = verify and parallel and state.version > 0 and applied == 0
-
-        def get(version: int, base: int = state.version if with_base else -1) -> Any:
-            """Commit ``version``; the raw bytes of the ``base`` one (only its id matters)."""
-            if version == base:
-                return storage.read_optional(commit_path(version))
-            return read_commit(storage, version)
-
-        ahead = [state.version] if with_base else []
-        asked = monotonic_s()  # before any of these reads: when a missing commit was missing
-        records = storage.map(get, ahead + versions, threads=len(ahead) + len(versions))
-        base = records.pop(0) if with_base else None
-        for index, record in enumerate(records):
+        found = _Round.read(storage, state, count, verify and parallel and applied == 0)
+        for index, record in enumerate(found.records):
             if record is None:
-                if verify:
-                    ordered = index > 0 or not with_base
-                    if ordered:  # read after the miss (the base is a commit applied just now)
-                        base = storage.read_optional(commit_path(state.version))
-                    assert not isinstance(base, CommitRecord)
-                    _check_head(storage, state, base, idle_ms)
-                    state.verified = (state.version, monotonic_s())
-                    if ordered:
-                        # The base was there after the miss, so the next commit was not
-                        # expired but not written yet. (A base read alongside the miss
-                        # proves nothing about the order: an earlier proof stands.)
-                        state.head_seen = asked
+                found.at_head(storage, state, index, verify=verify, applied=applied,
+                              idle_ms=idle_ms, probe=probe)  # fmt: skip
                 return True
-            assert isinstance(record, CommitRecord)
             state.apply(record)
             applied += 1
         if parallel:
             window = max(min(window * 2, READ_THREADS), window)
     return False
+
+
+@dataclasses.dataclass
+class _Round:
+    """One round of :func:`catch_up`'s reads: commits ``first..`` (None: missing); with
+    the base, also commit ``first - 1`` (its raw bytes) and whether the commit after the
+    round exists (what a miss in it is checked against, :func:`_check_no_gap`)."""
+
+    records: list[CommitRecord | None]
+    with_base: bool
+    base: bytes | None
+    seen: dict[int, bool]
+    """Which commits after the round's first are known to exist (True) or not."""
+    asked: float
+    """When (:func:`monotonic_s`) the reads began: a commit missing then was missing."""
+
+    @classmethod
+    def read(cls, storage: Storage, state: LogState, count: int, with_base: bool) -> _Round:
+        first = state.version + 1
+        with_base = with_base and state.version > 0
+        base_version = state.version if with_base else -1
+        peek = first + count if with_base else -1
+
+        def get(version: int) -> Any:
+            if version == base_version:
+                return storage.read_optional(commit_path(version))  # only its id matters
+            if version == peek:
+                return storage.exists(commit_path(version))
+            return read_commit(storage, version)
+
+        around = [base_version, peek] if with_base else []
+        wanted = around[:1] + list(range(first, first + count)) + around[1:]
+        asked = monotonic_s()  # before any of these reads
+        found = storage.map(get, wanted, threads=len(wanted))
+        base = found.pop(0) if with_base else None
+        peeked = found.pop() if with_base else False
+        seen = {first + i: record is not None for i, record in enumerate(found)}
+        if with_base:
+            seen[peek] = bool(peeked)
+        return cls(found, with_base, base, seen, asked)
+
+    def at_head(
+        self,
+        storage: Storage,
+        state: LogState,
+        index: int,
+        *,
+        verify: bool,
+        applied: int,
+        idle_ms: int | None,
+        probe: int,
+    ) -> None:
+        """Commit ``state.version + 1`` (the round's ``index``-th) is missing: with
+        ``verify``, check that the log is the state's (:func:`_check_head`); then, or
+        after commits were ``applied``, that the miss is no gap (:func:`_check_no_gap`)."""
+        ordered = index > 0 or not self.with_base
+        if verify:
+            base = self.base
+            if ordered:  # read after the miss (the base is a commit applied just now)
+                base = storage.read_optional(commit_path(state.version))
+            _check_head(storage, state, base, idle_ms)
+        if verify or applied:  # a new version: is the miss a gap?
+            _check_no_gap(storage, state, self.seen, probe)
+        if verify:
+            state.verified = (state.version, monotonic_s())
+            if ordered:
+                # The base was there after the miss, so the next commit was not expired
+                # but not written yet. (A base read alongside the miss proves nothing
+                # about the order: an earlier proof stands.)
+                state.head_seen = self.asked
 
 
 # -- snapshots -------------------------------------------------------------------------------
@@ -601,8 +681,13 @@ class LogSnapshots:
             raise CorruptionError(self.storage.path(header_path(version)), self._rejected[version])
         if version not in self._headers:
             relative = header_path(version)
-            data = self.storage.read(relative)
-            self._remember_header(SnapshotHeader.from_bytes(data, self.storage.path(relative)))
+            path = self.storage.path(relative)
+            header = SnapshotHeader.from_bytes(self.storage.read(relative), path)
+            if header.version != version:  # a copy under another name (a partial restore)
+                raise CorruptionError(
+                    path, f"holds the header of version {header.version}, not {version}"
+                )
+            self._remember_header(header)
         return self._headers[version]
 
     def reject(self, version: int, reason: str) -> None:
@@ -940,6 +1025,26 @@ def _after_base_missing(snapshots: LogSnapshots, state: LogState, header: int) -
     return _repair_start(snapshots)
 
 
+def _past_gap(snapshots: LogSnapshots, gap: MissingCommitError) -> LogState:
+    """The state at the newest usable header at or above a missing commit (listed: a
+    repair path), with a warning: it holds what the commits up to it made, so nothing is
+    lost to readers, and ``verify`` names the missing commit. Raises ``gap`` if there is
+    none: the log cannot be read past it."""
+    newest = _newest_listed_header(snapshots)
+    state = _usable_state(snapshots, newest, floor=gap.version - 1)
+    if state is None:
+        raise gap
+    logger.warning(
+        "%s: commit %d is missing (commit %d exists), but header %d holds the state past "
+        "it: reading from there ('replog verify' names the damage)",
+        snapshots.storage.url,
+        gap.version,
+        gap.later,
+        state.version,
+    )
+    return state
+
+
 REPAIRS = 3
 """How often opening a log starts again after a commit it had read went (retention racing
 the open can expire the commits just read; more than this means damage)."""
@@ -975,8 +1080,14 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
     idle_ms = descriptor.surely_kept_ms
     while True:
         try:
-            if catch_up(storage, state, limit=interval, window=interval, idle_ms=idle_ms):
+            if catch_up(
+                storage, state, limit=interval, window=interval, idle_ms=idle_ms, probe=interval
+            ):
                 return state
+        except MissingCommitError as gap:
+            state = _past_gap(snapshots, gap)
+            header = state.version
+            continue
         except BaseMissing:
             if not state.version == header > 0:
                 races += 1
@@ -989,13 +1100,19 @@ def load_state(storage: Storage, descriptor: LogDescriptor) -> LogState:
             state = _after_base_missing(snapshots, state, header) or empty()
             header = state.version
             continue
-        newest = probe_forward(
-            state.version - state.version % interval, interval, snapshots.has_header
-        )
-        if newest > state.version:
-            newer = _usable_state(snapshots, newest, floor=state.version)
-            if newer is not None:
-                state, header = newer, newer.version
+        newer = _past_lagging_hint(snapshots, state)
+        if newer is not None:
+            state, header = newer, newer.version
+
+
+def _past_lagging_hint(snapshots: LogSnapshots, state: LogState) -> LogState | None:
+    """After a full window of commits past ``state``'s header: the newest usable header
+    above ``state`` (the hint lags), None if there is none."""
+    interval = snapshots.descriptor.checkpoint_interval
+    newest = probe_forward(state.version - state.version % interval, interval, snapshots.has_header)
+    if newest <= state.version:
+        return None
+    return _usable_state(snapshots, newest, floor=state.version)
 
 
 def check_snapshot(storage: Storage, descriptor: LogDescriptor, version: int) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 from replog.errors import CorruptionError, InvalidOptionError
 from replog.format.gc import CLOCK_SKEW_MS, GcMark
+from replog.format.limits import MAX_SHARDS
 from replog.format.sealed import seal, unseal
 from replog.format.segments import DENSE, SegmentInfo
 from replog.names import check_name
@@ -32,13 +33,11 @@ APPEND, COMPACT, TRUNCATE = "append", "compact", "truncate"
 COMMIT_OPERATIONS = (APPEND, COMPACT, TRUNCATE)
 
 DEFAULT_SHARDS = 8
-MAX_SHARDS = 4096
 DEFAULT_SNAPSHOT_INTERVAL = 100
 DEFAULT_CHECKPOINT_INTERVAL = 10
 DEFAULT_RETENTION_MS = 2 * 3_600_000
 """How long commits, snapshots and files that left the log are kept (at least ``replog
 recover``'s default grace plus the clock skew it allows)."""
-MIN_RETENTION_MS = 1_000
 
 
 def commit_path(version: int) -> str:
@@ -120,8 +119,8 @@ class LogDescriptor:
             )
         except (KeyError, ValueError) as exc:
             raise CorruptionError(path, f"malformed log descriptor: {exc}") from exc
-        if descriptor.retention_ms < MIN_RETENTION_MS:
-            raise CorruptionError(path, f"retention_ms {descriptor.retention_ms} is too short")
+        if descriptor.retention_ms < 1:  # logs of replog 0.5 and earlier may hold 1 s
+            raise CorruptionError(path, f"retention_ms {descriptor.retention_ms} is not positive")
         if not 1 <= descriptor.shards <= MAX_SHARDS or descriptor.snapshot_interval < 1:
             raise CorruptionError(path, "shards or snapshot_interval out of range")
         if descriptor.snapshot_interval % descriptor.checkpoint_interval:

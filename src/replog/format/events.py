@@ -180,7 +180,6 @@ def events_from_records(
     *,
     where: Callable[[int], str] = lambda i: f"event {i}",
     default_collection: str | None = None,
-    require_key: bool = False,
 ) -> pa.Table:
     """Validate change events given as dicts and return them as a :data:`STORED_SCHEMA` table.
 
@@ -189,9 +188,9 @@ def events_from_records(
     written. An ``event_id`` given twice is an error naming both records.
 
     An event without ``key`` is keyed by its ``event_id`` (FORMAT.md, "Routing"): it then
-    has no order with any other event, and key compaction never supersedes it. With
-    ``require_key`` (``replog append``, whose input documents ``key`` as required) such
-    an event is an error instead.
+    has no order with any other event, and key compaction never supersedes it. That is
+    the one rule of every way in (``log.append``, ``replog append``, the ``replog-sink``,
+    whose rows may lack a key too); ``replog append`` counts such events in its summary.
     """
     now_us = _micros(now_utc(), "now", 0)
     columns: dict[str, list[Any]] = {name: [] for name in STORED_SCHEMA.names}
@@ -225,11 +224,6 @@ def events_from_records(
             )
         seen_ids[event_id] = index
         key = _text(record, "key", label)
-        if key is None and require_key:
-            raise InvalidEventError(
-                f"{label}: 'key' is required (the key orders a row's changes and routes "
-                f'them to one shard, e.g. "orders/1")'
-            )
         columns["event_id"].append(event_id)
         micros.append(_micros(record.get("timestamp"), label, now_us))
         columns["operation"].append(operation)

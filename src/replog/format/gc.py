@@ -25,6 +25,9 @@ from typing import Any
 
 CLOCK_SKEW_MS = 600_000
 """How far a writer's, a collector's and the storage's clocks may disagree."""
+DEFAULT_GRACE_MS = 3_600_000
+"""``replog recover`` keeps garbage younger than this: it may belong to a live writer or
+a planned read."""
 CHECK_AFTER_MS = 60_000
 """A write staging for longer than this checks its files before committing: collectors
 that commit no mark (replog 0.2) with a grace at least this long are caught."""

@@ -8,6 +8,7 @@ log's retention are gone, so the history starts at the oldest one kept.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,6 +19,8 @@ from replog.core.history import read_commit
 from replog.format.commits import APPEND, COMPACT, TXN_QUERY, CommitRecord
 from replog.format.segments import SegmentInfo
 from replog.log import ReplicationLog
+
+logger = logging.getLogger(__name__)
 
 KINDS = ("append", "transaction", "capture", "sink", "compact", "key-compact", "truncate", "gc")
 """What a commit was, finer than its recorded operation: a plain ``append``; an append
@@ -125,8 +128,16 @@ def log_history(log: ReplicationLog, limit: int | None = None) -> LogHistory:
     versions = list(range(state.version, oldest - 1, -1))
     records = log.storage.map(lambda v: read_commit(log.storage, v), versions, threads=8)
     entries = []
-    for record in records:
-        if record is None:  # expired (retention runs oldest first): nothing older is left
+    for index, record in enumerate(records):
+        if record is not None:
+            entries.append(HistoryEntry(record))
+        elif any(older is not None for older in records[index + 1 :]):
+            logger.warning(  # damage, not retention (it deletes the oldest first)
+                "%s: commit %d is missing, though older ones exist: left out of the history "
+                "('replog verify' names the damage)",
+                log.url,
+                versions[index],
+            )
+        else:  # expired (retention runs oldest first): nothing older is left
             break
-        entries.append(HistoryEntry(record))
     return LogHistory(log.url, state.version, state.retained_from, tuple(entries))

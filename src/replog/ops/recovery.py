@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from replog.checkpoints.sinks import PendingResolution, SinkCommitter, list_sinks
-from replog.format.gc import CLOCK_SKEW_MS
+from replog.format.gc import CLOCK_SKEW_MS, DEFAULT_GRACE_MS
 from replog.log import ReplicationLog
 from replog.ops import garbage
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_GRACE_MS = 3_600_000
-"""Garbage younger than this is kept: it may belong to a live writer or a planned read."""
+__all__ = ["DEFAULT_GRACE_MS", "RecoveryReport", "recover"]
 
 
 @dataclass

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from replog.capture import running
 from replog.capture.mysql.options import capture_name as mysql_capture_name
@@ -24,6 +24,9 @@ from replog.format.commits import TXN_QUERY
 from replog.format.state import LogState, retained_events
 from replog.log import ReplicationLog
 from replog.timeutil import now_ms
+
+if TYPE_CHECKING:  # psycopg is the 'postgres' extra's: status works without it
+    from replog.capture.slots import SlotState
 
 
 @dataclass(frozen=True)
@@ -82,8 +85,9 @@ class SinkStatus:
 
 @dataclass(frozen=True)
 class CaptureStatus:
-    """A PostgreSQL capture's position in the log (transaction ``pg-capture.<slot>``) and,
-    when the server was asked (:func:`with_server`), how far the log is behind it."""
+    """A PostgreSQL capture's position in the log (transaction ``pg-capture.<slot>``), how
+    its last run is (its run record) and, when the server was asked (:func:`with_server`),
+    its slot there: how far behind it is, the WAL it keeps, whether it can resume."""
 
     slot: str
     position: int
@@ -93,30 +97,94 @@ class CaptureStatus:
     """The log commit that recorded it."""
     committed_ms: int | None
     """When that commit was made (None once retention removed its record)."""
+    log_id: str = ""
+    run: running.CaptureRun | None = None
+    """The last run's record (None: no run wrote one: a capture of an older replog)."""
+    generated_ms: int = 0
     server_lsn: int | None = None
     """The server's ``pg_current_wal_lsn()`` when asked."""
-    slot_lsn: int | None = None
-    """The slot's ``confirmed_flush_lsn`` on that server (None: no such slot there)."""
+    server: SlotState | None = None
+    """The slot on that server (None: not asked, or no such slot there)."""
+
+    @property
+    def slot_lsn(self) -> int | None:
+        """The slot's ``confirmed_flush_lsn`` on the server."""
+        return None if self.server is None else self.server.confirmed_lsn
 
     @property
     def lag_bytes(self) -> int | None:
-        """WAL the server wrote past the log's position (an upper bound: it counts every
-        database's WAL); None unless the server was asked and has the slot."""
-        if self.server_lsn is None or self.slot_lsn is None:
+        """WAL the server wrote past the slot's confirmed position (an upper bound of what
+        capture has to read: it counts every database's WAL); None unless the server was
+        asked and has the slot."""
+        return None if self.server is None else self.server.lag_bytes
+
+    @property
+    def problem(self) -> str | None:
+        """Why this log's capture cannot resume the slot, with the way on (None: it can,
+        or the server was not asked)."""
+        reset = "'replog capture ... --reset-slot' starts over with a new slot and a snapshot"
+        slot, name = self.server, repr(self.slot)
+        if self.server_lsn is None:
             return None
-        return max(self.server_lsn - self.position, 0)
+        if slot is None:
+            return (
+                f"the server has no slot {name}: the changes after the log's position are "
+                f"gone; {reset}"
+            )
+        if slot.lost:
+            return (
+                f"the server invalidated slot {name} ({slot.invalidation or 'wal_status lost'}): "
+                f"the WAL after the log's position is gone; {reset}"
+            )
+        owner = slot.owner
+        if owner is not None and self.log_id and owner.get("log_id") != self.log_id:
+            return (
+                f"slot {name} belongs to log {owner.get('log', '?')} (id {owner['log_id']}): this "
+                f"log's capture can never resume it; capture into another slot, or {reset}"
+            )
+        if slot.confirmed_lsn is not None and slot.confirmed_lsn > self.position:
+            return (
+                f"slot {name} was advanced to {lsn_to_text(slot.confirmed_lsn)}, past the log's "
+                f"position {lsn_to_text(self.position)}: the changes between were consumed "
+                f"elsewhere; {reset}"
+            )
+        return None
 
     def to_json(self) -> dict[str, Any]:
+        slot = self.server
         return {
             "slot": self.slot,
             "app_id": capture_app_id(self.slot),
             "lsn": lsn_to_text(self.position),
             "log_version": self.log_version,
             "committed_ms": self.committed_ms,
+            "run": None if self.run is None else _run_json(self.run, self.generated_ms),
             "server_lsn": None if self.server_lsn is None else lsn_to_text(self.server_lsn),
             "slot_lsn": None if self.slot_lsn is None else lsn_to_text(self.slot_lsn),
             "lag_bytes": self.lag_bytes,
+            "lag_s": None if slot is None else slot.lag_s,
+            "lag_note": None if slot is None else slot.lag_note,
+            "oldest_unconfirmed_commit_ms": None if slot is None else slot.oldest_unconfirmed_ms,
+            "retained_wal_bytes": None if slot is None else slot.retained_bytes,
+            "wal_status": None if slot is None else slot.wal_status,
+            "safe_wal_bytes": None if slot is None else slot.safe_bytes,
+            "holder": None if slot is None or slot.holder is None else slot.holder.to_json(),
+            "owner": None if slot is None else slot.owner,
+            "problem": self.problem,
         }
+
+
+def _run_json(run: running.CaptureRun, at_ms: int) -> dict[str, Any]:
+    return {
+        "state": run.state(at_ms),
+        "host": run.host,
+        "pid": run.pid,
+        "started_ms": run.started_ms,
+        "beat_ms": run.beat_ms,
+        "stopped_ms": run.stopped_ms,
+        "error": run.error,
+        "lsn": lsn_to_text(run.position),
+    }
 
 
 @dataclass(frozen=True)
@@ -266,6 +334,7 @@ def log_status(log: ReplicationLog) -> LogStatus:
     sink_ids = sorted((sink_dirs | set(state.sinks)) - set(transactions))
     captures = []
     mysql_captures = []
+    generated = now_ms()
     for app_id in sorted(transactions):
         name = mysql_capture_name(app_id)
         if name is not None:
@@ -280,6 +349,9 @@ def log_status(log: ReplicationLog) -> LogStatus:
                     position=transactions.pop(app_id),
                     log_version=state.sinks[app_id].version,
                     committed_ms=record.timestamp_ms if record else None,
+                    log_id=log.log_id,
+                    run=running.read(log.storage, slot),
+                    generated_ms=generated,
                 )
             )
     return LogStatus(
@@ -291,7 +363,7 @@ def log_status(log: ReplicationLog) -> LogStatus:
             consumer_status(log, state, name, times) for name in consumers.list_consumers(log)
         ),
         sinks=tuple(sink_status(log, state, sink_id) for sink_id in sink_ids),
-        generated_ms=now_ms(),
+        generated_ms=generated,
         transactions=transactions,
         captures=tuple(captures),
         mysql_captures=tuple(mysql_captures),
@@ -336,11 +408,11 @@ def with_mysql_server(
     return replace(report, mysql_captures=tuple(captures), server_asked=True)
 
 
-def with_server(report: LogStatus, server_lsn: int, slots: Mapping[str, int | None]) -> LogStatus:
-    """``report`` with its captures' lag behind a source server: its current WAL position
-    and its logical slots' confirmed positions (``replog status --source-dsn``)."""
+def with_server(report: LogStatus, server_lsn: int, slots: Mapping[str, SlotState]) -> LogStatus:
+    """``report`` with its captures' slots on a source server (``replog status
+    --source-dsn``): the server's WAL position and each capture's slot there."""
     captures = tuple(
-        replace(c, server_lsn=server_lsn, slot_lsn=slots.get(c.slot)) for c in report.captures
+        replace(c, server_lsn=server_lsn, server=slots.get(c.slot)) for c in report.captures
     )
     return replace(report, captures=captures, server_asked=True)
 

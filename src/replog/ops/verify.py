@@ -77,20 +77,44 @@ def _problem(exc: BaseException, fallback_path: str) -> Problem:
     return Problem(path, str(exc).removeprefix(f"{path}: "))
 
 
-def _commits(log: ReplicationLog, problems: list[Problem]) -> tuple[int, LogState]:
-    """Check every commit record (listed: a missing one in the middle is found too).
-    Returns how many there are and the state they build up to the first broken one."""
+def _missing(version: int, headers: list[int], stop: int) -> str:
+    """What a commit missing below later ones means, given the usable ``headers``
+    (``stop``: the version readers stop at, before the first commit they need)."""
+    above = [header for header in headers if header >= version]
+    if above:
+        return (
+            f"commit is missing (later commits exist); readers do not need it (snapshot "
+            f"{min(above)} holds the state past it), but 'replog history' lacks it: restore "
+            f"it from a backup"
+        )
+    return (
+        f"commit is missing (later commits exist): readers and writers stop at version "
+        f"{stop} with an error naming the first missing commit, and 'replog recover' "
+        f"deletes nothing; "
+        f"restore it from a backup (or the object's previous version)"
+    )
+
+
+def _commits(
+    log: ReplicationLog, problems: list[Problem], headers: list[int]
+) -> tuple[int, LogState]:
+    """Check every commit record (listed: a missing one in the middle is found too;
+    ``headers``, the usable snapshot headers, say what it means). Returns how many there
+    are and the state they build up to the first broken one."""
     versions = listed_versions(log.storage.listdir(COMMITS_DIR))
     last = versions[-1] if versions else 0
     oldest = _oldest_retained(log, versions)
     state, applied_from = _replay_start(log, oldest - 1, problems)
     broken = False
+    stop: int | None = None
     for version in range(oldest, last + 1):
         path = log.storage.path(commit_path(version))
         try:
             record = history.read_commit(log.storage, version)
             if record is None:
-                raise CorruptionError(path, "commit is missing (later commits exist)")
+                if stop is None and not any(header >= version for header in headers):
+                    stop = version - 1
+                raise CorruptionError(path, _missing(version, headers, stop or version - 1))
             if not broken and version >= applied_from:
                 state.apply(record)
         except (ReplogError, OSError) as exc:
@@ -156,15 +180,31 @@ def _replay_start(
     return LogState(shards=log.shards, log_id=log.log_id), 1
 
 
-def _snapshots(log: ReplicationLog, problems: list[Problem]) -> int:
-    checked = 0
+def _snapshots(log: ReplicationLog, problems: list[Problem]) -> list[int]:
+    """Check every snapshot; the versions of those that hold."""
+    usable = []
     for version in listed_versions(log.storage.listdir(history.SNAPSHOTS_DIR)):
-        checked += 1
         try:
             history.check_snapshot(log.storage, log.descriptor, version)
+            usable.append(version)
         except (ReplogError, OSError) as exc:
             problems.append(_problem(exc, log.storage.path(history.header_path(version))))
-    return checked
+    return usable
+
+
+def _past_the_commits(log: ReplicationLog, headers: list[int], last: int) -> Iterator[Problem]:
+    """Usable headers past the newest commit ``last`` (listed after them: a header is
+    written after its commit): the newest commits were deleted or lost. Readers pass
+    over such a header and read up to ``last``, which no reader can tell from a log that
+    never went further."""
+    for version in headers:
+        if version > last:
+            yield Problem(
+                log.storage.path(history.header_path(version)),
+                f"snapshot of version {version}, past the newest commit ({last}): commits "
+                f"{last + 1}..{version} are missing, and readers read the log up to version "
+                f"{last}, without their events; restore the commits from a backup",
+            )
 
 
 def _checkpointed_segments(log: ReplicationLog, state: LogState, problems: list[Problem]) -> None:
@@ -287,8 +327,12 @@ def verify(
     """Check every checksummed file of ``log``; the report lists every problem found.
     ``progress`` is told the segment files checked so far and in all (most of the work)."""
     problems: list[Problem] = []
-    commits, state = _commits(log, problems)
-    snapshots = _snapshots(log, problems)
+    snapshot_problems: list[Problem] = []
+    headers = _snapshots(log, snapshot_problems)
+    commits, state = _commits(log, problems, headers)
+    problems.extend(snapshot_problems)
+    problems.extend(_past_the_commits(log, headers, commits))
+    snapshots = len(headers) + len(snapshot_problems)
     _checkpointed_segments(log, state, problems)
     segments = _segments(log, state, problems, progress)
     manifests = _stores(log, problems)

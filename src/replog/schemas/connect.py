@@ -343,7 +343,8 @@ def decode_decimal(text: str, scale: int) -> Decimal:
         unscaled = int.from_bytes(base64.b64decode(text, validate=True), "big", signed=True)
     except (ValueError, TypeError) as exc:
         raise InvalidEventError(f"{text!r} is not a base64 Decimal: {exc}") from exc
-    return Decimal(unscaled).scaleb(-scale)
+    # From text, never by arithmetic: Decimal arithmetic rounds to the context's 28 digits.
+    return Decimal(f"{unscaled}E{-scale}")
 
 
 def decode_variable_scale(value: Mapping[str, Any]) -> Decimal:

@@ -2,10 +2,12 @@
 Delta tables exactly once (the core: :mod:`replog.tables.delta`).
 
 One query can feed many tables: ``target`` is then a mapping ``{collection: path}`` or a
-path template holding ``{collection}``. The micro-batch is read from the log once
-(persisted), each collection's events are typed, reduced and applied to its table, and
-each table's commit carries ``(app_id, batch_id)``: a replayed batch is skipped table by
-table, so a crash after some tables committed neither doubles nor skips the others.
+path template holding ``{collection}``. The micro-batch is read from the log in one pass
+(one Spark job, :mod:`replog.spark.changes`): each collection's events are typed there,
+the rows that need no merge written ahead by the tasks, the rest collected and reduced
+on the driver; each table's commit carries ``(app_id, batch_id)``: a replayed batch is
+skipped table by table, so a crash after some tables committed neither doubles nor skips
+the others.
 With ``log=``, each collection's row schema, keys and column defaults come from the
 schema registry (``replog capture postgres`` registers a table's key columns as its only
 non-optional fields).
@@ -15,93 +17,36 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark import SparkContext
-from pyspark.sql import Column, DataFrame
+from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
-from pyspark.sql.types import StructType, TimestampType
+from pyspark.sql.types import StructType
 
 from replog.crashpoints import crash_point
 from replog.errors import InvalidOptionError
 from replog.format import jsontext
 from replog.log import ReplicationLog
 from replog.schemas import connect, registry
-from replog.spark.typed import typed_by
+from replog.spark.changes import Batch, Part, changes_frame, gather
+from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
-from replog.tables.delta import TARGET_FILE_SIZE, already_applied, apply_batch
+from replog.tables import delta
+from replog.tables.delta import TARGET_FILE_SIZE, apply_batch
 
-_EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
+if TYPE_CHECKING:
+    from deltalake import DeltaTable
+
 TEMPLATE = "{collection}"
 
 Keys = Sequence[str] | str
 Schema = StructType | str
 
-
-def _changes(batch: DataFrame, keys: tuple[str, ...], schema: Schema | None) -> DataFrame:
-    """The source's rows as a batch of changes: ``data``'s fields plus the bookkeeping
-    columns of :mod:`replog.tables.changes`."""
-    absent = [c for c in _EVENT_COLUMNS if c not in batch.columns]
-    if absent:
-        raise InvalidOptionError(
-            f"apply_changes: the micro-batch lacks the replog source's columns {absent} "
-            f"(columns: {batch.columns})"
-        )
-    payload = batch.schema["data"].dataType
-    if isinstance(payload, StructType):
-        row = F.col("data")  # typed already (parse_payload, typed)
-    elif schema is None:
-        raise InvalidOptionError(
-            "apply_changes: 'data' is a JSON payload: give schema= (a DDL string or a "
-            "StructType of the row), log= (the schemas registered in the log) or type it "
-            "first (parse_payload, typed)"
-        )
-    else:
-        source = F.col("data").cast("string")
-        row = F.from_json(source, schema, {"mode": "FAILFAST"})
-    frame = batch.select(
-        row.alias("__row"),
-        F.col("shard").alias(rows.SHARD),
-        F.col("sequence").alias(rows.SEQUENCE),
-        F.col("operation").alias(rows.OPERATION),
-        F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
-        _unsent(batch).alias(rows.UNSENT),
-        (
-            F.col("collection") if "collection" in batch.columns else F.lit(None).cast("string")
-        ).alias(rows.COLLECTION),
-        _metadata(batch, "$.old_key").alias(rows.OLD_KEY),
-    )
-    fields = frame.schema["__row"].dataType
-    assert isinstance(fields, StructType)
-    rows.check_columns(fields.names, keys)
-    values = [name for name in fields.names if name not in keys]
-    # a delete's row is its old image (often the key only): it sends no value
-    unsent = F.when(
-        F.col(rows.OPERATION) == F.lit(rows.DELETE),
-        F.array(*[F.lit(name) for name in values]).cast("array<string>"),
-    ).otherwise(F.col(rows.UNSENT))
-    return frame.select(
-        "__row.*",
-        *rows.CHANGE_COLUMNS,
-        unsent.alias(rows.UNSENT),
-        rows.COLLECTION,
-        rows.OLD_KEY,
-    )
-
-
-def _metadata(batch: DataFrame, path: str) -> Column:
-    if "metadata" not in batch.columns:
-        return F.lit(None).cast("string")
-    return F.get_json_object(F.col("metadata").cast("string"), path)
-
-
-def _unsent(batch: DataFrame) -> Column:
-    """The columns each event did not send (``metadata.unavailable``, as ``replog capture
-    postgres`` lists unchanged TOASTed columns): an empty list when it names none."""
-    if "metadata" not in batch.columns:
-        return F.array().cast("array<string>")
-    listed = _metadata(batch, "$.unavailable")
-    return F.coalesce(F.from_json(listed, "array<string>"), F.array().cast("array<string>"))
+MAX_PARTS = 32
+"""The most tables one pass over a micro-batch types at once (one projection holds a
+parser per table); a log that registers more is read for the collections a batch holds
+first."""
 
 
 def _query_id() -> str | None:
@@ -167,6 +112,15 @@ class _Router:
     ) -> None:
         self.target, self.keys, self.schema, self.log = target, keys, schema, log
         self._tables: dict[str, _Table] = {}
+        self._handles: dict[str, DeltaTable] = {}
+
+    def delta(self, target: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
+        """The Delta table at ``target`` at its newest version (None: there is none yet),
+        its handle kept between micro-batches."""
+        found = delta.refreshed(self._handles.get(target), target, storage_options)
+        if found is not None:
+            self._handles[target] = found
+        return found
 
     @property
     def routed(self) -> bool:
@@ -202,24 +156,35 @@ class _Router:
         )
         return _Table(target, keys, schema, registered=given is None)
 
-    def rows_of(self, batch: DataFrame, collection: str | None) -> tuple[DataFrame, dict[str, Any]]:
-        """The micro-batch's events of ``collection``, typed by the registry (``log=``)
-        unless a schema is given or ``data`` is typed already; and the registered column
-        defaults. The registry is read once, with each micro-batch: a version registered
-        while the query runs brings its columns and defaults."""
-        if collection is not None:
-            batch = batch.where(F.col("collection") == F.lit(collection))
+    def collections(self, batch: DataFrame, one: str | None) -> tuple[list[str | None], bool]:
+        """The collections a micro-batch's pass types, and whether a collection outside
+        them is an error (a template's: its events would be lost): one table's
+        (``one``), a mapping's, the registry's (``log=``, up to :data:`MAX_PARTS`); else
+        those the batch holds (a pass of its own over the batch)."""
+        if not self.routed:
+            return [one], False
+        named = self.named()
+        if named is not None:
+            return list(named), False
+        if self.log is not None:
+            known = registry.collections(self.log.storage)
+            if len(known) <= MAX_PARTS:
+                return list(known), True
+        present = {
+            r["collection"]: r["key"]
+            for r in batch.groupBy("collection").agg(F.first("key").alias("key")).collect()
+        }
+        if None in present:
+            raise _without_collection(present[None])
+        return sorted(present), True
+
+    def found(self, collection: str | None) -> list[registry.SchemaVersion]:
+        """A collection's registered versions, read with each micro-batch (a version
+        registered while the query runs brings its columns and defaults); none when its
+        rows are not typed by the registry."""
         if self.log is None or collection is None:
-            return batch, {}
-        found = registry.versions(self.log.storage, collection)
-        payload = batch.schema["data"].dataType
-        if self.table(collection).schema is None and not isinstance(payload, StructType):
-            if not found:
-                raise InvalidOptionError(
-                    registry.unknown_collection(self.log.storage, collection, "typed")
-                )
-            batch = typed_by(batch, collection, found).drop("after")
-        return batch, registered_defaults(found)
+            return []
+        return registry.versions(self.log.storage, collection)
 
 
 def _check_key_fields(collection: str, sample: str | None, keys: tuple[str, ...]) -> None:
@@ -282,75 +247,126 @@ class _Settings:
     target_file_size: int | None
     tombstones: bool
     deletion_vectors: bool = True
+    write_ahead_rows: int | None = written_ahead.MIN_ROWS
 
 
-def _write(  # noqa: PLR0917 - one table's part of a micro-batch
+def _parts(  # noqa: PLR0917 - a micro-batch's parts
     settings: _Settings,
-    table: _Table,
-    frame: DataFrame,
-    defaults: Mapping[str, Any],
+    router: _Router,
+    collections: Sequence[str | None],
+    batch: DataFrame,
     batch_id: int,
     writer: str | None,
-) -> None:
-    """One table's events of a micro-batch, collected as they are and applied: the core
-    reduces them in Arrow (a reduction in Spark, a shuffle of every column, cost three
-    times the rest of a snapshot's load, BENCHMARKS.md)."""
-    collected = _changes(frame, table.keys, table.schema).toArrow()
-    crash_point("apply_before_delta", batch_id)
-    apply_batch(
-        table.target,
-        collected,
-        table.keys,
-        app_id=settings.app_id,
-        batch_id=batch_id,
-        mode=settings.mode,
-        storage_options=settings.storage_options,
-        writer=writer,
-        target_file_size=settings.target_file_size,
-        defaults=defaults,
-        tombstones=settings.tombstones,
-        deletion_vectors=settings.deletion_vectors,
-    )
-    crash_point("apply_after_delta", batch_id)
-
-
-def _apply_routed(
-    settings: _Settings, router: _Router, batch: DataFrame, batch_id: int, writer: str | None
-) -> None:
-    """A micro-batch of many collections, each to its table (skipped where committed)."""
-    app_id, options = settings.app_id, settings.storage_options
-    named = router.named()
-    done = {  # a mapping's tables, each asked once; a template's, as its collections show
-        c: already_applied(router.table(c).target, app_id, batch_id, options, writer)
-        for c in named or ()
-    }
-    if named is not None and all(done.values()):
-        return  # every table has it: a replay
-    batch = batch.persist()  # the log is read once for every table
-    try:
-        present = {
-            r["collection"]: r["key"]
-            for r in batch.groupBy("collection").agg(F.first("key").alias("key")).collect()
-        }
-        if None in present:
+) -> list[Part]:
+    """The micro-batch's parts: one per table not holding the batch already (a replay is
+    skipped table by table, before any of it is computed), with how its rows are typed
+    and may be written ahead."""
+    parts: list[Part] = []
+    struct: bool | None = None
+    for index, collection in enumerate(collections):
+        table = router.table(collection)
+        found = router.delta(table.target, settings.storage_options)
+        if delta.replayed(found, settings.app_id, batch_id, writer):
+            continue  # before the batch is looked at: a replay computes nothing
+        if struct is None:
+            struct = isinstance(batch.schema["data"].dataType, StructType)
+        versions = [] if table.schema is not None or struct else router.found(collection)
+        if table.schema is None and not struct and collection is not None and not versions:
+            assert router.log is not None  # else keys= and schema= are given
             raise InvalidOptionError(
-                f"apply_changes: the micro-batch holds events without a collection (key "
-                f"{str(present[None])[:200]!r}): a mapping or template target routes by "
-                f"collection, so they would be lost (nothing was written for this batch)"
+                registry.unknown_collection(router.log.storage, collection, "typed")
             )
-        for name in sorted(present):
-            if named is not None and name not in named:
-                continue
-            table = router.table(name)
-            if name not in done:
-                done[name] = already_applied(table.target, app_id, batch_id, options, writer)
-            if done[name]:
-                continue  # committed before a crash: the other tables go on
-            if table.registered:
-                _check_key_fields(name, present[name], table.keys)
-            _write(settings, table, *router.rows_of(batch, name), batch_id, writer)
-    finally:
-        batch.unpersist()
+        plan = None
+        if settings.mode == "scd1" and settings.deletion_vectors and settings.write_ahead_rows:
+            plan = delta.ahead_plan(
+                table.target,
+                found,
+                table.keys,
+                storage_options=settings.storage_options,
+                min_rows=settings.write_ahead_rows,
+            )
+        parts.append(Part(index, collection, table.keys, table.schema, versions, plan))
+    return parts
+
+
+def _without_collection(key: str | None) -> InvalidOptionError:
+    return InvalidOptionError(
+        f"apply_changes: the micro-batch holds events without a collection (key "
+        f"{str(key)[:200]!r}): a mapping or template target routes by collection, so they "
+        f"would be lost (nothing was written for this batch)"
+    )
+
+
+def _check_batch(router: _Router, parts: Sequence[Part], batch: Batch, strict: bool) -> None:
+    """Refuse a micro-batch whose events a routed query would lose (without a collection,
+    or of a collection no table takes) or whose events' keys are not the registry's,
+    before any table is written."""
+    if router.routed and batch.without_collection is not None:
+        raise _without_collection(batch.without_collection)
+    if strict:
+        for name in sorted(batch.unknown):
+            router.table(name)  # no keys for it: an error naming the collection
+    for part in parts:
+        table = router.table(part.collection)
+        if table.registered and part.collection is not None:
+            _check_key_fields(part.collection, batch.parts[part.index].sample, table.keys)
+
+
+def _apply(
+    settings: _Settings,
+    router: _Router,
+    batch: DataFrame,
+    batch_id: int,
+    collections: tuple[list[str | None], bool],
+) -> list[str]:
+    """One pass over the micro-batch for ``collections``, each table's part applied;
+    the collections it held that no part took (a template's: the next pass's)."""
+    writer = _query_id()
+    names, strict = collections
+    parts = _parts(settings, router, names, batch, batch_id, writer)
+    if not parts:
+        return []
+    found = gather(*changes_frame(batch, parts), parts)
+    try:
+        _check_batch(router, parts, found, strict)
+    except BaseException:
+        _discard(router, parts, found)
+        raise
+    for position, part in enumerate(parts):
+        table = router.table(part.collection)
+        gathered = found.parts[part.index]
+        changes = gathered.table()
+        if changes is None:
+            continue  # none of its events in this batch
+        crash_point("apply_before_delta", batch_id)
+        try:
+            apply_batch(
+                table.target,
+                changes,
+                table.keys,
+                app_id=settings.app_id,
+                batch_id=batch_id,
+                mode=settings.mode,
+                storage_options=settings.storage_options,
+                writer=writer,
+                target_file_size=settings.target_file_size,
+                defaults=registered_defaults(part.found),
+                tombstones=settings.tombstones,
+                deletion_vectors=settings.deletion_vectors,
+                ahead=gathered.ahead,
+                table=router.delta(table.target, settings.storage_options),
+            )
+        except BaseException:
+            _discard(router, parts[position + 1 :], found)
+            raise
+        crash_point("apply_after_delta", batch_id)
+    return sorted(found.unknown) if strict else []
+
+
+def _discard(router: _Router, parts: Sequence[Part], batch: Batch) -> None:
+    """Delete the files written ahead for ``parts``, whose commits will not be made."""
+    for part in parts:
+        delta.discard(router.table(part.collection).target, batch.parts[part.index].ahead)
 
 
 def apply_changes(
@@ -367,6 +383,7 @@ def apply_changes(
     target_file_size: int | None = TARGET_FILE_SIZE,
     tombstones: bool = True,
     deletion_vectors: bool = True,
+    write_ahead_rows: int | None = written_ahead.MIN_ROWS,
 ) -> Callable[[DataFrame, int], None]:
     """A ``foreachBatch`` function that applies the replog source's changes to Delta
     tables, exactly once::
@@ -389,8 +406,12 @@ def apply_changes(
     ``__valid_to``, ``__current``). Each table's commit carries ``(app_id, batch_id)``: a
     replayed batch is skipped before any of it is computed. Give a new checkpoint a new
     ``app_id``. ``collection`` keeps that collection's events only (one table).
-    Each table's events of the micro-batch are collected to the driver (as Arrow) and
-    reduced there: its memory is bounded by the source's ``maxEventsPerTrigger``.
+    The micro-batch is read in one pass: whole row images of keys the table cannot hold
+    (a snapshot's rows) are written as Parquet files by the tasks, at least
+    ``write_ahead_rows`` of a table per task (None: never), and committed with the rest
+    of the batch (scd1, tables on local disk with deletion vectors); the other changes
+    are collected to the driver (as Arrow) and reduced there: its memory is bounded by
+    the source's ``maxEventsPerTrigger``.
     ``storage_options`` are delta-rs's (``AWS_ENDPOINT_URL``, ...); ``log_options`` the
     log's (fsspec). ``target_file_size`` is the ``delta.targetFileSize`` of the tables it
     creates (docs/CDC.md, "Cost"). ``deletion_vectors`` (tables on local disk): tables are
@@ -398,20 +419,27 @@ def apply_changes(
     merge-on-read, at the cost of the change rather than of the files its keys are in.
     """
     opened = _check_arguments(target, keys, app_id, mode, schema, collection, log, log_options)
+    if write_ahead_rows is not None and write_ahead_rows < 1:
+        raise InvalidOptionError(
+            f"apply_changes: write_ahead_rows must be a positive number of rows or None, "
+            f"got {write_ahead_rows!r}"
+        )
     router = _Router(target, keys, schema, opened)
 
     settings = _Settings(
-        app_id, mode, storage_options, target_file_size, tombstones, deletion_vectors
+        app_id,
+        mode,
+        storage_options,
+        target_file_size,
+        tombstones,
+        deletion_vectors,
+        write_ahead_rows,
     )
 
     def apply(batch: DataFrame, batch_id: int) -> None:
-        writer = _query_id()
-        if not router.routed:
-            one = router.table(collection)
-            if already_applied(one.target, app_id, batch_id, storage_options, writer):
-                return  # a replay: no Spark job, nothing collected (apply_batch checks again)
-            _write(settings, one, *router.rows_of(batch, collection), batch_id, writer)
-            return
-        _apply_routed(settings, router, batch, batch_id, writer)
+        collections = router.collections(batch, collection)
+        unknown = _apply(settings, router, batch, batch_id, collections)
+        if unknown:  # a template's collections the registry did not list: keys= gives them
+            _apply(settings, router, batch, batch_id, (list(unknown), True))
 
     return apply

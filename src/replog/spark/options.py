@@ -23,7 +23,8 @@ from typing import Any, TypeVar, cast
 from urllib.parse import urlsplit
 
 from replog.errors import InvalidOptionError, ReplogError
-from replog.format.commits import DEFAULT_SHARDS, MAX_SHARDS, Transaction
+from replog.format.commits import DEFAULT_SHARDS, Transaction
+from replog.format.limits import check_shards
 from replog.names import check_name
 from replog.storage import coerce_option_value
 from replog.timeutil import duration_ms, instant_ms
@@ -166,14 +167,20 @@ def check_known(options: Mapping[str, str], known: Iterable[str], what: str) -> 
         )
 
 
-def _positive_int(options: Mapping[str, str], name: str, *, zero: bool = False) -> int | None:
+def _int(options: Mapping[str, str], name: str) -> int | None:
     raw = _get(options, name)
     if raw is None:
         return None
     try:
-        value = int(raw.strip())
+        return int(raw.strip())
     except ValueError as exc:
         raise InvalidOptionError(f"option {name!r}: {raw!r} is not an integer") from exc
+
+
+def _positive_int(options: Mapping[str, str], name: str, *, zero: bool = False) -> int | None:
+    value = _int(options, name)
+    if value is None:
+        return None
     if value < 0 or (value == 0 and not zero):
         kind = "an integer >= 0" if zero else "a positive integer"
         raise InvalidOptionError(f"option {name!r}: must be {kind}, got {value}")
@@ -410,9 +417,8 @@ class SinkOptions:
                 raise InvalidOptionError("options 'txnAppId' and 'txnVersion' go together")
             if app_id is not None and version is not None:
                 transaction = Transaction(check_name(app_id, "txnAppId"), version)
-        shards = _positive_int(options, "shards") or DEFAULT_SHARDS
-        if shards > MAX_SHARDS:
-            raise InvalidOptionError(f"option 'shards': at most {MAX_SHARDS}, got {shards}")
+        shards = _int(options, "shards")
+        shards = check_shards(DEFAULT_SHARDS if shards is None else shards, "option 'shards'")
         return cls(
             path=_path(options),
             sink_id=sink_id,

@@ -348,18 +348,18 @@ def _struct(
     return F.struct(*[value(c).alias(c.name) for c in columns])
 
 
-def typed_payload(payload: Column, columns: Sequence[connect.Column]) -> Column:
-    """A JSON payload column (string or binary) as a struct of ``columns``' exact types."""
+def _parsed(payload: Column, columns: Sequence[connect.Column]) -> tuple[Column, Column | None]:
+    """A JSON payload column (string or binary) parsed into its wire types, and the exact
+    values of its decimal columns (None: it has none)."""
     wire = StructType([StructField(c.name, wire_type(c)) for c in columns])
     text = payload.cast("string")
     parsed = F.from_json(text, wire, {"mode": "FAILFAST"})
     decimals = tuple(c for c in columns if c.decimal or _decimal_array(c))
-    exact = None
-    if decimals:
-        fields = StructType([StructField(c.name, spark_type(c)) for c in decimals])
-        read = functools.partial(_exact_decimals, columns=decimals)
-        exact = F.udf(read, fields, useArrow=False)(text)
-    return F.when(payload.isNull(), F.lit(None)).otherwise(_struct(columns, parsed, exact))
+    if not decimals:
+        return parsed, None
+    fields = StructType([StructField(c.name, spark_type(c)) for c in decimals])
+    read = functools.partial(_exact_decimals, columns=decimals)
+    return parsed, F.udf(read, fields, useArrow=False)(text)
 
 
 def typed(
@@ -393,43 +393,110 @@ def typed(
     return typed_by(frame, collection, found)
 
 
+class Typing:
+    """How one collection's payloads are typed by its registered versions ``found``, in
+    two projections: :meth:`parses` (each payload parsed once per row, with its exact
+    decimals) and :meth:`typed` (the struct of exact types built from them). One
+    expression would parse again for each column: Spark shares no subexpression inside a
+    ``CASE`` branch, and from_json once per column cost most of a snapshot's load.
+
+    ``tag`` tells apart the columns of several collections typed in one projection
+    (apply_changes types every collection of a micro-batch in one pass); ``where``
+    selects the rows of the collection there (other rows: NULL, never parsed)."""
+
+    def __init__(
+        self,
+        collection: str,
+        found: Sequence[registry.SchemaVersion],
+        *,
+        tag: str = "",
+        where: Column | None = None,
+    ) -> None:
+        self.collection, self.found, self.tag = collection, found, tag
+        self.where = where
+        self.columns = connect.union([(version.digest, version.columns()) for version in found])
+        self.digests = [version.digest for version in found]
+        unreachable = [
+            name
+            for c in self.columns
+            if not _decimal_array(c)
+            for name in _lambda_decimals(c, c.name)
+        ]
+        if unreachable:
+            raise InvalidOptionError(
+                f"typed: decimals inside a map or an array of structs are not typed "
+                f"({unreachable} of {collection!r}): parse 'data' with parse_payload and a "
+                f"schema of your own"
+            )
+        if not self.columns:
+            raise InvalidOptionError(
+                f"typed: the schema of collection {collection!r} gives its rows no columns (a "
+                f"MongoDB document is JSON text, io.debezium.data.Json): parse 'data' with "
+                f"parse_payload and a schema of your own"
+            )
+        self._decimals = any(c.decimal or _decimal_array(c) for c in self.columns)
+
+    def _name(self, kind: str, payload: str) -> str:
+        return f"__replog_{kind}{self.tag}_{payload}"
+
+    def _only(self, value: Column) -> Column:
+        return value if self.where is None else F.when(self.where, value)
+
+    def parses(self, payload: str) -> list[Column]:
+        """The first projection's columns for payload column ``payload``."""
+        parsed, exact = _parsed(self._only(F.col(payload)), self.columns)
+        found = [parsed.alias(self._name("wire", payload))]
+        if exact is not None:
+            found.append(exact.alias(self._name("exact", payload)))
+        return found
+
+    def typed(self, payload: str, version: Column | None) -> Column:
+        """The second projection's typed struct of ``payload`` (``version``: the event's
+        schema version, :func:`schema_version`; None: the events name none)."""
+        exact = F.col(self._name("exact", payload)) if self._decimals else None
+        built = _struct(self.columns, F.col(self._name("wire", payload)), exact)
+        value = F.when(F.col(payload).isNull(), F.lit(None)).otherwise(built)
+        if version is not None:
+            known = _known_versions(version, self.collection, self.digests)
+            value = known(_defaults(version, self.found, self.columns)(value))
+        return self._only(value)
+
+
 def typed_by(
     frame: DataFrame, collection: str, found: Sequence[registry.SchemaVersion]
 ) -> DataFrame:
     """:func:`typed` by the registered versions ``found`` (read by the caller)."""
-    columns = connect.union([(version.digest, version.columns()) for version in found])
-    unreachable = [
-        name for c in columns if not _decimal_array(c) for name in _lambda_decimals(c, c.name)
-    ]
-    if unreachable:
-        raise InvalidOptionError(
-            f"typed: decimals inside a map or an array of structs are not typed ({unreachable} "
-            f"of {collection!r}): parse 'data' with parse_payload and a schema of your own"
-        )
-    if not columns:
-        raise InvalidOptionError(
-            f"typed: the schema of collection {collection!r} gives its rows no columns (a "
-            f"MongoDB document is JSON text, io.debezium.data.Json): parse 'data' with "
-            f"parse_payload and a schema of your own"
-        )
+    typing = Typing(collection, found)
     rows = frame.where(F.col("collection") == F.lit(collection))
-    after = F.when(F.col("operation") != F.lit("delete"), F.col("data"))
+    version = None
     if "metadata" in frame.columns:  # the schema version each event names
-        named = F.get_json_object(F.col("metadata").cast("string"), "$.schema")
-        known = _known_versions(named, collection, [version.digest for version in found])
-        filled = _defaults(named, found, columns)
-    else:
-        known = filled = _as_it_is
+        version = F.col(VERSION)
+        rows = rows.withColumn(VERSION, schema_version(F.col("metadata"), typing.digests))
+    kept = [name for name in frame.columns if name not in ("data", "before")]
+    rows = rows.select("*", *typing.parses("data"), *typing.parses("before"))
+    data = typing.typed("data", version)
     return rows.select(
-        *[F.col(name) for name in frame.columns if name not in ("data", "before")],
-        known(filled(typed_payload(F.col("data"), columns))).alias("data"),
-        known(filled(typed_payload(after, columns))).alias("after"),
-        known(filled(typed_payload(F.col("before"), columns))).alias("before"),
+        *[F.col(name) for name in kept],
+        data.alias("data"),
+        F.when(F.col("operation") != F.lit("delete"), data).alias("after"),
+        typing.typed("before", version).alias("before"),
     )
 
 
-def _as_it_is(payload: Column) -> Column:
-    return payload
+VERSION = "__replog_schema_version"
+
+
+def schema_version(metadata: Column, digests: Sequence[str]) -> Column:
+    """``metadata.schema`` (the event's schema version). A metadata text ending with
+    ``,"schema":"<digest>"}`` names that digest (the last member of the object: the
+    position ``replog capture`` writes it in); it is told by that ending first, without a
+    parse (parsing every event's metadata cost a snapshot's load a third of its time)."""
+    text = metadata.cast("string")
+    found = F.get_json_object(text, "$.schema")
+    for digest in digests:
+        if digest.isalnum():  # nothing to escape: the ending holds the whole value
+            found = F.when(text.endswith(f',"schema":"{digest}"}}'), F.lit(digest)).otherwise(found)
+    return found
 
 
 def _defaults(

@@ -117,9 +117,13 @@ def check_changes(changes: pa.Table, keys: Sequence[str]) -> None:
 def _storable_type(kind: pa.DataType) -> pa.DataType:
     """``kind`` as a Delta table can hold it: Delta has no duration or time-of-day type,
     so those become ``bigint`` counts of their own unit (Debezium's own ``MicroDuration``
-    and ``MicroTime``); nested types are mapped member by member."""
+    and ``MicroTime``); a timestamp with a zone is in UTC (Spark hands its tasks the
+    session's zone, ``Etc/UTC``, which delta-rs refuses); nested types are mapped member
+    by member."""
     if pa.types.is_duration(kind) or pa.types.is_time(kind):
         return pa.int64()
+    if pa.types.is_timestamp(kind) and kind.tz is not None and kind.tz != "UTC":
+        return pa.timestamp(kind.unit, tz="UTC")  # the same instants; Delta names no other zone
     if pa.types.is_struct(kind):
         return pa.struct([f.with_type(_storable_type(f.type)) for f in kind])
     if pa.types.is_list(kind) or pa.types.is_large_list(kind):
@@ -147,6 +151,20 @@ def last_per_key(table: pa.Table, keys: Sequence[str]) -> np.ndarray:
     )
     last = indexed.group_by(list(keys), use_threads=False).aggregate([(_ROW_INDEX, "max")])
     return np.sort(last.column(f"{_ROW_INDEX}_max").to_numpy())
+
+
+def keys_distinct(table: pa.Table, keys: Sequence[str]) -> bool:
+    """Whether no two rows of ``table`` share a key (a quick test before a reduction: a
+    snapshot's rows have a key each)."""
+    if table.num_rows < 2:
+        return True
+    if len(keys) == 1 and pa.types.is_integer(table.schema.field(keys[0]).type):
+        column = table.column(keys[0])
+        if column.null_count == 0:
+            values = np.sort(column.to_numpy())
+            return bool((values[1:] != values[:-1]).all())
+    groups = table.select(list(keys)).group_by(list(keys), use_threads=False).aggregate([])
+    return bool(groups.num_rows == table.num_rows)
 
 
 def latest_per_key(
@@ -303,6 +321,42 @@ def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, 
         ordered = ordered.set_column(position, name, ordered.column(name).take(take))
         if (marked & ~found).any():
             left[name] = marked & ~found
+    return ordered, left
+
+
+def refill(ordered: pa.Table, marks: Marks, keys: Sequence[str]) -> tuple[pa.Table, Marks]:
+    """``ordered`` (as :func:`fill_unavailable` leaves it: sorted by key and position,
+    :data:`OLD_KEY` on every row of a life) with the values ``marks`` names filled again
+    from the rows before them in their life that hold one now: a value filled since (a
+    changed key's create, from its old key) reaches the key's later changes, as the delete
+    of a key changed again in the batch, whose next create takes it. The marks left."""
+    if not marks or ordered.num_rows == 0:
+        return ordered, marks
+    index = np.arange(ordered.num_rows, dtype=np.int64)
+    same_next = _same_key_as_next(ordered, keys).to_numpy(zero_copy_only=False)
+    starts = np.concatenate([[True], ~same_next[:-1]])
+    operation = ordered.column(OPERATION)
+    starts |= pc.fill_null(pc.equal(operation, "insert"), False).to_numpy(zero_copy_only=False)
+    if OLD_KEY in ordered.column_names:  # a life's rows share the old key it began with
+        old = ordered.column(OLD_KEY).combine_chunks()
+        differ = pc.fill_null(pc.not_equal(old.slice(1), old.slice(0, len(old) - 1)), True)
+        both_null = pc.and_(pc.is_null(old.slice(1)), pc.is_null(old.slice(0, len(old) - 1)))
+        changed = pc.and_not(differ, both_null).to_numpy(zero_copy_only=False)
+        starts[1:] |= changed
+    deletes = np.zeros(ordered.num_rows, dtype=bool)
+    if UNSENT not in ordered.column_names:  # a delete's own image holds no value
+        deletes = pc.fill_null(pc.equal(operation, DELETE), False).to_numpy(zero_copy_only=False)
+    group_start = np.maximum.accumulate(np.where(starts, index, 0))
+    left = {}
+    for name, unmarked in marks.items():
+        marked = unmarked | deletes
+        last_value = np.maximum.accumulate(np.where(marked, -1, index))
+        found = unmarked & (last_value >= group_start)
+        take = np.where(found, last_value, index)
+        position = ordered.schema.get_field_index(name)
+        ordered = ordered.set_column(position, name, ordered.column(name).take(take))
+        if (unmarked & ~found).any():
+            left[name] = unmarked & ~found
     return ordered, left
 
 
@@ -535,14 +589,14 @@ def latest_events(batches: Iterable[pa.RecordBatch | pa.Table]) -> pa.Table | No
     ``shard`` and ``sequence`` columns), deletes dropped; None for no events. Memory is
     bounded by the distinct keys (plus :data:`REDUCE_EVERY` rows)."""
     held: list[pa.Table] = []
-    rows = 0
+    added = 0  # rows held beyond the last reduction (one per distinct key)
     for batch in batches:
         table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
         held.append(table)
-        rows += table.num_rows
-        if rows > REDUCE_EVERY:
-            reduced = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)
-            held, rows = [reduced], reduced.num_rows
+        added += table.num_rows
+        if added > REDUCE_EVERY:  # not the rows held: past REDUCE_EVERY distinct keys
+            # that would reduce them all again for each batch (quadratic)
+            held, added = [latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)], 0
     if not held:
         return None
     latest = latest_per_key(pa.concat_tables(held), EVENT_KEY, EVENT_POSITION)

@@ -26,6 +26,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from replog.errors import InvalidOptionError, SchemaChangeError
+from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
 from replog.tables import merge_on_read
 from replog.tables.changes import (
@@ -66,6 +67,19 @@ def _deltalake() -> Any:
     return deltalake
 
 
+def refreshed(
+    table: DeltaTable | None, target: str, storage_options: dict[str, str] | None
+) -> DeltaTable | None:
+    """``table`` (a handle of ``target`` kept from an earlier batch) moved to the newest
+    version, reading only the commits since; ``target`` opened when there is none yet.
+    Opening reads the log from its last checkpoint, up to 100 commits: a follower's
+    micro-batch opened each of its tables twice."""
+    if table is None:
+        return open_table(target, storage_options)
+    table.update_incremental()
+    return table
+
+
 def open_table(target: str, storage_options: dict[str, str] | None) -> DeltaTable | None:
     """The Delta table at ``target``, or None when there is none yet (its log read once)."""
     deltalake = _deltalake()
@@ -86,7 +100,7 @@ WRITER_INFO = "replog.writer"
 """Commit info keys: the app id and the writer (a streaming query's id: its checkpoint)."""
 
 
-def _replayed(
+def replayed(
     table: DeltaTable | None, app_id: str, batch_id: int, writer: str | None = None
 ) -> bool:
     """Whether ``table`` holds ``app_id``'s batch ``batch_id`` already (a replay: skipped).
@@ -142,7 +156,7 @@ def already_applied(
 ) -> bool:
     """Whether ``app_id``'s batch ``batch_id`` is committed to the table at ``target``: a
     caller can skip a replayed batch before it computes the batch's changes."""
-    return _replayed(open_table(target, storage_options), app_id, batch_id, writer)
+    return replayed(open_table(target, storage_options), app_id, batch_id, writer)
 
 
 def table_schema(table: DeltaTable) -> pa.Schema:
@@ -172,6 +186,8 @@ def apply_batch(
     defaults: Mapping[str, Any] | None = None,
     tombstones: bool = True,
     deletion_vectors: bool = True,
+    ahead: Sequence[written_ahead.Prewritten] = (),
+    table: DeltaTable | None = None,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -202,22 +218,30 @@ def apply_batch(
     and scd1 batches into a table that has them enabled are written merge-on-read
     (:mod:`replog.tables.merge_on_read`): a batch costs what it changes, not the bytes of
     the files its keys are in.
+
+    ``ahead``: the batch's files written already (by Spark's executors:
+    :mod:`replog.tables.ahead`), whole row images committed with the batch (scd1, tables
+    with deletion vectors on local disk; elsewhere they are read back and applied as
+    changes). A row of a key that ``changes`` also holds is applied through them.
+
+    ``table``: the table at ``target`` opened already (a follower keeps its handle between
+    batches, :func:`refreshed`); None: it is opened here.
     """
-    keys = rows.check_keys(keys)
-    rows.check_mode(mode)
-    if not app_id:
-        raise InvalidOptionError("apply_changes: app_id must name the writer (non-empty)")
-    if batch_id < 0:
-        raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
-    rows.check_changes(changes, keys)
-    rows.check_one_collection(changes)
+    keys = _checked(changes, keys, mode, app_id, batch_id)
     changes = rows.storable(changes)
     if rows.COLLECTION in changes.column_names:
         changes = changes.drop_columns([rows.COLLECTION])
-    table = open_table(target, storage_options)
-    if _replayed(table, app_id, batch_id, writer):
+    if table is None:
+        table = open_table(target, storage_options)
+    options = _Options(
+        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors
+    )
+    if replayed(table, app_id, batch_id, writer):
+        discard(target, ahead)  # a replay's files: no commit will name them
         return Applied(batch_id, True, changes.num_rows, None, {})
-    if changes.num_rows == 0:
+    counted = changes.num_rows + sum(w.keys.num_rows for w in ahead)
+    changes, taken = _taken_ahead(target, table, changes, keys, mode, options, ahead)
+    if changes.num_rows == 0 and taken is None:
         return Applied(batch_id, False, 0, None, {})
     plan = _MODES[mode]
     changes = _keys_as_in(table, changes, keys)
@@ -227,14 +251,13 @@ def apply_batch(
     )
     source = plan.source(table, changes, keys)
     commit = _commit(app_id, batch_id, writer)
-    options = _Options(
-        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors
-    )
     if table is not None:  # an incompatible type is refused before anything is written
         source = rows.align(source, table_schema(table))
     if mode == "scd1" and tombstones:
         source = _after_tombstones(target, source, keys, options)
-    metrics = _write(target, table, source, keys, plan=plan, commit=commit, options=options)
+    metrics = _write(
+        target, table, source, keys, plan=plan, commit=commit, options=options, ahead=taken
+    )
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
@@ -244,7 +267,141 @@ def apply_batch(
     # else the merge's handle: delta-rs moves it to the version its commit made
     version: int = table.version()
     logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
-    return Applied(batch_id, False, changes.num_rows, version, metrics)
+    return Applied(batch_id, False, counted, version, metrics)
+
+
+def _checked(
+    changes: pa.Table, keys: Sequence[str], mode: str, app_id: str, batch_id: int
+) -> tuple[str, ...]:
+    """The keys, once the arguments and the changes are checked (bad input is refused
+    before anything is written)."""
+    keys = rows.check_keys(keys)
+    rows.check_mode(mode)
+    if not app_id:
+        raise InvalidOptionError("apply_changes: app_id must name the writer (non-empty)")
+    if batch_id < 0:
+        raise InvalidOptionError(f"apply_changes: batch_id {batch_id} is negative")
+    rows.check_changes(changes, keys)
+    rows.check_one_collection(changes)
+    return keys
+
+
+def discard(target: str, ahead: Sequence[written_ahead.Prewritten]) -> None:
+    """Delete files written ahead that no commit will name."""
+    root = merge_on_read.local_root(target)
+    if ahead and root is not None:
+        merge_on_read.table(root).storage.delete_many([str(w.add["path"]) for w in ahead])
+
+
+def _taken_ahead(  # noqa: PLR0917 - a batch's parts
+    target: str,
+    table: DeltaTable | None,
+    changes: pa.Table,
+    keys: Sequence[str],
+    mode: str,
+    options: _Options,
+    ahead: Sequence[written_ahead.Prewritten],
+) -> tuple[pa.Table, merge_on_read.Ahead | None]:
+    """The files written ahead as the commit takes them, and the changes with the rows of
+    theirs read back that the commit cannot take as they are: those of keys the changes
+    (or the tombstones) hold; all of them when the table cannot take files written ahead
+    (copy-on-write, scd2, another schema), which are then deleted."""
+    if not ahead:
+        return changes, None
+    gathered = written_ahead.gathered(ahead)
+    root = merge_on_read.local_root(target)
+    assert root is not None  # the Spark layer writes ahead into local tables only
+    if not _takes_ahead(target, table, changes, mode, options, root, gathered):
+        everything = np.ones(gathered.rows.num_rows, dtype=bool)
+        changes, _ = written_ahead.take_back(root, gathered, changes, keys, everything)
+        discard(target, ahead)
+        logger.info(
+            "apply_changes %s: %d files written ahead applied as changes", target, len(ahead)
+        )
+        return changes, None
+    graves = open_table(tombstones_location(target), options.storage_options)
+    held = None
+    if graves is not None:  # a key deleted before: its tombstone's position is checked
+        held = ~written_ahead.outside(gathered.rows.column(keys[0]), key_ranges(graves, keys))
+    return written_ahead.take_back(root, gathered, changes, keys, held)
+
+
+def _takes_ahead(  # noqa: PLR0917 - a batch's parts
+    target: str,
+    table: DeltaTable | None,
+    changes: pa.Table,
+    mode: str,
+    options: _Options,
+    root: str,
+    gathered: merge_on_read.Ahead,
+) -> bool:
+    """Whether the commit can take the files written ahead as they are: an scd1 batch into
+    a new table or one written merge-on-read, whose columns and types are the files'."""
+    if mode != "scd1" or not options.deletion_vectors:
+        return False
+    schema = written_ahead.schema_of(root, gathered)
+    columns = [c for c in changes.column_names if not c.startswith("__")]
+    if any(c not in schema.names for c in columns):
+        return False
+    if table is None:
+        return True
+    if _merge_on_read(target, table, options) is None:
+        return False
+    current = table_schema(table)
+    pending = any((f.metadata or {}).get(FILL_INFO.encode()) for f in current)
+    return not pending and [(f.name, f.type) for f in current] == [(f.name, f.type) for f in schema]
+
+
+def ahead_plan(
+    target: str,
+    table: DeltaTable | None,
+    keys: Sequence[str],
+    *,
+    storage_options: dict[str, str] | None = None,
+    min_rows: int = written_ahead.MIN_ROWS,
+) -> written_ahead.Plan | None:
+    """How Spark's tasks may write a scd1 batch's rows into ``target`` ahead of its
+    commit (:mod:`replog.tables.ahead`), given the table as it is (None: the batch creates
+    it); None when they may not: not on local disk, or a table replog does not write
+    merge-on-read, or a column added with a default waits for its fill."""
+    root = merge_on_read.local_root(target)
+    if root is None:
+        return None
+    schema = None
+    held: tuple[list[Any], list[Any]] | None = ([], [])
+    if table is not None:
+        options = _Options("", 0, storage_options, None, None)
+        if _merge_on_read(target, table, options) is None:
+            return None
+        schema = table_schema(table)
+        if any((f.metadata or {}).get(FILL_INFO.encode()) for f in schema):
+            return None
+        held = key_ranges(table, keys)
+    graves = open_table(tombstones_location(target), storage_options)
+    if graves is not None and held is not None:
+        dead = key_ranges(graves, keys)
+        held = (
+            None
+            if dead is None
+            else written_ahead.merged_ranges([*held[0], *dead[0]], [*held[1], *dead[1]])
+        )
+    return written_ahead.Plan(root, schema, tuple(keys), held, min_rows)
+
+
+def key_ranges(table: DeltaTable, keys: Sequence[str]) -> tuple[list[Any], list[Any]] | None:
+    """The ranges of the first key column that ``table``'s files hold (their statistics),
+    joined (:func:`replog.tables.ahead.merged_ranges`); None: a file has none for it (it
+    may hold any key)."""
+    files = pa.table(table.get_add_actions(flatten=True))
+    if files.num_rows == 0:
+        return [], []
+    low_name, high_name = f"min.{keys[0]}", f"max.{keys[0]}"
+    if low_name not in files.column_names or high_name not in files.column_names:
+        return None
+    lows, highs = files.column(low_name), files.column(high_name)
+    if lows.null_count or highs.null_count:
+        return None
+    return written_ahead.merged_ranges(lows.to_pylist(), highs.to_pylist())
 
 
 CHECKPOINT_INTERVAL = 100
@@ -276,15 +433,21 @@ def _write(
     plan: _Mode,
     commit: Any,
     options: _Options,
+    ahead: merge_on_read.Ahead | None = None,
 ) -> dict[str, Any]:
-    """Write a batch's merge source in one commit: the rows of a new table, an append of
-    rows whose keys no file can hold, else a merge (which also gives the rows already in
-    the table a new column's default: :func:`_defaults_to_fill`)."""
-    if source.num_rows == 0:  # scd2: every change at or before its key's row
+    """Write a batch's merge source (and its files written ``ahead``) in one commit: the
+    rows of a new table, an append of rows whose keys no file can hold, else a merge (which
+    also gives the rows already in the table a new column's default:
+    :func:`_defaults_to_fill`)."""
+    if source.num_rows == 0 and ahead is None:  # scd2: every change at or before its key's row
         return {}
     if table is None:
         initial = source.filter(plan.initial).drop_columns([plan.marker])
-        return _create(target, initial, commit, options)
+        return _create(target, initial, commit, options, ahead, keys)
+    if ahead is not None:  # checked: scd1, merge-on-read, no column to add or fill
+        on_read = _merge_on_read(target, table, options)
+        assert on_read is not None
+        return _apply_on_read(on_read, table, source, keys, options, ahead)
     fill = _defaults_to_fill(table, source, options)
     if not fill and _no_key_held(table, source, keys):  # a snapshot's chunk of new keys
         return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
@@ -340,7 +503,14 @@ def _defaults_to_fill(table: DeltaTable, source: pa.Table, options: _Options) ->
     return fill
 
 
-def _create(target: str, data: pa.Table, commit: Any, options: _Options) -> dict[str, Any]:
+def _create(  # noqa: PLR0917 - one batch's parts
+    target: str,
+    data: pa.Table,
+    commit: Any,
+    options: _Options,
+    ahead: merge_on_read.Ahead | None = None,
+    keys: Sequence[str] = (),
+) -> dict[str, Any]:
     # Nullable columns, whatever the source said: a later batch (or schema evolution)
     # must not fail a NOT NULL check on columns it lacks, and a merge into NOT NULL
     # columns (as Spark gives shard and sequence) failed delta-rs 1.6's null check on
@@ -350,14 +520,21 @@ def _create(target: str, data: pa.Table, commit: Any, options: _Options) -> dict
     configuration = {} if size is None else {TARGET_FILE_SIZE_KEY: str(size)}
     root = merge_on_read.local_root(target) if options.deletion_vectors else None
     if root is not None:
+        data = merge_on_read.delta_types(data)
+        if ahead is not None:  # the table takes the files' columns and types
+            schema = written_ahead.schema_of(root, ahead)
+            data = rows.align(data, schema).select(schema.names).cast(schema)
         merge_on_read.create(
             merge_on_read.table(root),
-            _arrow_types(data),
+            data,
             txn=(options.app_id, options.batch_id),
             info=_info(options),
             configuration=configuration,
+            ahead=ahead,
+            keys=keys,
         )
-        return {"num_target_rows_inserted": data.num_rows}
+        ahead_rows = 0 if ahead is None else int((~ahead.taken).sum())
+        return {"num_target_rows_inserted": data.num_rows + ahead_rows}
     _deltalake().write_deltalake(
         target,
         data,
@@ -427,13 +604,6 @@ def _info(options: _Options) -> dict[str, str]:
     }
 
 
-def _arrow_types(data: pa.Table) -> pa.Table:
-    """``data`` in the Arrow types a Delta table reads back (delta-rs's schema mapping:
-    no views, no large types), so files written here hold what a table's schema says."""
-    schema = pa.schema(_deltalake().Schema.from_arrow(data.schema).to_arrow())
-    return data.cast(schema)
-
-
 def _merge_on_read(target: str, table: DeltaTable, options: _Options) -> merge_on_read.Table | None:
     """The table to write merge-on-read, or None: its deletion vectors are not enabled,
     it is not on local disk, or it has a feature replog's writer does not write."""
@@ -455,12 +625,13 @@ def _merge_on_read(target: str, table: DeltaTable, options: _Options) -> merge_o
     return found if state.deletion_vectors else None
 
 
-def _apply_on_read(
+def _apply_on_read(  # noqa: PLR0917 - one batch's parts
     on_read: merge_on_read.Table,
     table: DeltaTable,
     source: pa.Table,
     keys: Sequence[str],
     options: _Options,
+    ahead: merge_on_read.Ahead | None = None,
 ) -> dict[str, Any]:
     """A scd1 batch written merge-on-read; columns it adds are added first (their own
     commit, as :func:`_defaults_to_fill` adds a column with a default)."""
@@ -473,7 +644,13 @@ def _apply_on_read(
         schema = table_schema(table)
     source = rows.align(source, schema)
     written = merge_on_read.apply_scd1(
-        on_read, source, keys, schema, txn=(options.app_id, options.batch_id), info=_info(options)
+        on_read,
+        source,
+        keys,
+        schema,
+        txn=(options.app_id, options.batch_id),
+        info=_info(options),
+        ahead=ahead,
     )
     return {} if written is None else written.metrics
 
@@ -619,6 +796,14 @@ def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequenc
     if rows.OLD_KEY in changes.column_names:
         moved = pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
         changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
+        # a key changed twice (A -> B -> C): B's create took A's value; B's delete takes it
+        # from there, and C's create from B's delete, one change of key per round
+        while marks:
+            left = sum(int(m.sum()) for m in marks.values())
+            changes, marks = rows.refill(changes, marks, keys)
+            changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
+            if sum(int(m.sum()) for m in marks.values()) == left:
+                break
     if table is None:
         return changes
     # a delete needs no value; a changed key's own row (if any) is of an earlier life

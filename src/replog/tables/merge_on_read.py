@@ -47,7 +47,15 @@ from replog.crashpoints import crash_point
 from replog.errors import CommitConflictError
 from replog.storage import Storage
 from replog.tables import deletion_vectors as dvs
-from replog.tables.changes import DELETE, OPERATION, POSITION, SEQUENCE, SHARD
+from replog.tables.changes import (
+    DELETE,
+    OPERATION,
+    POSITION,
+    SEQUENCE,
+    SHARD,
+    keys_distinct,
+    last_per_key,
+)
 from replog.tables.delta_log import (
     DELETION_VECTORS,
     ENABLE_DELETION_VECTORS,
@@ -252,6 +260,9 @@ class Found:
 def locate(target: Table, state: LogState, source: pa.Table, keys: Sequence[str]) -> Found:
     """The live rows holding a key of ``source`` (one row per key: scd1)."""
     files: list[str] = []
+    if source.num_rows == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return Found(files, empty, empty, empty, empty, empty)
     parts: list[tuple[int, np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
     integer = len(keys) == 1 and pa.types.is_integer(source.schema.field(keys[0]).type)
     wanted = source.column(keys[0]).to_numpy().astype(np.int64, copy=False) if integer else None
@@ -372,6 +383,14 @@ def file_stats(data: pa.Table) -> dict[str, Any]:
     return {"numRecords": data.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls}
 
 
+def delta_types(data: pa.Table) -> pa.Table:
+    """``data`` in the Arrow types a Delta table reads back (delta-rs's schema mapping:
+    no views, no large types), so files written here hold what a table's schema says."""
+    import deltalake  # noqa: PLC0415 - the optional extra, loaded by the caller already
+
+    return data.cast(pa.schema(deltalake.Schema.from_arrow(data.schema).to_arrow()))
+
+
 def new_file_name() -> str:
     return f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
 
@@ -399,18 +418,23 @@ def _dv_actions(
     deletions: Mapping[str, np.ndarray],
     *,
     data_change: bool = True,
+    ahead: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """The actions marking ``deletions`` (path -> row indexes) deleted: per file a
     ``remove`` of it as it is and an ``add`` with its new DV (its old rows and these), or
-    only the ``remove`` when no row is left; and the DV file written (None: none)."""
+    only the ``remove`` when no row is left; and the DV file written (None: none). A file
+    written ahead (``ahead``: path -> its ``add``, in no commit yet) gets its ``add`` with
+    the DV, or nothing when no row is left."""
     removes, adds, bitmaps = [], [], []
     now = _now_ms()
     for path, rows in deletions.items():
-        add = state.files[path]
+        new = path not in state.files
+        add = (ahead or {})[path] if new else state.files[path]
         old = target.deleted_rows(add)
         rows_now = BitMap64(old) if old is not None else BitMap64()
         rows_now.update(rows.astype(np.uint64).tolist())
-        removes.append({"remove": _remove(add, now, data_change)})
+        if not new:
+            removes.append({"remove": _remove(add, now, data_change)})
         total = num_records(add)
         if total is None:
             total = pq.ParquetFile(
@@ -458,6 +482,73 @@ class Written:
     metrics: dict[str, Any]
 
 
+FILE = "__file"
+ROW = "__row_in_file"
+
+
+@dataclass(frozen=True)
+class Ahead:
+    """Parquet files a batch's rows were written to ahead of its commit (by Spark's
+    executors: :mod:`replog.tables.ahead`), in the table's folder and in no commit yet:
+    their ``add`` actions; per row (``rows``) its key columns, position, file (:data:`FILE`,
+    an index into ``adds``) and row in it (:data:`ROW`); and ``taken``, the rows the batch
+    applies through its changes instead (their key has other changes in the batch), which
+    the commit marks deleted."""
+
+    adds: list[dict[str, Any]]
+    rows: pa.Table
+    taken: np.ndarray
+
+    @property
+    def paths(self) -> list[str]:
+        return [str(a["path"]) for a in self.adds]
+
+
+def _ahead_deletions(
+    target: Table, state: LogState, ahead: Ahead, keys: Sequence[str]
+) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, int]]:
+    """The rows an :class:`Ahead` deletes (table path -> rows), the rows of its own files
+    that are not live (written path -> rows): those taken, those of a key written twice
+    but the newest, and those at or before the position of their key's row in the table."""
+    file = ahead.rows.column(FILE).to_numpy()
+    row = ahead.rows.column(ROW).to_numpy()
+    dead = ahead.taken.copy()
+    live = np.flatnonzero(~dead)
+    candidates = ahead.rows.select([*keys, *POSITION]).take(pa.array(live))
+    if keys_distinct(candidates, keys):
+        newest = live
+    else:
+        order = pc.sort_indices(candidates, [(SHARD, "ascending"), (SEQUENCE, "ascending")])
+        newest = live[order.to_numpy()[last_per_key(candidates.take(order), keys)]]
+    dead[live] = True
+    dead[newest] = False  # a key written twice (in two tasks): its newest row lives
+    twice = len(live) - len(newest)
+    winners = ahead.rows.select([*keys, *POSITION]).take(pa.array(newest))
+    found = locate(target, state, winners, keys)
+    shard = winners.column(SHARD).to_numpy().astype(np.int64)[found.change]
+    sequence = winners.column(SEQUENCE).to_numpy().astype(np.int64)[found.change]
+    newer = (shard > found.shard) | ((shard == found.shard) & (sequence > found.sequence))
+    dead[newest[found.change[~newer]]] = True  # the table holds it at that position or later
+    table: dict[str, np.ndarray] = {}
+    for index, path in enumerate(found.files):
+        rows = found.row[(found.file == index) & newer]
+        if len(rows):
+            table[path] = rows
+    own: dict[str, np.ndarray] = {}
+    for index, path in enumerate(ahead.paths):
+        rows = row[dead & (file == index)]
+        if len(rows):
+            own[path] = rows
+    metrics = {
+        "num_rows_written_ahead": int((~dead).sum()),
+        "num_rows_taken_back": int(ahead.taken.sum()),
+        "num_rows_ahead_written_twice": int(twice),
+        "num_rows_ahead_stale": int((~newer).sum()),
+        "num_files_written_ahead": len(ahead.adds),
+    }
+    return table, own, metrics
+
+
 def apply_scd1(
     target: Table,
     source: pa.Table,
@@ -466,19 +557,24 @@ def apply_scd1(
     *,
     txn: tuple[str, int],
     info: Mapping[str, Any],
+    ahead: Ahead | None = None,
 ) -> Written | None:
     """Apply ``source`` (the latest change per key, deletes marked in :data:`OPERATION`,
-    columns aligned to ``schema``, the table's) in one commit carrying ``txn``. Starts
-    over when another writer commits first. None: ``txn`` is committed already."""
+    columns aligned to ``schema``, the table's) and the rows written ``ahead`` (none of
+    whose keys ``source`` holds) in one commit carrying ``txn``. Starts over when another
+    writer commits first. None: ``txn`` is committed already (the files written ahead
+    are then deleted: a replay's, never referenced)."""
     for attempt in range(COMMIT_ATTEMPTS):
         with target.lock:
             state = target.log.state()
             if state.txns.get(txn[0], -1) >= txn[1]:
+                if ahead is not None:
+                    target.storage.delete_many(ahead.paths)
                 return None
-            actions, written, metrics = _batch_actions(target, state, source, keys, schema)
+            actions, written, metrics = _batch_actions(target, state, source, keys, schema, ahead)
             crash_point("apply_deletion_vectors", txn[1])
             actions = [
-                commit_info("MERGE", state.version, **info),
+                commit_info("MERGE", state.version, operationMetrics=_shown(metrics), **info),
                 {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
                 *actions,
             ]
@@ -491,18 +587,47 @@ def apply_scd1(
                 )  # fmt: skip
                 target.storage.delete_many(written)  # never referenced
                 continue
+            _delete_unused(target, ahead, actions)
             return Written(state.version + 1, metrics)
     raise CommitConflictError(
         f"{target.root}: lost the commit race {COMMIT_ATTEMPTS} times in a row"
     )
 
 
+def _shown(metrics: Mapping[str, Any]) -> dict[str, str]:
+    """A batch's metrics as a commit's ``operationMetrics`` (Delta's names: camel case,
+    strings), where ``DESCRIBE HISTORY`` shows them."""
+    shown = {}
+    for name, value in metrics.items():
+        if isinstance(value, bool):
+            continue
+        head, *rest = name.split("_")
+        shown[head + "".join(word.title() for word in rest)] = str(value)
+    return shown
+
+
+def _delete_unused(
+    target: Table, ahead: Ahead | None, actions: Sequence[Mapping[str, Any]]
+) -> None:
+    """Delete the files written ahead that the commit ``actions`` did not add (every row
+    of theirs was deleted): no commit names them."""
+    if ahead is None:
+        return
+    added = {a["add"]["path"] for a in actions if "add" in a}
+    target.storage.delete_many([path for path in ahead.paths if path not in added])
+
+
 def _now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def _batch_actions(
-    target: Table, state: LogState, source: pa.Table, keys: Sequence[str], schema: pa.Schema
+def _batch_actions(  # noqa: PLR0917 - one batch's parts
+    target: Table,
+    state: LogState,
+    source: pa.Table,
+    keys: Sequence[str],
+    schema: pa.Schema,
+    ahead: Ahead | None = None,
 ) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
     """The file actions of one scd1 batch and the files written for them."""
     found = locate(target, state, source, keys)
@@ -520,6 +645,13 @@ def _batch_actions(
         rows = found.row[(found.file == index) & replace]
         if len(rows):
             deletions.setdefault(path, []).append(rows)
+    ahead_metrics: dict[str, int] = {}
+    ahead_adds: dict[str, dict[str, Any]] = {}
+    if ahead is not None:
+        held, own, ahead_metrics = _ahead_deletions(target, state, ahead, keys)
+        for path, rows in [*held.items(), *own.items()]:
+            deletions.setdefault(path, []).append(rows)
+        ahead_adds = {str(a["path"]): dict(a) for a in ahead.adds}
     deletes = pc.fill_null(pc.equal(source.column(OPERATION), DELETE), False).to_numpy(
         zero_copy_only=False
     )
@@ -531,11 +663,15 @@ def _batch_actions(
         written.append(add["path"])
         actions.append({"add": add})
     marked, dv_file = _dv_actions(
-        target, state, {path: np.concatenate(rows) for path, rows in deletions.items()}
+        target,
+        state,
+        {path: np.concatenate(rows) for path, rows in deletions.items()},
+        ahead=ahead_adds,
     )
     if dv_file is not None:
         written.append(dv_file)
     actions.extend(marked)
+    actions.extend({"add": a} for path, a in ahead_adds.items() if path not in deletions)
     metrics = {
         "num_source_rows": source.num_rows,
         "num_target_rows_inserted": int(inserted.num_rows),
@@ -544,6 +680,7 @@ def _batch_actions(
         "num_target_files_scanned": len(found.files),
         "num_deletion_vectors_written": sum(1 for a in marked if "add" in a),
         "merge_on_read": True,
+        **ahead_metrics,
     }
     return actions, written, metrics
 
@@ -555,11 +692,13 @@ def create(
     txn: tuple[str, int],
     info: Mapping[str, Any],
     configuration: Mapping[str, str] | None = None,
-    adds: Sequence[Mapping[str, Any]] = (),
+    ahead: Ahead | None = None,
+    keys: Sequence[str] = (),
 ) -> int:
-    """Create the table holding ``data`` (and the files ``adds`` name, written already) in
-    commit 0 carrying ``txn``: protocol reader 3 / writer 7 with the one feature
-    ``deletionVectors``, which any reader that cannot apply deletion vectors refuses.
+    """Create the table holding ``data`` (and the rows written ``ahead``, keyed by
+    ``keys``, whose files hold ``data``'s columns and types) in commit 0 carrying ``txn``:
+    protocol reader 3 / writer 7 with the one feature ``deletionVectors``, which any
+    reader that cannot apply deletion vectors refuses.
 
     Raises:
         CommitConflictError: another writer created the table first.
@@ -570,11 +709,20 @@ def create(
     features = [DELETION_VECTORS]
     if any(pa.types.is_timestamp(f.type) and f.type.tz is None for f in schema):
         features.append("timestampNtz")  # PROTOCOL.md: a timestamp without time zone needs it
-    files = [dict(a) for a in adds]
+    files: list[dict[str, Any]] = []
+    metrics: dict[str, Any] = {"num_output_rows": data.num_rows}
+    if ahead is not None:  # a key written twice: its older rows deleted by a DV
+        empty = LogState(-1)
+        _, own, shown = _ahead_deletions(target, empty, ahead, keys)
+        metrics.update(shown)
+        metrics["num_output_rows"] += shown["num_rows_written_ahead"]
+        adds = {str(a["path"]): dict(a) for a in ahead.adds}
+        files, _ = _dv_actions(target, empty, own, ahead=adds)
+        files.extend({"add": a} for path, a in adds.items() if path not in own)
     if data.num_rows or not files:
-        files.append(write_file(target.storage, data))
+        files.append({"add": write_file(target.storage, data)})
     actions = [
-        commit_info("CREATE TABLE", -1, **info),
+        commit_info("CREATE TABLE", -1, operationMetrics=_shown(metrics), **info),
         {
             "protocol": {
                 "minReaderVersion": 3,
@@ -594,37 +742,11 @@ def create(
             }
         },
         {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
-        *({"add": a} for a in files),
+        *files,
     ]
     target.log.commit(0, actions)
+    _delete_unused(target, ahead, actions)
     return 0
-
-
-def append(
-    target: Table,
-    adds: Sequence[Mapping[str, Any]],
-    txn: tuple[str, int],
-    info: Mapping[str, Any],
-) -> int | None:
-    """Commit files written already (by Spark's executors, say) in one commit carrying
-    ``txn``, after whatever else was committed meanwhile (an append conflicts with
-    nothing). None: ``txn`` is committed already."""
-    for _ in range(COMMIT_ATTEMPTS):
-        with target.lock:
-            state = target.log.state()
-            if state.txns.get(txn[0], -1) >= txn[1]:
-                return None
-            actions = [
-                commit_info("WRITE", state.version, isBlindAppend=True, **info),
-                {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
-                *({"add": dict(a)} for a in adds),
-            ]
-            try:
-                target.log.commit(state.version + 1, actions)
-            except CommitConflictError:
-                continue
-            return state.version + 1
-    raise CommitConflictError(f"{target.root}: lost the commit race {COMMIT_ATTEMPTS} times")
 
 
 # -- folding deletion vectors back ----------------------------------------------------------

@@ -127,7 +127,7 @@ class MySqlCapture:
     ``stop`` ends a following capture after the commit in progress.
     """
 
-    def __init__(
+    def __init__(  # noqa: PLR0915 - the capture's parts, each set once
         self,
         options: MySqlOptions,
         log: ReplicationLog,
@@ -355,7 +355,7 @@ class MySqlCapture:
                 f"({self.log.storage.path('_replog/captures')}): --reset-position starts over "
                 f"from the server's position now, with a new snapshot into this log"
             )
-        if self.options.position != "auto" and self.options.position != position.mode:
+        if self.options.position not in {"auto", position.mode}:
             raise InvalidOptionError(
                 f"--position {self.options.position}: the log's capture {self.options.name!r} "
                 f"records {position.mode} positions (a capture keeps its mode)"
@@ -416,14 +416,13 @@ class MySqlCapture:
         same = position.server_id == self.server_id and position.server_uuid == self.server_uuid
         if same and position.file in files:
             return False
-        if position.mode == GTID:
-            if not same:
-                logger.warning(
-                    "capture %s resumes on another server (server_id %s, was %s) by GTID: "
-                    "%s", self.options.name, self.server_id, position.server_id,
-                    position.gtids,
-                )  # fmt: skip
-                return True
+        if position.mode == GTID and not same:
+            logger.warning(
+                "capture %s resumes on another server (server_id %s, was %s) by GTID: "
+                "%s", self.options.name, self.server_id, position.server_id,
+                position.gtids,
+            )  # fmt: skip
+            return True
         raise self._purged(position, files)
 
     def _purged(self, position: BinlogPosition, files: Sequence[str]) -> SourcePositionError:
@@ -576,6 +575,7 @@ class MySqlCapture:
             batch.abandon()
             self.position = position  # recorded by a later commit (at most the heartbeat's)
         self.progress.rows += batch.events - (len(read.chunk.events) if read.chunk else 0)
+        self.progress.count(batch.counts)
         self.progress.transactions += read.captured
         if read.last_commit_ms is not None:
             self.progress.last_commit_ms = read.last_commit_ms
@@ -644,7 +644,7 @@ class MySqlCapture:
                 f"capture stops before it"
             )
 
-    def _rows(
+    def _rows(  # noqa: PLR0917 - a transaction's place and its batch
         self, rows: Rows, txn: Transaction, order: int, ts_ms: int, batch: Batch, read: _Read
     ) -> int:
         if rows.schema == SIGNAL_DATABASE:
@@ -729,7 +729,7 @@ class MySqlCapture:
 
     # -- DDL ----------------------------------------------------------------------------------
 
-    def _statement(
+    def _statement(  # noqa: PLR0917 - a transaction's place and its batch
         self, statement: Statement, txn: Transaction, order: int, ts_ms: int, batch: Batch,
         read: _Read,
     ) -> int:  # fmt: skip
@@ -748,7 +748,7 @@ class MySqlCapture:
                 self._altered(change.table, read)
         return order
 
-    def _truncated(
+    def _truncated(  # noqa: PLR0917 - a transaction's place and its batch
         self, collection: str, txn: Transaction, order: int, ts_ms: int, batch: Batch,
         read: _Read, why: dict[str, Any] | None = None,
     ) -> int:  # fmt: skip
@@ -794,7 +794,7 @@ class MySqlCapture:
         self._plan_changed = True
         return order
 
-    def _created(
+    def _created(  # noqa: PLR0917 - a transaction's place and its batch
         self, collection: str, txn: Transaction, order: int, ts_ms: int, batch: Batch,
         read: _Read,
     ) -> int:  # fmt: skip

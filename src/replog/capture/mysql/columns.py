@@ -244,7 +244,7 @@ _FIXED: dict[str, dict[str, Any]] = {
 }
 
 
-def column_schema(column: MySqlColumn) -> dict[str, Any]:
+def column_schema(column: MySqlColumn) -> dict[str, Any]:  # noqa: PLR0911 - one return per type
     """The Connect schema of ``column``'s stored values (see the module's table)."""
     kind = column.kind
     if kind in INTEGERS:

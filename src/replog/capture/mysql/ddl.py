@@ -106,7 +106,7 @@ class _Reader:
         return found
 
 
-def parse(statement: str, database: str) -> list[Change]:
+def parse(statement: str, database: str) -> list[Change]:  # noqa: C901, PLR0911, PLR0912 - one branch per statement kind
     """The tables ``statement`` (run in ``database``) truncates, drops, creates, renames or
     alters; empty for any other statement. Temporary tables are not tables of the binlog's
     rows and are left out."""

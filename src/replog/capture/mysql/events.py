@@ -211,7 +211,7 @@ class MySqlEvents:
 
     # -- the binlog ----------------------------------------------------------------------------
 
-    def changes(
+    def changes(  # noqa: PLR0917 - a row event's place in its transaction
         self,
         rows: Rows,
         collection: str,
@@ -230,9 +230,10 @@ class MySqlEvents:
         event = rows.event
         pos = rows.position[1] - event.packet.event_size
         events: list[Event] = []
-        for index, (before, after) in enumerate(rows.rows):
-            if after is not None and before is not None and shape.json_positions:
-                after = _partial_applied(shape, before, after)
+        for index, (before, image) in enumerate(rows.rows):
+            after = image
+            if image is not None and before is not None and shape.json_positions:
+                after = _partial_applied(shape, before, image)
             source = self.source_block(
                 rows.schema, rows.table, ts_ms=event.timestamp * 1000, snapshot="false",
                 server_id=txn.server_id, gtid=txn.gtid, file=rows.position[0], pos=pos,
@@ -243,7 +244,7 @@ class MySqlEvents:
             order += len(made)
         return events
 
-    def _events(
+    def _events(  # noqa: PLR0917 - a row event's place in its transaction
         self,
         shape: Shape,
         op: str,

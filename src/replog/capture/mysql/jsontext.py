@@ -29,7 +29,7 @@ def binary_json_text(data: bytes) -> str:
     return to_text(parse_json(data[0], data[1:]))
 
 
-def to_text(value: Any) -> str:  # noqa: PLR0911 - one return per JSON kind
+def to_text(value: Any) -> str:  # noqa: PLR0911, C901 - one return per JSON kind
     """A parsed binary JSON value (mysql-replication's: keys as bytes, opaque values as
     Decimal, dates and times) as MySQL writes it."""
     if value is None:
@@ -128,7 +128,7 @@ def _apply(document: Any, operation: JsonDiffOperation, path: list[str | int], v
         return value if operation != JsonDiffOperation.Remove else None
     parent = document
     for step in path[:-1]:
-        parent = parent[step] if not isinstance(step, str) else parent[step]
+        parent = parent[step]
     last = path[-1]
     if isinstance(parent, dict):
         key = last if isinstance(last, str) else str(last)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from typing import Any
 
@@ -140,10 +140,8 @@ class MySqlServer:
 
     def reconnect(self) -> None:
         """A new session in place of a lost one (SourceConnectionError: none can be had)."""
-        try:
+        with suppress(pymysql.err.Error):  # the old session is lost already
             self.connection.close()
-        except pymysql.err.Error:
-            pass
         self.connection = connect(self.dsn)
 
     def scalar(self, statement: str, args: Sequence[Any] | None = None) -> Any:
