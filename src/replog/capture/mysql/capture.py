@@ -863,6 +863,7 @@ class MySqlCapture:
                 self._plan_changed = True
         self._save_plan()
         self.record.write(self.log.storage, position)
+        crash_point("capture_noted")
 
     def _commit(self, batch: Batch, position: BinlogPosition, snapshot_rows: int = 0) -> None:
         """One atomic commit of ``batch`` recording ``position`` (also with no events)."""
