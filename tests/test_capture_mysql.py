@@ -15,8 +15,9 @@ from support.cli import REPLOG, replog
 from support.mysql import Db, changes, events, rows_of, run
 from test_cli_output import validate
 
-from replog.capture.mysql.options import MySqlOptions, capture_app_id
+from replog.capture.mysql.options import Dsn, MySqlOptions, capture_app_id
 from replog.capture.mysql.positions import PositionRecord
+from replog.capture.mysql.server import connect
 from replog.errors import (
     InjectedFaultError,
     InvalidOptionError,
@@ -326,3 +327,20 @@ def test_status_history_and_metrics_show_the_capture_and_its_lag(
     newest = history["commits"][0]
     assert newest["kind"] == "capture"
     assert newest["capture"] == {"source": "mysql", "name": "mysql", "version": capture["version"]}
+
+
+def test_connections_share_one_tls_context_and_still_connect(mysql_db: Db) -> None:
+    """PyMySQL makes a TLS context per connection (the system's certificates loaded each
+    time: tens of ms); capture's connections share one, in PyMySQL's PREFERRED mode (TLS
+    where the server offers it, plain where not), and still work."""
+    dsn = Dsn.parse(mysql_db.dsn)
+    first, second = connect(dsn), connect(dsn, raw=True)
+    try:
+        assert first.ctx is not None and first.ctx is second.ctx
+        assert first._ssl_required is False
+        with first.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            assert cursor.fetchone() == (1,)
+    finally:
+        first.close()
+        second.close()

@@ -63,6 +63,7 @@ from replog.capture.mysql.columns import (
 )
 from replog.capture.mysql.jsontext import binary_json_text
 from replog.capture.mysql.positions import GTID, MARIADB, BinlogPosition
+from replog.capture.mysql.server import open_session
 from replog.errors import CaptureError, SourceConnectionError, SourcePrivilegeError
 
 logger = logging.getLogger(__name__)
@@ -551,7 +552,7 @@ class BinlogReader:
             if self._opened > 1:
                 raise StreamBroken("the binlog connection was lost: read again")
         try:
-            return pymysql.connect(**settings)
+            return open_session(**settings)
         except pymysql.err.OperationalError as exc:
             raise SourceConnectionError(f"cannot connect to read the binlog: {exc}") from exc
 
