@@ -87,7 +87,7 @@ dist: $(STAMP) ## build the wheel into dist/
 # docstring says to run it; hours in all (the chaos runs alone are 10 minutes each, more
 # with the pipeline's catch-up).
 SPARK_PY := PYSPARK_PYTHON=$(abspath $(PY)) $(PY)
-bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
+bench: $(STAMP) $(JARS_STAMP) mariadb ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	$(BYTECODE)
 	$(PY) benchmarks/bench_log.py
 	$(SPARK_PY) benchmarks/bench_source.py
@@ -97,6 +97,7 @@ bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/
 	for section in python age spark s3 writers stream; do \
 	  $(SPARK_PY) benchmarks/bench_commits.py $$section || exit 1; done
 	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_capture_mysql.py
 	$(PY) benchmarks/bench_debezium.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_apply.py
