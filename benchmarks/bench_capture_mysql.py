@@ -21,7 +21,9 @@ rows. Per database:
   row changes per second of capture.
 * ``transaction``: one ``UPDATE pgbench_accounts SET abalance = abalance + 1`` of every
   row, captured by the CLI in a process of its own: changes/s and peak RSS (staged in
-  pieces: memory bounded by ``--stage-events``, not by the transaction).
+  pieces: memory bounded by ``--stage-events``, not by the transaction). Before the
+  measured run, ``--kills`` runs are SIGKILLed at random moments while they read it; the
+  log must then hold exactly one update per row.
 * ``latency``: a following capture while a writer commits ``--writes`` one-row
   INSERTs, 50 ms apart; for each, the time from the writer's commit returning to a reader
   polling the log every 10 ms seeing it (the binlog's timestamps are whole seconds, so
@@ -34,7 +36,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -46,6 +50,7 @@ from typing import Any
 
 import psycopg
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pymysql
 import pymysql.cursors
@@ -223,15 +228,45 @@ def stream(side: Side, url: str, transactions: int) -> dict[str, Any]:
     }
 
 
-def transaction(side: Side, url: str, rows: int) -> dict[str, Any]:
+def transaction(
+    side: Side, url: str, rows: int, kills: int, chooser: random.Random
+) -> dict[str, Any]:
+    """The whole-table UPDATE captured; first ``kills`` runs of capture SIGKILLed at random
+    moments while they read it (nothing of it is committed until its end), then one
+    measured run. The log must then hold exactly ``rows`` updates after it."""
+    log = ReplicationLog.open(url)
+    log.refresh()
+    before = log.head()
     with side.session() as run:
         run(f"UPDATE {TABLE} SET abalance = abalance + 1", ())
-    code, seconds, rss = measured(side.snapshot_command(url))
+    command = side.snapshot_command(url)
+    killed_after = []
+    for _ in range(kills):
+        process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait = chooser.uniform(3.0, 40.0)
+        try:
+            process.wait(timeout=wait)  # it may finish first: then nothing is left to kill
+        except subprocess.TimeoutExpired:
+            process.kill()
+            killed_after.append(round(wait, 1))
+        process.wait()
+    code, seconds, rss = measured(command)
     assert code == 0, f"{side.name} capture exited {code}"
+    log.refresh()
+    after = log.head()
+    updates = sum(
+        pc.sum(pc.equal(log.read_table(shard, before[shard] + 1, after[shard])
+                        .column("operation"), "update")).as_py() or 0
+        for shard in after
+        if after[shard] > before[shard]
+    )  # fmt: skip
+    assert updates == rows, f"{side.name}: {updates} updates in the log, {rows} made"
     return {
         "database": side.name,
         "figure": "transaction",
         "row_changes": rows,
+        "killed_after_s": killed_after,
+        "updates_in_log": updates,
         "seconds": round(seconds, 1),
         "row_changes_per_s": round(rows / seconds),
         "peak_rss_mb": round(rss),
@@ -290,8 +325,17 @@ def main() -> None:
     parser.add_argument("--rows", type=int, action="append", help="table sizes (1M if none)")
     parser.add_argument("--transactions", type=int, default=10_000)
     parser.add_argument("--writes", type=int, default=200)
+    parser.add_argument("--kills", type=int, default=3,
+                        help="SIGKILLs of capture while it reads the large transaction")
+    parser.add_argument("--figures", default="snapshot,stream,transaction,latency",
+                        help="which figures (the snapshot is always taken: it starts capture)")
+    parser.add_argument("--seed", type=int, default=None)
     args = parser.parse_args()
     sizes = args.rows or [1_000_000]
+    wanted = set(args.figures.split(","))
+    seed = args.seed if args.seed is not None else random.randrange(1 << 30)
+    chooser = random.Random(seed)
+    print(f"seed {seed}", flush=True)
     figures: list[dict[str, Any]] = []
     root = Path(tempfile.mkdtemp(prefix="bench-capture-mysql-"))
     with ExitStack() as stack:
@@ -308,12 +352,15 @@ def main() -> None:
         logs = {f["database"]: f["url"] for f in figures}  # the last size's table and log
         for side in sides:
             url = logs[side.name]
-            figures.append(stream(side, url, args.transactions))
-            print(json.dumps(figures[-1]), flush=True)
-            figures.append(transaction(side, url, sizes[-1]))
-            print(json.dumps(figures[-1]), flush=True)
-            figures.append(latency(side, root, args.writes))
-            print(json.dumps(figures[-1]), flush=True)
+            if "stream" in wanted:
+                figures.append(stream(side, url, args.transactions))
+                print(json.dumps(figures[-1]), flush=True)
+            if "transaction" in wanted:
+                figures.append(transaction(side, url, sizes[-1], args.kills, chooser))
+                print(json.dumps(figures[-1]), flush=True)
+            if "latency" in wanted:
+                figures.append(latency(side, root, args.writes))
+                print(json.dumps(figures[-1]), flush=True)
     print("RESULT", json.dumps(figures))
 
 
