@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
 .DEFAULT_GOAL := help
-.PHONY: help install jars demo demo-throughput test test-fast lint dist bench clean
+.PHONY: help install jars mariadb demo demo-mysql demo-throughput test test-fast lint dist bench clean
 
 help: ## show this help
 	@echo "replog — make targets:"
@@ -36,6 +36,21 @@ $(JARS_STAMP): $(JVM_SOURCES)
 
 jars: $(JARS_STAMP) ## fetch the Kafka, Spark-Kafka and Debezium jars the tests use into .jars/
 
+# MariaDB's server for the MySQL capture tests and `make demo-mysql` (each starts throwaway
+# servers of its own in temporary directories: examples/embedded_mariadb.py): Debian's
+# mariadb-server, installed when missing (these machines run as root and reach Debian's
+# packages). Nothing of a system server is used; in a container the package's service does
+# not start at all.
+MARIADBD := $(shell command -v mariadbd || ls /usr/sbin/mariadbd 2>/dev/null)
+
+mariadb: ## install MariaDB's server (Debian's mariadb-server) if it is missing
+ifeq ($(MARIADBD),)
+	@echo "the MySQL capture tests need MariaDB's server: installing Debian's mariadb-server (apt-get)"
+	apt-get install -y -qq mariadb-server >/dev/null || { apt-get update -qq && apt-get install -y -qq mariadb-server >/dev/null; }
+else
+	@true
+endif
+
 # Bytecode for replog, as pip writes it for an installed wheel: with PYTHONDONTWRITEBYTECODE
 # set (as on these machines), every Python process Spark starts would compile replog anew.
 BYTECODE := $(PY) -m compileall -q src
@@ -44,12 +59,16 @@ demo: $(STAMP) ## the main job: PostgreSQL -> capture -> Spark masks e-mails -> 
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo.py
 
+demo-mysql: $(STAMP) mariadb ## MariaDB -> capture mysql -> Spark -> apply_changes -> Delta; checks equality
+	$(BYTECODE)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo_mysql.py
+
 demo-throughput: $(STAMP) ## 1M synthetic CDC events -> replog -> mask -> replog-sink, exactly once, with events/s
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) examples/demo_throughput.py
 
 # Plain `pytest` deselects the spark and slow tiers (pyproject's addopts); -m "" selects all.
-test: $(STAMP) $(JARS_STAMP) ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
+test: $(STAMP) $(JARS_STAMP) mariadb ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
 	$(BYTECODE)
 	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" --durations=20 $(PYTEST_ARGS)
 
@@ -68,7 +87,7 @@ dist: $(STAMP) ## build the wheel into dist/
 # docstring says to run it; hours in all (the chaos runs alone are 10 minutes each, more
 # with the pipeline's catch-up).
 SPARK_PY := PYSPARK_PYTHON=$(abspath $(PY)) $(PY)
-bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
+bench: $(STAMP) $(JARS_STAMP) mariadb ## run every benchmark (hours; figures go to docs/BENCHMARKS.md)
 	$(BYTECODE)
 	$(PY) benchmarks/bench_log.py
 	$(SPARK_PY) benchmarks/bench_source.py
@@ -78,6 +97,7 @@ bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/
 	for section in python age spark s3 writers stream; do \
 	  $(SPARK_PY) benchmarks/bench_commits.py $$section || exit 1; done
 	$(PY) benchmarks/bench_capture.py
+	$(PY) benchmarks/bench_capture_mysql.py
 	$(PY) benchmarks/bench_debezium.py
 	$(PY) benchmarks/bench_scale.py
 	$(PY) benchmarks/bench_apply.py

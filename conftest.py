@@ -146,6 +146,32 @@ def pg_dsn(postgres_server) -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
+def mariadb_server():
+    """A real MariaDB server (Debian's mariadb-server, started in a temporary directory on
+    a free port, binlog in ROW/FULL/FULL, GTIDs) for the whole session (MySQL capture
+    tests): started on first use, stopped and deleted at the end."""
+    from support.mariadb import running_server
+
+    with running_server() as server:
+        yield server
+
+
+@pytest.fixture
+def mysql_dsn(mariadb_server) -> Iterator[str]:
+    """A fresh database on the session's MariaDB server (``mysql://...``), dropped after."""
+    with mariadb_server.database() as dsn:
+        yield dsn
+
+
+@pytest.fixture
+def mysql_db(mariadb_server, mysql_dsn):
+    """The fresh database of ``mysql_dsn``, with root access to it (tests/support/mysql.py)."""
+    from support.mysql import Db
+
+    return Db(mariadb_server, mysql_dsn)
+
+
+@pytest.fixture(scope="session")
 def kafka_broker():
     """A real Apache Kafka broker (KRaft, one node) for the whole session
     (tests/support/kafka.py): started on first use, stopped and deleted at the end."""

@@ -358,9 +358,13 @@ class Comparison:
         return not (self.missing or self.extra or self.changed)
 
 
-def compare(expected: dict[int, tuple[Any, ...]], actual: dict[int, tuple[Any, ...]]) -> Comparison:
+def compare(
+    expected: dict[int, tuple[Any, ...]],
+    actual: dict[int, tuple[Any, ...]],
+    columns: Sequence[str] = COLUMNS,
+) -> Comparison:
     changed = [
-        (key, COLUMNS[i], want, got)
+        (key, columns[i], want, got)
         for key in sorted(expected.keys() & actual.keys())
         for i, (want, got) in enumerate(zip(expected[key], actual[key], strict=True))
         if not same(want, got)

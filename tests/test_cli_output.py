@@ -17,6 +17,7 @@ import pytest
 from support.logs import commit_offsets, filled_log, log_rows
 
 from replog import ingest
+from replog.capture.mysql.positions import BinlogPosition
 from replog.capture.options import capture_app_id as app_id
 from replog.capture.progress import CaptureProgress
 from replog.capture.running import RunRecord
@@ -24,6 +25,7 @@ from replog.capture.slots import Holder, ServerSlots, SlotState
 from replog.checkpoints.consumers import committed_position
 from replog.checkpoints.sinks import Batch, SinkCommitter, sink_store
 from replog.cli import results
+from replog.cli.mysql import MySqlCaptured, MySqlSnapshotRequested
 from replog.cli.output import (
     COMMAND_SCHEMAS,
     SCHEMAS_DIR,
@@ -113,6 +115,11 @@ def _cases(tmp_path: Path) -> list[Case]:
     )
     kept = CaptureProgress(position=0x16B3748, retained_wal_bytes=81_920,
                            slot_wal_status="reserved", heartbeats=3, truncations=1)  # fmt: skip
+    mysql_captured = CaptureProgress(
+        rows=3, snapshot_rows=2, transactions=1, commits=2,
+        table_events={"shop.orders": {"read": 2, "insert": 1}},
+    )  # fmt: skip
+    mysql_position = BinlogPosition("mariadb", "gtid", "binlog.000002", 4321, "0-1-7", 1)
     recovered = recovery.recover(ReplicationLog.open(url), grace_ms=0, dry_run=True)
     assert recovered.garbage
     merges = compaction.CompactionResult(tuple(plan_full(log.refresh())), None)
@@ -279,6 +286,21 @@ def _cases(tmp_path: Path) -> list[Case]:
             ("asked the capture of slot shop to snapshot public.orders", "LSN 0/16B3748"),
         ),
         Case(
+            "mysql_captured",
+            MySqlCaptured.of(url, "shop", mysql_captured, mysql_position, {"shop.t.d": 2}),
+            (
+                f"captured 3 rows (2 in the snapshot) of 1 transactions into {url}",
+                "position binlog.000002:4321 (GTID 0-1-7)",
+                "  shop.orders: 2 read, 1 insert",
+                "note: 2 zero dates (0000-00-00) written as null, in shop.t.d",
+            ),
+        ),
+        Case(
+            "mysql_snapshot_requested",
+            MySqlSnapshotRequested({"name": "shop", "tables": ["shop.orders"], "signal_id": "a1"}),
+            ("asked the MySQL capture shop to snapshot shop.orders (signal a1",),
+        ),
+        Case(
             "compacted",
             r.Compacted.merged(url, compacted, False),
             (f"compacted {url} at version {compacted.record.version}: merged",),
@@ -329,6 +351,7 @@ NAMES = [
     "validated", "consumers", "consumer", "consumer_set", "consumer_deleted", "status",
     "truncation_plan", "truncated", "recovered", "captured", "captured_kept",
     "snapshot_requested", "compacted", "key_compacted", "failed", "slots", "slot_dropped",
+    "mysql_captured", "mysql_snapshot_requested",
 ]  # fmt: skip
 
 

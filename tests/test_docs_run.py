@@ -12,10 +12,11 @@ A block that cannot run here says why in a marker on the line before it::
 and one that uses what its reader has (their session, their log, their database, their
 input file) names it::
 
-    <!-- docs-test: given spark, url, dsn, debezium.jsonl, kafka -->
+    <!-- docs-test: given spark, url, dsn, mysql_dsn, debezium.jsonl, kafka -->
 
 which this test provides: the test session, a log of Debezium customer changes, a
-PostgreSQL database with a table ``public.orders``, a file of Debezium change events, a
+PostgreSQL database with a table ``public.orders``, a MariaDB database with a table
+``orders`` (the session's server, started on first use), a file of Debezium change events, a
 Kafka broker (a real one, tests/support/kafka.py: ``broker:9092`` in the block is its
 address) whose topic ``dbserver1.inventory.products`` holds Debezium change events.
 Every other block must run as written.
@@ -112,8 +113,12 @@ KAFKA_TOPIC = "dbserver1.inventory.products"
 class Reader:
     """What a block's reader has (``given``), made on first use."""
 
-    def __init__(self, root: Path, spark: Any, pg_dsn: str, kafka: Any) -> None:
+    def __init__(
+        self, root: Path, spark: Any, pg_dsn: str, kafka: Any, request: pytest.FixtureRequest
+    ) -> None:
         self.root, self.spark, self.pg_dsn, self.kafka = root, spark, pg_dsn, kafka
+        self.request = request
+        self._mysql_dsn: str | None = None
         self._url: str | None = None
         self._dsn: str | None = None
         self._topic = False
@@ -151,6 +156,16 @@ class Reader:
             self._dsn = self.pg_dsn
         return self._dsn
 
+    def mysql_dsn(self) -> str:
+        if self._mysql_dsn is None:
+            db = self.request.getfixturevalue("mysql_db")
+            db.sql(
+                "CREATE TABLE orders (id int PRIMARY KEY, total decimal(8,2))",
+                "INSERT INTO orders VALUES (1, 9.50), (2, 12.00)",
+            )
+            self._mysql_dsn = str(db.dsn)
+        return self._mysql_dsn
+
     def provide(self, block: Block, namespace: dict[str, Any]) -> None:
         for name in block.given:
             if name == "spark":
@@ -159,6 +174,8 @@ class Reader:
                 namespace["url"] = self.url()
             elif name == "dsn":
                 namespace["dsn"] = self.dsn()
+            elif name == "mysql_dsn":
+                namespace["mysql_dsn"] = self.mysql_dsn()
             elif name == "chk":
                 namespace["chk"] = str(self.root / "given-checkpoint")
             elif name == "kafka":
@@ -207,12 +224,17 @@ def run_document(document: str, root: Path, reader: Reader) -> list[str]:
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.parametrize("document", ["README.md", "docs/CDC.md"])
-def test_the_documents_code_blocks_run(
-    document: str, tmp_path: Path, spark: Any, pg_dsn: str, kafka_broker: Any
+def test_the_documents_code_blocks_run(  # noqa: PLR0917 - pytest fixtures
+    document: str,
+    tmp_path: Path,
+    spark: Any,
+    pg_dsn: str,
+    kafka_broker: Any,
+    request: pytest.FixtureRequest,
 ) -> None:
     for prefix in MOVED:
         (tmp_path / prefix.strip("/").replace("://", "-")).mkdir()
-    reader = Reader(tmp_path, spark, pg_dsn, kafka_broker)
+    reader = Reader(tmp_path, spark, pg_dsn, kafka_broker, request)
     skipped = run_document(document, tmp_path, reader)
     for query in spark.streams.active:  # a block's query left running is a failure
         query.stop()

@@ -30,6 +30,7 @@ STEPS = (
     "write_task",
     "capture_committed",
     "capture_staged",
+    "capture_noted",
     "apply_before_delta",
     "apply_deletion_vectors",
     "apply_after_delta",
@@ -37,7 +38,8 @@ STEPS = (
 """``apply_before_delta``/``apply_after_delta``: in ``apply_changes``, with the micro-batch
 id as epoch, just before its Delta commit and just after it (before Spark's commit log);
 ``apply_deletion_vectors``: a merge-on-read batch's files (rows, deletion vectors) are
-written, its commit is not."""
+written, its commit is not; ``capture_noted``: a MySQL capture wrote its position record
+(and plan) for a commit it has not made yet."""
 
 
 def crash_point(step: str, epoch: int | None = None) -> None:

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.capture.chunks import Chunk
-from replog.capture.events import Event, EventColumns
+from replog.capture.events import Event, EventColumns, Read
 from replog.core import files, leases, staging
 from replog.crashpoints import crash_point
 from replog.format.commits import CommitRecord, Transaction
@@ -74,6 +74,14 @@ class Batch:
         self.events += len(chunk.events)
         self.counts[(chunk.table.qualified, "read")] += len(chunk.events)
         self.chunk = chunk
+        self._stage_if_many()
+
+    def add_reads(self, collection: str, ts_ms: int, metadata: str, rows: list[Read]) -> None:
+        """Read events of ``collection`` that share one ``metadata`` (a chunk's rows, of
+        a source whose chunks hold them by key: MySQL's)."""
+        self.held.add_reads(collection, ts_ms, metadata, rows)
+        self.events += len(rows)
+        self.counts[(collection, "read")] += len(rows)
         self._stage_if_many()
 
     def _stage_if_many(self) -> None:

@@ -278,7 +278,27 @@ class _StatusCollector(Collector):
                     state.add_metric([*key, name], int(run["state"] == name))
                 beat.add_metric(key, run["beat_ms"] / 1000)
             _add_server(server, key, capture)
+        for capture in d.get("mysql_captures", []):
+            _add_mysql(committed, state, server, [d["url"], f"mysql.{capture['name']}"], capture)
         yield from (committed, state, beat, *server.values())
+
+
+def _add_mysql(
+    committed: GaugeMetricFamily,
+    state: GaugeMetricFamily,
+    server: Mapping[str, GaugeMetricFamily],
+    key: list[str],
+    capture: Mapping[str, Any],
+) -> None:
+    """A MySQL capture's measures (``status --json``'s ``mysql_captures``), labelled
+    ``slot=mysql.<name>``: its commit time, its run's state, its lag in binlog bytes."""
+    if capture["committed_ms"] is not None:
+        committed.add_metric(key, capture["committed_ms"] / 1000)
+    if capture["run"] is not None:
+        for name in RUN_STATES:
+            state.add_metric([*key, name], int(capture["run"] == name))
+    if capture["lag_bytes"] is not None:
+        server["lag_bytes"].add_metric(key, capture["lag_bytes"])
 
 
 RUN_STATES = ("running", "stopped", "failed", "gone")
@@ -286,7 +306,8 @@ RUN_STATES = ("running", "stopped", "failed", "gone")
 SERVER_GAUGES = {
     "lag_bytes": (
         "capture_lag_bytes",
-        "WAL the source server wrote past the slot's confirmed position.",
+        "WAL the source server wrote past the slot's confirmed position (MySQL: binlog "
+        "bytes past the capture's position; its captures are labelled slot=mysql.<name>).",
     ),
     "lag_s": (
         "capture_lag_seconds",

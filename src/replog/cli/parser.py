@@ -7,6 +7,8 @@ from collections.abc import Callable
 from typing import NoReturn
 
 from replog.about import __version__
+from replog.capture.mysql.options import DEFAULT_NAME as MYSQL_DEFAULT_NAME
+from replog.capture.mysql.options import POSITION_MODES as MYSQL_POSITION_MODES
 from replog.capture.options import (
     DEFAULT_CHUNK_ROWS,
     DEFAULT_HEARTBEAT_S,
@@ -122,10 +124,16 @@ def _capture_commands(command: _Command) -> None:
         "log ends. The log is created if absent. Ctrl-C or SIGTERM finishes the current "
         "commit and exits.",
     )
-    p.add_argument("source", choices=["postgres"], help="the kind of database")
-    p.add_argument("dsn", help="a libpq connection string or URI")
+    p.add_argument("source", choices=["postgres", "mysql"], help="the kind of database")
+    p.add_argument(
+        "dsn",
+        help="postgres: a libpq connection string or URI; mysql: "
+        "mysql://user:password@host:port/database (MySQL 8.0.14+ or MariaDB 10.5+)",
+    )
     p.add_argument("url", help="the log")
-    p.add_argument("--slot", required=True, help="the logical replication slot (created if absent)")
+    p.add_argument(
+        "--slot", help="postgres: the logical replication slot (created if absent; required)"
+    )
     p.add_argument(
         "--publication",
         help="an existing publication to capture (default: one named after the slot, "
@@ -221,6 +229,7 @@ def _capture_commands(command: _Command) -> None:
         help="events held in memory before they are staged as files: bounds the memory of "
         f"a large transaction, still committed once (default {DEFAULT_STAGE_EVENTS})",
     )
+    _mysql_capture_options(p)
 
     p = command(
         "slots",
@@ -259,14 +268,47 @@ def _capture_commands(command: _Command) -> None:
         "same as SELECT pg_logical_emit_message(true, 'replog.signal', "
         '\'{"snapshot": ["public.t"], "slot": "S"}\').',
     )
-    p.add_argument("source", choices=["postgres"], help="the kind of database")
-    p.add_argument("dsn", help="a libpq connection string or URI")
-    p.add_argument("--slot", required=True, help="the capture's slot")
+    p.add_argument("source", choices=["postgres", "mysql"], help="the kind of database")
+    p.add_argument("dsn", help="a libpq connection string or URI; mysql: mysql://...")
+    p.add_argument("--slot", help="postgres: the capture's slot (required)")
+    p.add_argument(
+        "--name",
+        help="mysql: the capture's --name (default: every MySQL capture of the server)",
+    )
     p.add_argument("--tables", required=True, help="schema.table[,schema.table...]")
     p.add_argument(
         "--publication",
         help="the capture's --publication, if it was given one (the tables are checked "
         "against it; default: the publication named after the slot)",
+    )
+
+
+def _mysql_capture_options(p: argparse.ArgumentParser) -> None:
+    """``replog capture mysql``'s own options (refused for postgres, as the PostgreSQL
+    ones are for mysql)."""
+    p.add_argument(
+        "--name",
+        help=f"mysql: names the capture (its position in the log, its events' source.name; "
+        f"default {MYSQL_DEFAULT_NAME})",
+    )
+    p.add_argument(
+        "--server-id",
+        type=int,
+        help="mysql: the replica server_id to read the binlog with (default: one derived "
+        "from the name and the log; it must differ from every replica's)",
+    )
+    p.add_argument(
+        "--position",
+        choices=MYSQL_POSITION_MODES,
+        help="mysql: gtid (resume by GTID state: another server of the topology can take "
+        "over), file (binlog file and offset), auto (default: GTIDs where the server has them)",
+    )
+    p.add_argument(
+        "--reset-position",
+        action="store_true",
+        default=None,
+        help="mysql: start over from the server's position now with a new snapshot into this "
+        "log (the way on when the binlog after the log's position was purged)",
     )
 
 

@@ -323,8 +323,10 @@ class CaptureDisplay:
     snapshot as rows done of the estimate, then the stream as a status line; plain,
     the line the docs promise every second while it moves (once a minute when idle)."""
 
-    def __init__(self, display: Display) -> None:
+    def __init__(self, display: Display, log_name: str = "WAL") -> None:
         self.display = display
+        self.log_name = log_name
+        """What the source's log is called in the status line (MySQL: binlog)."""
         self.latest = CaptureProgress()
         self.snapshot: Work | None = None
         self.stream: Work | None = None
@@ -352,7 +354,7 @@ class CaptureDisplay:
         if isinstance(self.display, RichDisplay):
             if self.stream is None:
                 self.stream = self.display.work("capturing", None, "changes")
-            self.stream.update(completed=progress.rows, detail=status_line(progress))
+            self.stream.update(completed=progress.rows, detail=status_line(progress, self.log_name))
 
     def _plain(self, progress: CaptureProgress) -> None:
         key = (progress.rows, progress.commits, progress.transactions, progress.lag_bytes)
@@ -360,7 +362,7 @@ class CaptureDisplay:
         moved = key != self._shown
         if now - self._last_line >= (PLAIN_EVERY_S if moved else IDLE_EVERY_S):
             self._shown, self._last_line = key, now
-            self.display.note("capture: " + status_line(progress))
+            self.display.note("capture: " + status_line(progress, self.log_name))
 
     def stopping(self) -> None:
         """Say, at once, what a stop asked for now waits for."""
@@ -388,12 +390,12 @@ class CaptureDisplay:
             self.stream = None
 
 
-def status_line(progress: CaptureProgress) -> str:
-    """The state of a capture in one line."""
+def status_line(progress: CaptureProgress, log_name: str = "WAL") -> str:
+    """The state of a capture in one line (``log_name``: the source's log, WAL or binlog)."""
     lag_time = "" if progress.lag_ms is None else f" and {progress.lag_ms / 1000:.1f}s"
     return (
         f"{progress.rows:,} changes ({progress.snapshot_rows:,} in the snapshot), "
         f"{progress.transactions:,} transactions, {progress.commits:,} commits, "
-        f"lag {decimal(progress.lag_bytes)} of WAL{lag_time}, "
+        f"lag {decimal(progress.lag_bytes)} of {log_name}{lag_time}, "
         f"last source commit {age(progress.last_commit_ms)}"
     )

@@ -204,6 +204,13 @@ class Appended(Result):
             )
 
 
+def table_event_lines(tables: dict[str, dict[str, int]]) -> Iterator[str]:
+    """A capture's events per table and operation (``--json``'s ``tables``), a line each."""
+    for table, operations in tables.items():
+        counts = ", ".join(f"{number:,} {operation}" for operation, number in operations.items())
+        yield f"  {table}: {counts}"
+
+
 class Captured(Result):
     schema = "capture"
 
@@ -241,11 +248,7 @@ class Captured(Result):
             f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
             f"position {d['lsn']}{skipped}"
         )
-        for table, operations in d["tables"].items():
-            counts = ", ".join(
-                f"{number:,} {operation}" for operation, number in operations.items()
-            )
-            yield f"  {table}: {counts}"
+        yield from table_event_lines(d["tables"])
         if d["truncations"] or d["heartbeats"]:
             yield f"{d['truncations']} TRUNCATE(s) captured, {d['heartbeats']} heartbeats written"
         if d["skipped_truncations"]:
@@ -458,9 +461,15 @@ class Verified(Result):
             yield f"{len(self.document['problems'])} problem(s) found in {self.document['url']}"
 
 
+def _capture_writer(capture: dict[str, Any]) -> str:
+    if capture.get("source") == "mysql":
+        return f"mysql capture {capture['name']} at position {capture['version']}"
+    return f"slot {capture['slot']} at LSN {capture['lsn']}"
+
+
 def _writer(commit: dict[str, Any]) -> str:
     if commit["capture"] is not None:
-        return f"slot {commit['capture']['slot']} at LSN {commit['capture']['lsn']}"
+        return _capture_writer(commit["capture"])
     if commit["transaction"] is not None:
         return f"app {commit['transaction']['app_id']} version {commit['transaction']['version']}"
     if commit["sink"] is not None:
@@ -686,6 +695,27 @@ class ConsumerDeleted(Result):
 # -- status -------------------------------------------------------------------------------
 
 
+def _mysql_capture_line(capture: dict[str, Any]) -> str:
+    where = (
+        f"{capture['file']}:{capture['pos']}"
+        + (f" (GTID {capture['gtids']})" if capture["gtids"] else "")
+        if capture["file"] is not None
+        else f"version {capture['version']} (no position record)"
+    )
+    line = (
+        f"at {where} (log version {capture['log_version']}, {age(capture['committed_ms'])}); "
+        f"run {capture['run'] or 'unknown'}" + (f": {capture['error']}" if capture["error"] else "")
+    )
+    if capture["server_file"] is None:
+        return line
+    lag = (
+        "unknown (its binlog file is gone)"
+        if capture["lag_bytes"] is None
+        else (f"{capture['lag_bytes']:,} bytes")
+    )
+    return f"{line}; server at {capture['server_file']}:{capture['server_pos']}, lag {lag}"
+
+
 def _run_words(run: dict[str, Any] | None) -> str:
     if run is None:
         return "no run record"
@@ -763,6 +793,10 @@ class Status(Result):
             yield f"captures ({len(d['captures'])}):"
             for capture in d["captures"]:
                 yield from _capture_lines(capture)
+        if d.get("mysql_captures"):
+            yield f"mysql captures ({len(d['mysql_captures'])}):"
+            for capture in d["mysql_captures"]:
+                yield f"  {capture['name']:<24} {_mysql_capture_line(capture)}"
 
 
 # -- truncate / recover / compact ---------------------------------------------------------

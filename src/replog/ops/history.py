@@ -12,6 +12,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
+from replog.capture.mysql.options import capture_name as mysql_capture_name
 from replog.capture.options import capture_slot
 from replog.capture.pgoutput import lsn_to_text
 from replog.core.history import read_commit
@@ -55,7 +56,8 @@ class HistoryEntry:
             return "append"
         if writer.query_id != TXN_QUERY:
             return "sink"
-        return "capture" if capture_slot(writer.sink_id) is not None else "transaction"
+        captured = capture_slot(writer.sink_id) or mysql_capture_name(writer.sink_id)
+        return "capture" if captured is not None else "transaction"
 
     def to_json(self) -> dict[str, Any]:
         record, writer, kind = self.record, self.record.writer, self.kind
@@ -80,8 +82,12 @@ class HistoryEntry:
         if writer is not None and kind == "transaction":
             document["transaction"] = {"app_id": writer.sink_id, "version": writer.epoch}
         elif writer is not None and kind == "capture":
-            slot = capture_slot(writer.sink_id)
-            document["capture"] = {"slot": slot, "lsn": lsn_to_text(writer.epoch)}
+            name = mysql_capture_name(writer.sink_id)
+            if name is not None:
+                document["capture"] = {"source": "mysql", "name": name, "version": writer.epoch}
+            else:
+                slot = capture_slot(writer.sink_id)
+                document["capture"] = {"slot": slot, "lsn": lsn_to_text(writer.epoch)}
         elif writer is not None and kind == "sink":
             document["sink"] = {
                 "sink_id": writer.sink_id,

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from replog.capture import running
+from replog.capture.mysql.options import capture_name as mysql_capture_name
+from replog.capture.mysql.positions import BinlogPosition, PositionRecord
 from replog.capture.options import capture_app_id, capture_slot
 from replog.capture.pgoutput import lsn_to_text
 from replog.checkpoints import consumers, sinks
@@ -186,6 +188,46 @@ def _run_json(run: running.CaptureRun, at_ms: int) -> dict[str, Any]:
 
 
 @dataclass(frozen=True)
+class MySqlCaptureStatus:
+    """A MySQL capture's position in the log (transaction ``mysql-capture.<name>``), where
+    that is in the binlog (its position record), its run, and, when the server was asked
+    (:func:`with_mysql_server`), how far the log is behind it."""
+
+    name: str
+    version: int
+    log_version: int
+    committed_ms: int | None
+    position: BinlogPosition | None
+    """The binlog position of :attr:`version` (None: no record of it)."""
+    run_state: str | None = None
+    """``running``, ``stopped``, ``failed`` or ``gone`` (its run record), None: none."""
+    run_error: str | None = None
+    server_file: str | None = None
+    server_pos: int | None = None
+    lag_bytes: int | None = None
+    """Binlog bytes the server wrote past the position (with ``--source-dsn``)."""
+
+    def to_json(self) -> dict[str, Any]:
+        position = self.position
+        return {
+            "name": self.name,
+            "app_id": f"mysql-capture.{self.name}",
+            "version": self.version,
+            "log_version": self.log_version,
+            "committed_ms": self.committed_ms,
+            "file": position.file if position else None,
+            "pos": position.pos if position else None,
+            "gtids": (position.gtids or None) if position else None,
+            "server_id": position.server_id if position else None,
+            "run": self.run_state,
+            "error": self.run_error,
+            "server_file": self.server_file,
+            "server_pos": self.server_pos,
+            "lag_bytes": self.lag_bytes,
+        }
+
+
+@dataclass(frozen=True)
 class LogStatus:
     url: str
     version: int
@@ -200,6 +242,7 @@ class LogStatus:
     captures: tuple[CaptureStatus, ...] = ()
     server_asked: bool = False
     """Whether :attr:`captures` carry the source server's positions (``--source-dsn``)."""
+    mysql_captures: tuple[MySqlCaptureStatus, ...] = ()
 
     @property
     def events(self) -> int:
@@ -216,6 +259,7 @@ class LogStatus:
             "sinks": [s.to_json() for s in self.sinks],
             "transactions": dict(self.transactions),
             "captures": [c.to_json() for c in self.captures],
+            "mysql_captures": [c.to_json() for c in self.mysql_captures],
         }
 
 
@@ -289,8 +333,13 @@ def log_status(log: ReplicationLog) -> LogStatus:
     }
     sink_ids = sorted((sink_dirs | set(state.sinks)) - set(transactions))
     captures = []
+    mysql_captures = []
     generated = now_ms()
     for app_id in sorted(transactions):
+        name = mysql_capture_name(app_id)
+        if name is not None:
+            mysql_captures.append(_mysql_capture(log, state, name, transactions.pop(app_id)))
+            continue
         slot = capture_slot(app_id)
         if slot is not None:
             record = read_commit(log.storage, state.sinks[app_id].version)
@@ -317,7 +366,46 @@ def log_status(log: ReplicationLog) -> LogStatus:
         generated_ms=generated,
         transactions=transactions,
         captures=tuple(captures),
+        mysql_captures=tuple(mysql_captures),
     )
+
+
+def _mysql_capture(
+    log: ReplicationLog, state: LogState, name: str, version: int
+) -> MySqlCaptureStatus:
+    mark = state.sinks[f"mysql-capture.{name}"]
+    record = read_commit(log.storage, mark.version)
+    positions = PositionRecord.load(log.storage, name, log.log_id)
+    run = running.read(log.storage, f"mysql.{name}")
+    return MySqlCaptureStatus(
+        name=name,
+        version=version,
+        log_version=mark.version,
+        committed_ms=record.timestamp_ms if record else None,
+        position=positions.at(version) if positions else None,
+        run_state=run.state(now_ms()) if run else None,
+        run_error=run.error if run else None,
+    )
+
+
+def with_mysql_server(
+    report: LogStatus, file: str, pos: int, files: Mapping[str, int]
+) -> LogStatus:
+    """``report`` with its MySQL captures' lag behind a server: its binlog position now
+    (``file``, ``pos``) and its binlog files' sizes (``replog status --source-dsn
+    mysql://...``). The lag counts the binlog after each capture's position, every
+    database's (as MySQL writes one binlog)."""
+    captures = []
+    for capture in report.mysql_captures:
+        lag = None
+        if capture.position is not None and capture.position.file in files:
+            names = list(files)
+            at = names.index(capture.position.file)
+            lag = max(files[capture.position.file] - capture.position.pos, 0) + sum(
+                files[n] for n in names[at + 1 :]
+            )
+        captures.append(replace(capture, server_file=file, server_pos=pos, lag_bytes=lag))
+    return replace(report, mysql_captures=tuple(captures), server_asked=True)
 
 
 def with_server(report: LogStatus, server_lsn: int, slots: Mapping[str, SlotState]) -> LogStatus:

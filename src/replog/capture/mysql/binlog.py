@@ -1,0 +1,665 @@
+"""The binlog, read as whole transactions of row changes (``mysql-replication`` speaks the
+replication protocol; replog decodes the values).
+
+DESIGN: :class:`BinlogReader` connects as a replica (``COM_BINLOG_DUMP``, non-blocking: the
+server sends what its binlog holds past the position, then end-of-file), from a binlog
+file and offset, or from a GTID state where the file is not there (another server). It
+yields what :mod:`~replog.capture.mysql.capture` needs, in binlog order: the start of a
+transaction (its GTID), row events of the tables asked for, statements (DDL), and the end
+of each transaction with the position after it. A connection lost, or an end of file met
+inside a transaction, raises :class:`StreamBroken`: the caller reads again from the last
+whole transaction (mysql-replication would connect again by itself, from a GTID state it
+never updates: its issue #367, transactions twice).
+
+Values: mysql-replication 1.0's row decoding loses or changes values (a FLOAT widened to a
+double's digits, ``YEAR 0000`` as 1900, a zero TIMESTAMP as 1970-01-01, an empty SET as
+NULL, BINARY(n) without its padding, one partial JSON diff per column at most, TIME with
+a fraction below zero). Its per-value reader is replaced (:func:`_value`) by one that
+writes each value as JSON text, the same text the snapshot writes from the server's text
+output (:mod:`~replog.capture.mysql.columns`). The library is pinned to the 1.0 line, and
+the replaced method is checked for when this module is imported.
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pymysql
+from pymysqlreplication import BinLogStreamReader
+from pymysqlreplication.constants import FIELD_TYPE
+from pymysqlreplication.event import (
+    GtidEvent,
+    HeartbeatLogEvent,
+    MariadbGtidEvent,
+    NotImplementedEvent,
+    QueryEvent,
+    RotateEvent,
+    XAPrepareEvent,
+    XidEvent,
+)
+from pymysqlreplication.row_event import (
+    DeleteRowsEvent,
+    PartialUpdateRowsEvent,
+    RowsEvent,
+    UpdateRowsEvent,
+    WriteRowsEvent,
+)
+
+from replog.capture.mysql.columns import (
+    ZERO,
+    MySqlColumn,
+    base64_text,
+    bits_text,
+    decode_text,
+    double_text,
+    float_text,
+    fraction,
+    geometry_text,
+    quoted,
+)
+from replog.capture.mysql.jsontext import binary_json_text
+from replog.capture.mysql.positions import GTID, MARIADB, BinlogPosition
+from replog.capture.mysql.server import open_session
+from replog.errors import CaptureError, SourceConnectionError, SourcePrivilegeError
+
+logger = logging.getLogger(__name__)
+
+_NOT_IN_IMAGE = object()
+"""A column the row image does not hold (``binlog_row_image`` other than FULL)."""
+
+COMPRESSED_EVENTS = {
+    40: "a compressed transaction (MySQL's binlog_transaction_compression=ON)",
+    **{
+        code: "a compressed event (MariaDB's log_bin_compress=ON)"
+        for code in (165, 166, 167, 168, 169, 170, 171, 172)
+    },
+}
+"""Event types mysql-replication does not decode: met, they stop capture (never skipped)."""
+
+
+class StreamBroken(CaptureError):  # noqa: N818 - a state the reader acts on (read again), never escapes
+    """The connection ended inside a transaction (or was lost): read again from the last
+    whole one."""
+
+
+class BinlogGone(CaptureError):  # noqa: N818 - named as the server says it
+    """The server no longer has the binlog at the position asked for (purged), or cannot
+    find the GTID state in its binlog (error 1236)."""
+
+
+@dataclass(frozen=True)
+class PartialJson:
+    """A JSON column of an update's after image that holds only changes
+    (``binlog_row_value_options=PARTIAL_JSON``): applied to the before image's value."""
+
+    diffs: bytes
+
+
+# -- values ---------------------------------------------------------------------------------
+
+
+def _time2(data: bytes, fsp: int) -> int:
+    """MySQL's TIME2 (3 bytes of sign and h:m:s, then the fraction) as microseconds."""
+    int_part = int.from_bytes(data[:3], "big") - 0x800000
+    if fsp in (1, 2):  # the fraction unsigned; below zero in reverse order
+        frac = data[3]
+        if int_part < 0 and frac:
+            int_part, frac = int_part + 1, frac - 0x100
+        packed = (int_part << 24) + frac * 10_000
+    elif fsp in (3, 4):
+        frac = int.from_bytes(data[3:5], "big")
+        if int_part < 0 and frac:
+            int_part, frac = int_part + 1, frac - 0x10000
+        packed = (int_part << 24) + frac * 100
+    elif fsp in (5, 6):
+        packed = int.from_bytes(data[:6], "big") - 0x800000000000
+    else:
+        packed = int_part << 24
+    sign, packed = (-1, -packed) if packed < 0 else (1, packed)
+    clock, micros = packed >> 24, packed % (1 << 24)
+    hours, minutes, seconds = (clock >> 12) % (1 << 10), (clock >> 6) % 64, clock % 64
+    return sign * (((hours * 60 + minutes) * 60 + seconds) * 1_000_000 + micros)
+
+
+def _fraction_bytes(fsp: int) -> int:
+    return (fsp + 1) // 2
+
+
+_SCALE = {1: 10_000, 2: 100, 3: 1}
+"""A fraction's bytes -> microseconds per unit (hundredths, ten-thousandths, µs)."""
+
+
+def _micros(data: bytes, fsp: int) -> int:
+    """The fraction of a DATETIME2/TIMESTAMP2 (big-endian, (fsp + 1) // 2 bytes)."""
+    if not fsp:
+        return 0
+    value = int.from_bytes(data, "big")
+    return value * _SCALE[len(data)]
+
+
+def _datetime2(data: bytes, fsp: int) -> str:
+    packed = int.from_bytes(data[:5], "big") - 0x8000000000
+    ymd, hms = packed >> 17, packed % (1 << 17)
+    year_month, day = ymd >> 5, ymd % 32
+    year, month = divmod(year_month, 13)
+    if not month or not day:
+        return ZERO
+    clock = f"{hms >> 12:02d}:{(hms >> 6) % 64:02d}:{hms % 64:02d}"
+    micros = _micros(data[5:], fsp)
+    return f'"{year:04d}-{month:02d}-{day:02d}T{clock}{fraction(micros, fsp)}"'
+
+
+def _timestamp2(data: bytes, fsp: int) -> str:
+    seconds = int.from_bytes(data[:4], "big")
+    micros = _micros(data[4:], fsp)
+    if not seconds and not micros:
+        return ZERO
+    days, rest = divmod(seconds, 86_400)
+    year, month, day = _civil(days)
+    clock = f"{rest // 3600:02d}:{rest // 60 % 60:02d}:{rest % 60:02d}"
+    return f'"{year:04d}-{month:02d}-{day:02d}T{clock}{fraction(micros, fsp)}Z"'
+
+
+def _civil(days: int) -> tuple[int, int, int]:
+    """Days since 1970-01-01 -> (year, month, day) (Howard Hinnant's algorithm)."""
+    days += 719_468
+    era = days // 146_097
+    doe = days - era * 146_097
+    yoe = (doe - doe // 1460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    day = doy - (153 * mp + 2) // 5 + 1
+    month = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (month <= 2), month, day
+
+
+def _date(value: int) -> str:
+    day, month, year = value & 31, (value >> 5) & 15, value >> 9
+    if not month or not day:
+        return ZERO
+    return f'"{year:04d}-{month:02d}-{day:02d}"'
+
+
+def _string(raw: bytes, column: Any, fixed: bool) -> str:
+    if column.character_set_name in ("binary", None) and column.collation_name in ("binary", None):
+        if fixed and len(raw) < column.max_length:  # BINARY(n): the server pads with zeros
+            raw = raw + b"\0" * (column.max_length - len(raw))
+        return base64_text(raw)
+    text = decode_text(raw, column.character_set_name)
+    return quoted(text.rstrip(" ") if fixed else text)
+
+
+def _read(event: Any, column: Any) -> Any:  # noqa: C901, PLR0911, PLR0912 - one branch per type
+    """One present, non-NULL value of the row image at the packet's position, as JSON."""
+    packet = event.packet
+    kind = column.type
+    if kind == FIELD_TYPE.LONG:
+        return str(int.from_bytes(packet.read(4), "little", signed=not column.unsigned))
+    if kind == FIELD_TYPE.LONGLONG:
+        return str(int.from_bytes(packet.read(8), "little", signed=not column.unsigned))
+    if kind == FIELD_TYPE.TINY:
+        return str(int.from_bytes(packet.read(1), "little", signed=not column.unsigned))
+    if kind == FIELD_TYPE.SHORT:
+        return str(int.from_bytes(packet.read(2), "little", signed=not column.unsigned))
+    if kind == FIELD_TYPE.INT24:
+        return str(int.from_bytes(packet.read(3), "little", signed=not column.unsigned))
+    if kind == FIELD_TYPE.NEWDECIMAL:
+        return format(event._RowsEvent__read_new_decimal(column), "f")
+    if kind == FIELD_TYPE.VARCHAR:
+        size = 2 if column.max_length > 255 else 1
+        return _string(packet.read_length_coded_pascal_string(size), column, False)
+    if kind == FIELD_TYPE.STRING:
+        size = 2 if column.max_length > 255 else 1
+        return _string(packet.read_length_coded_pascal_string(size), column, True)
+    if kind == FIELD_TYPE.BLOB:
+        return _string(packet.read_length_coded_pascal_string(column.length_size), column, False)
+    if kind == FIELD_TYPE.DATETIME2:
+        return _datetime2(packet.read(5 + _fraction_bytes(column.fsp)), column.fsp)
+    if kind == FIELD_TYPE.TIMESTAMP2:
+        return _timestamp2(packet.read(4 + _fraction_bytes(column.fsp)), column.fsp)
+    if kind == FIELD_TYPE.TIME2:
+        return str(_time2(packet.read(3 + _fraction_bytes(column.fsp)), column.fsp))
+    if kind in (FIELD_TYPE.DATE, FIELD_TYPE.NEWDATE):
+        return _date(int.from_bytes(packet.read(3), "little"))
+    if kind == FIELD_TYPE.FLOAT:
+        return float_text(struct.unpack("<f", packet.read(4))[0])
+    if kind == FIELD_TYPE.DOUBLE:
+        return double_text(struct.unpack("<d", packet.read(8))[0])
+    if kind == FIELD_TYPE.YEAR:
+        year = packet.read_uint8()
+        return str(year + 1900 if year else 0)
+    if kind == FIELD_TYPE.ENUM:
+        index = packet.read_uint_by_size(column.size)
+        members = column.enum_values or [""]
+        return quoted(members[index] if index < len(members) else "")
+    if kind == FIELD_TYPE.SET:
+        mask = packet.read_uint_by_size(column.size)
+        members = column.set_values or []
+        return quoted(",".join(m for i, m in enumerate(members) if mask & (1 << i)))
+    if kind == FIELD_TYPE.BIT:
+        return bits_text(int.from_bytes(packet.read(column.bytes), "big"), column.bits)
+    if kind == FIELD_TYPE.GEOMETRY:
+        return geometry_text(packet.read_length_coded_pascal_string(column.length_size))
+    if kind == FIELD_TYPE.JSON:
+        raw = packet.read_length_coded_pascal_string(column.length_size)
+        return quoted(binary_json_text(raw))
+    if kind == FIELD_TYPE.TIMESTAMP:
+        seconds = packet.read_uint32()
+        return _timestamp2(seconds.to_bytes(4, "big"), 0)
+    if kind == FIELD_TYPE.DATETIME:
+        return _old_datetime(packet.read_uint64())
+    if kind == FIELD_TYPE.TIME:
+        return str(_old_time(packet.read_uint24()))
+    raise CaptureError(f"column {column.name!r} has binlog type {kind}, which capture cannot read")
+
+
+def _old_datetime(value: int) -> str:
+    """A DATETIME of the format before MySQL 5.6 (YYYYMMDDhhmmss as a number)."""
+    date, clock = divmod(value, 1_000_000)
+    year, rest = divmod(date, 10_000)
+    month, day = divmod(rest, 100)
+    if not month or not day:
+        return ZERO
+    hours, rest = divmod(clock, 10_000)
+    return f'"{year:04d}-{month:02d}-{day:02d}T{hours:02d}:{rest // 100:02d}:{rest % 100:02d}"'
+
+
+def _old_time(value: int) -> int:
+    hours, rest = divmod(value, 10_000)
+    return ((hours * 60 + rest // 100) * 60 + rest % 100) * 1_000_000
+
+
+def _value(  # noqa: PLR0917 - mysql-replication's own signature
+    self: Any,
+    column: Any,
+    null_bitmap: bytes,
+    null_bitmap_index: int,
+    is_partial: bool,
+    cols_bitmap: bytes,
+    unsigned: bool,
+    i: int,
+) -> Any:
+    """Replaces ``RowsEvent.__read_values_name``: the value of column ``i`` of the row
+    image being read, as JSON text (:data:`~replog.capture.mysql.columns.ZERO` for a zero
+    date, None for NULL, :class:`PartialJson` for a partial JSON update)."""
+    if not cols_bitmap[i // 8] & (1 << (i % 8)):
+        return _NOT_IN_IMAGE
+    if null_bitmap[null_bitmap_index // 8] & (1 << (null_bitmap_index % 8)):
+        return None
+    if is_partial:
+        return PartialJson(self.packet.read_length_coded_pascal_string(column.length_size))
+    return _read(self, column)
+
+
+_REPLACED = "_RowsEvent__read_values_name"
+if not callable(getattr(RowsEvent, _REPLACED, None)):  # pragma: no cover - a library change
+    raise ImportError(
+        f"mysql-replication's RowsEvent has no {_REPLACED[10:]}: this replog needs "
+        f"mysql-replication 1.0.x (pip install 'mysql-replication>=1.0.17,<1.1')"
+    )
+setattr(RowsEvent, _REPLACED, _value)
+
+
+# -- what the reader yields ---------------------------------------------------------------------
+
+
+@dataclass
+class Begin:
+    """A transaction starts (``gtid``: its GTID, None where the server has none) at
+    ``file``:``pos``, written by server ``server_id``."""
+
+    gtid: str | None
+    ts_ms: int
+    file: str
+    pos: int
+    server_id: int
+
+
+@dataclass
+class Rows:
+    """One row event of a table asked for: ``op`` ``c``, ``u`` or ``d``; ``rows``: each
+    row's images as JSON fragments in column order (before, after; None where the event
+    has none)."""
+
+    schema: str
+    table: str
+    op: str
+    event: RowsEvent
+    position: tuple[str, int]
+    """Where the event ends in the binlog (file, offset)."""
+    _rows: list[tuple[list[Any] | None, list[Any] | None]] | None = None
+
+    @property
+    def columns(self) -> tuple[MySqlColumn, ...]:
+        return binlog_columns(self.event.table_map[self.event.table_id])
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The primary key at this point of the binlog (its columns, in key order)."""
+        table = self.event.table_map[self.event.table_id]
+        return tuple(c.name for c in table.columns if c.is_primary)
+
+    @property
+    def rows(self) -> list[tuple[list[Any] | None, list[Any] | None]]:
+        if self._rows is None:
+            self._rows = [self._images(row) for row in self.event.rows]
+        return self._rows
+
+    def _images(self, row: dict[str, Any]) -> tuple[list[Any] | None, list[Any] | None]:
+        if "values" in row:
+            image = self._checked(row["values"])
+            return (image, None) if self.op == "d" else (None, image)
+        before = self._checked(row["before_values"])
+        after = self._checked(row["after_values"])
+        return before, after
+
+    def _checked(self, values: dict[str, Any]) -> list[Any]:
+        image = list(values.values())
+        if any(value is _NOT_IN_IMAGE for value in image):
+            raise CaptureError(
+                f"a row image of {self.schema}.{self.table} at {self.position[0]}:"
+                f"{self.position[1]} lacks columns: capture needs binlog_row_image=FULL "
+                f"(SET GLOBAL binlog_row_image = 'FULL'; changes written before stay partial: "
+                f"take a new snapshot of the table)"
+            )
+        return image
+
+
+@dataclass
+class Statement:
+    """A statement the binlog holds as text (DDL, TRUNCATE), in database ``schema``."""
+
+    schema: str
+    query: str
+    ts_ms: int
+
+
+@dataclass
+class End:
+    """A transaction ends; the binlog position after it."""
+
+    file: str
+    pos: int
+    ts_ms: int
+
+
+Item = Begin | Rows | Statement | End
+
+_BINLOG_TYPES = {
+    FIELD_TYPE.TINY: "tinyint",
+    FIELD_TYPE.SHORT: "smallint",
+    FIELD_TYPE.INT24: "mediumint",
+    FIELD_TYPE.LONG: "int",
+    FIELD_TYPE.LONGLONG: "bigint",
+    FIELD_TYPE.NEWDECIMAL: "decimal",
+    FIELD_TYPE.FLOAT: "float",
+    FIELD_TYPE.DOUBLE: "double",
+    FIELD_TYPE.BIT: "bit",
+    FIELD_TYPE.YEAR: "year",
+    FIELD_TYPE.DATE: "date",
+    FIELD_TYPE.NEWDATE: "date",
+    FIELD_TYPE.TIME: "time",
+    FIELD_TYPE.TIME2: "time",
+    FIELD_TYPE.DATETIME: "datetime",
+    FIELD_TYPE.DATETIME2: "datetime",
+    FIELD_TYPE.TIMESTAMP: "timestamp",
+    FIELD_TYPE.TIMESTAMP2: "timestamp",
+    FIELD_TYPE.ENUM: "enum",
+    FIELD_TYPE.SET: "set",
+    FIELD_TYPE.GEOMETRY: "geometry",
+    FIELD_TYPE.JSON: "json",
+}
+
+_described: dict[int, tuple[Any, tuple[MySqlColumn, ...]]] = {}
+
+
+def binlog_columns(
+    table: Any, json_columns: frozenset[str] = frozenset()
+) -> tuple[MySqlColumn, ...]:
+    """The columns a table map describes (``binlog_row_metadata=FULL``: names, signedness,
+    charsets, ENUM/SET members). ``json_columns``: MariaDB's JSON columns (LONGTEXT)."""
+    cached = _described.get(id(table))
+    if cached is not None and cached[0] is table and not json_columns:
+        return cached[1]
+    columns = tuple(_binlog_column(c, json_columns) for c in table.columns)
+    if not json_columns:
+        if len(_described) > 10_000:
+            _described.clear()
+        _described[id(table)] = (table, columns)
+    return columns
+
+
+def _binlog_column(column: Any, json_columns: frozenset[str]) -> MySqlColumn:  # noqa: C901, PLR0911 - one return per column kind
+    name = column.name
+    kind = _BINLOG_TYPES.get(column.type)
+    binary = column.character_set_name in ("binary", None)
+    if column.type in (FIELD_TYPE.VARCHAR, FIELD_TYPE.VAR_STRING):
+        kind = "varbinary" if binary else "varchar"
+    elif column.type == FIELD_TYPE.STRING:
+        if binary:
+            return MySqlColumn(name, "binary", length=column.max_length)
+        kind = "char"
+    elif column.type == FIELD_TYPE.BLOB:
+        kind = "blob" if binary else ("json" if name in json_columns else "text")
+    if kind is None:
+        raise CaptureError(
+            f"column {name!r} has binlog type {column.type}, which capture cannot read"
+        )
+    if kind == "decimal":
+        return MySqlColumn(name, kind, column.unsigned, column.precision, column.decimals)
+    if kind in ("time", "datetime", "timestamp"):
+        return MySqlColumn(name, kind, fsp=getattr(column, "fsp", 0))
+    if kind == "bit":
+        return MySqlColumn(name, kind, length=column.bits)
+    if kind == "enum":
+        return MySqlColumn(name, kind, members=tuple((column.enum_values or [""])[1:]))
+    if kind == "set":
+        return MySqlColumn(name, kind, members=tuple(column.set_values or ()))
+    return MySqlColumn(name, kind, column.unsigned if kind in _INTEGER_KINDS else False)
+
+
+_INTEGER_KINDS = frozenset(("tinyint", "smallint", "mediumint", "int", "bigint"))
+
+
+# -- the reader -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Connection:
+    """How to reach the server as a replica."""
+
+    host: str
+    port: int
+    user: str
+    password: str
+    server_id: int
+    flavor: str
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def settings(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "port": self.port,
+            "user": self.user,
+            "passwd": self.password,
+            "charset": "utf8mb4",
+            "connect_timeout": 30,
+            **self.extra,
+        }
+
+
+class BinlogReader:
+    """Reads the binlog from a position to its end, as whole transactions (see the module
+    docstring). ``schemas``: the databases whose row events to decode (others' are
+    passed over without being read)."""
+
+    def __init__(
+        self,
+        connection: Connection,
+        start: BinlogPosition,
+        schemas: set[str],
+        *,
+        by_gtid: bool = False,
+        wanted: Callable[[str, str], bool] | None = None,
+    ) -> None:
+        self.connection = connection
+        self.start = start
+        self.wanted = wanted or (lambda schema, table: True)
+        self._opened = 0
+        settings = connection.settings()
+        mariadb = connection.flavor == MARIADB
+        position: dict[str, Any]
+        if by_gtid:
+            if start.mode != GTID or not start.gtids:
+                raise CaptureError(f"position {start.text()} has no GTID state to start from")
+            position = {"auto_position": start.gtids, "is_mariadb": mariadb}
+        else:
+            position = {"log_file": start.file, "log_pos": start.pos, "resume_stream": True}
+        self.stream = BinLogStreamReader(
+            connection_settings=settings,
+            server_id=connection.server_id,
+            blocking=False,
+            only_schemas=sorted(schemas),
+            filter_non_implemented_events=False,
+            only_events=[
+                GtidEvent,
+                MariadbGtidEvent,
+                QueryEvent,
+                XidEvent,
+                XAPrepareEvent,
+                RotateEvent,
+                HeartbeatLogEvent,
+                NotImplementedEvent,
+                WriteRowsEvent,
+                UpdateRowsEvent,
+                DeleteRowsEvent,
+                PartialUpdateRowsEvent,
+            ],
+            pymysql_wrapper=self._connect,
+            enable_logging=False,
+            **position,
+        )
+
+    def _connect(self, **settings: Any) -> Any:
+        """Connections of the stream: the first one only (mysql-replication connects again
+        by itself from where it started, which would read transactions twice)."""
+        if settings.get("db") != "information_schema":
+            self._opened += 1
+            if self._opened > 1:
+                raise StreamBroken("the binlog connection was lost: read again")
+        try:
+            return open_session(**settings)
+        except pymysql.err.OperationalError as exc:
+            raise SourceConnectionError(f"cannot connect to read the binlog: {exc}") from exc
+
+    def close(self) -> None:
+        self.stream.close()
+
+    def __enter__(self) -> BinlogReader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _where(self, event: Any) -> tuple[str, int, int]:
+        """(file, offset, server id) of the start of ``event``."""
+        packet = event.packet
+        return self.stream.log_file, packet.log_pos - packet.event_size, packet.server_id
+
+    def items(self) -> Iterator[Item]:  # noqa: C901, PLR0912, PLR0915 - one branch per event kind
+        """The binlog from the start position to its end, transaction by transaction."""
+        stream = self.stream
+        begun = False
+        """A transaction with BEGIN (or a MariaDB GTID that is not standalone) is open."""
+        inside = False
+        """A transaction (or a standalone statement's GTID group) is open."""
+        xa = False
+        try:
+            for event in stream:
+                ts_ms = event.timestamp * 1000
+                if isinstance(event, MariadbGtidEvent | GtidEvent):
+                    gtid = event.gtid if isinstance(event, MariadbGtidEvent) else str(event.gtid)
+                    standalone = isinstance(event, MariadbGtidEvent) and bool(event.flags & 1)
+                    begun, inside, xa = (
+                        not standalone and isinstance(event, MariadbGtidEvent),
+                        True,
+                        False,
+                    )
+                    yield Begin(gtid, ts_ms, *self._where(event))
+                elif isinstance(event, QueryEvent):
+                    query = event.query.strip()
+                    upper = query[:12].upper()
+                    if upper == "BEGIN":
+                        if not inside:
+                            yield Begin(None, ts_ms, *self._where(event))
+                        begun = inside = True
+                    elif upper.startswith("XA "):
+                        xa = True
+                        if upper.startswith(("XA COMMIT", "XA ROLLBACK")):
+                            raise CaptureError(
+                                f"an XA transaction at {stream.log_file}:{event.packet.log_pos}: "
+                                "capture does not capture XA transactions (their rows are in "
+                                "the binlog at XA PREPARE, before they commit or roll back)"
+                            )
+                    elif upper in ("COMMIT", "ROLLBACK"):
+                        begun = inside = False
+                        yield End(stream.log_file, event.packet.log_pos, ts_ms)
+                    else:
+                        schema = (
+                            event.schema.decode()
+                            if isinstance(event.schema, bytes)
+                            else event.schema
+                        )
+                        if not begun:
+                            if not inside:
+                                yield Begin(None, ts_ms, *self._where(event))
+                            yield Statement(schema or "", query, ts_ms)
+                            inside = False
+                            yield End(stream.log_file, event.packet.log_pos, ts_ms)
+                        else:
+                            yield Statement(schema or "", query, ts_ms)
+                elif isinstance(event, XidEvent):
+                    begun = inside = False
+                    yield End(stream.log_file, event.packet.log_pos, ts_ms)
+                elif isinstance(event, XAPrepareEvent) or xa:
+                    raise CaptureError(
+                        f"an XA transaction at {stream.log_file}:{event.packet.log_pos}: capture "
+                        "does not capture XA transactions"
+                    )
+                elif isinstance(event, RowsEvent):
+                    if not self.wanted(event.schema, event.table):
+                        continue
+                    op = (
+                        "c"
+                        if isinstance(event, WriteRowsEvent)
+                        else ("d" if isinstance(event, DeleteRowsEvent) else "u")
+                    )
+                    yield Rows(event.schema, event.table, op, event,
+                               (stream.log_file, event.packet.log_pos))  # fmt: skip
+                elif isinstance(event, NotImplementedEvent):
+                    kind = event.event_type
+                    if kind in COMPRESSED_EVENTS:
+                        raise CaptureError(
+                            f"the binlog holds {COMPRESSED_EVENTS[kind]} at {stream.log_file}:"
+                            f"{event.packet.log_pos}, which capture cannot read: turn the "
+                            f"compression off and take a new snapshot"
+                        )
+        except pymysql.err.MySQLError as exc:
+            code = exc.args[0] if exc.args else 0
+            if code == 1236:
+                raise BinlogGone(f"the server cannot send the binlog from {self.start.text()}: "
+                                 f"{exc.args[1]}") from exc  # fmt: skip
+            if code in (1044, 1045, 1227):
+                raise SourcePrivilegeError(
+                    f"{self.connection.user} may not read the binlog ({exc.args[1]}): GRANT "
+                    f"REPLICATION SLAVE ON *.* TO '{self.connection.user}'"
+                ) from exc
+            if isinstance(exc, pymysql.err.OperationalError) and code in (2006, 2013, 2014):
+                raise StreamBroken(f"the binlog connection was lost: {exc}") from exc
+            raise
+        if inside:
+            raise StreamBroken("the binlog ended inside a transaction: read again")

@@ -1,0 +1,191 @@
+"""Snapshot chunks of MySQL tables, read between two watermark rows in the binlog.
+
+DESIGN (Netflix's DBLog; Debezium's signalling table): MySQL has no logical messages, so a
+watermark is a row: capture's row in ``replog.watermarks`` (one per capture), updated in a
+transaction of its own before (``low``) and after (``high``) a chunk is selected. The
+binlog orders those updates with every other commit; the stream recognises them (the
+table is capture's, never emitted) and, between the two, drops from the chunk each row a
+change names (the change is as new as the row, or newer). At the high watermark the rows
+left become read events (``op`` r), in that commit of the log.
+
+Each chunk is one autocommitted ``SELECT ... WHERE key > last ORDER BY key LIMIT n``: no
+lock, no transaction held open. The table is described before and after it; if its
+columns changed in between (or the read met a column or table that went away), the chunk
+is read again between new watermarks. A key column retyped starts the table's snapshot
+again from its first key.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import pymysql
+
+from replog.capture.events import Read
+from replog.capture.mysql.columns import BINARIES, identifier, select_expression
+from replog.capture.mysql.events import MySqlEvents
+from replog.capture.mysql.server import MySqlServer, TableInfo, connect
+from replog.capture.snapshot import PendingChunk, TableSnapshot
+from replog.errors import CaptureError
+
+logger = logging.getLogger(__name__)
+
+ATTEMPTS = 5
+"""Reads of one chunk before capture gives up on a table whose columns change each time."""
+_MOVED = (1054, 1146, 1356)
+"""Unknown column, unknown table, a view's table gone: the table changed under the read."""
+
+
+@dataclass
+class MySqlChunk:
+    """A chunk in flight: its rows, read between its watermarks, as read events by key."""
+
+    snapshot: TableSnapshot
+    table: TableInfo
+    mark: str
+    """Names this chunk's watermarks (the watermark row carries it)."""
+    events: dict[str, Read]
+    after: list[str | None] | None
+    finished: bool
+    low_seen: bool = False
+    metadata: str = ""
+    ts_ms: int = 0
+
+    def stood_for(self, key: str) -> None:
+        """A change of the window names ``key``: it stands for the row the chunk read."""
+        if self.low_seen:
+            self.events.pop(key, None)
+
+    def emptied(self) -> None:
+        """The table's rows went away inside the window (TRUNCATE, a DROP and CREATE): the
+        rows the chunk read were there before it (rows inserted since are changes of the
+        window, after it)."""
+        if self.low_seen:
+            self.events.clear()
+
+    def pending(self, position: int) -> PendingChunk:
+        return PendingChunk(
+            position, self.table.qualified, self.after, 0, 0, len(self.events), self.finished
+        )
+
+
+def _key_text(value: Any, binary: bool) -> str | None:
+    """A key value as the plan keeps it (binary keys in base64)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode("ascii") if binary else value.decode("utf-8")
+    return str(value)
+
+
+def _key_param(text: str | None, binary: bool) -> Any:
+    if text is None or not binary:
+        return text
+    return base64.b64decode(text)
+
+
+class MySqlChunks:
+    """Reads chunks of captured tables on a session of its own (values as the server's
+    text), each between the two watermarks it writes."""
+
+    def __init__(self, server: MySqlServer, maker: MySqlEvents, name: str, chunk_rows: int) -> None:
+        self.server = server
+        self.maker = maker
+        self.name = name
+        self.chunk_rows = chunk_rows
+        self._connection: Any = None
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    @property
+    def connection(self) -> Any:
+        if self._connection is None:
+            self._connection = connect(self.server.dsn, raw=True)
+        return self._connection
+
+    def read(self, snapshot: TableSnapshot, table: TableInfo) -> MySqlChunk | None:
+        """The next chunk of ``snapshot`` (of ``table``, described anew), read between its
+        watermarks; None if the table was dropped meanwhile."""
+        for _ in range(ATTEMPTS):
+            described = self._describe(table)
+            if described is None:
+                return None
+            if not described.key:
+                raise CaptureError(f"{table.qualified} lost its primary key while captured")
+            if self._key_shape(described) != self._key_shape(table) and snapshot.after is not None:
+                logger.warning(
+                    "the key of %s changed while its snapshot ran: the snapshot starts again "
+                    "from its first key", table.qualified,
+                )  # fmt: skip
+                snapshot.after = None
+            table = described
+            mark = uuid.uuid4().hex
+            self.server.watermark(self.name, mark, "low")
+            try:
+                rows = self._select(table, snapshot.after)
+            except pymysql.err.MySQLError as exc:
+                if exc.args and exc.args[0] in _MOVED:
+                    logger.info("%s changed while a chunk was read (%s): read again",
+                                table.qualified, exc.args[1])  # fmt: skip
+                    continue
+                raise
+            again = self._describe(table)
+            if again is None or again.columns != table.columns or again.key != table.key:
+                logger.info("the columns of %s changed while a chunk was read: read again",
+                            table.qualified)  # fmt: skip
+                continue
+            self.server.watermark(self.name, mark, "high")
+            count = len(table.key)
+            values = [row[:-count] for row in rows]
+            after = snapshot.after
+            if rows:
+                binary = [self._binary(table, k) for k in table.key]
+                after = [_key_text(v, b) for v, b in zip(rows[-1][-count:], binary, strict=True)]
+            events = self.maker.reads(table, values, mark)
+            return MySqlChunk(snapshot, table, mark, events, after, len(rows) < self.chunk_rows)
+        raise CaptureError(
+            f"the columns of {table.qualified} changed during each of {ATTEMPTS} reads of a "
+            f"snapshot chunk: capture stops rather than read rows of a shape it cannot name "
+            f"(start it again once the DDL on the table is done)"
+        )
+
+    def _describe(self, table: TableInfo) -> TableInfo | None:
+        return self.server.describe(
+            table.qualified, self.server.options.keys.get(table.qualified, ())
+        )
+
+    @staticmethod
+    def _binary(table: TableInfo, name: str) -> bool:
+        return next(c.kind in BINARIES for c in table.columns if c.name == name)
+
+    @staticmethod
+    def _key_shape(table: TableInfo) -> tuple[tuple[str, str], ...]:
+        kinds = {c.name: c.kind for c in table.columns}
+        return tuple((k, kinds.get(k, "")) for k in table.key)
+
+    def _select(self, table: TableInfo, after: list[str | None] | None) -> list[tuple[Any, ...]]:
+        """The next rows of ``table`` in key order (each column's text, then the key
+        columns' again): one statement, no lock."""
+        keys = ", ".join(identifier(k) for k in table.key)
+        columns = ", ".join(select_expression(c) for c in table.columns)
+        where, args = "", []
+        if after is not None:
+            marks = ", ".join(["%s"] * len(table.key))
+            where = f" WHERE ({keys}) > ({marks})"
+            args = [
+                _key_param(v, self._binary(table, k)) for k, v in zip(table.key, after, strict=True)
+            ]
+        statement = (
+            f"SELECT {columns}, {keys} FROM {table.sql_name}{where} ORDER BY {keys} "
+            f"LIMIT {int(self.chunk_rows)}"
+        )
+        with self.connection.cursor() as cursor:
+            cursor.execute(statement, args or None)
+            return list(cursor.fetchall())
