@@ -10,33 +10,38 @@ from typing import Any
 
 import pyarrow as pa
 
-from replog.format.state import LogState
 from replog.log import ReplicationLog
 
 
-def read_all(log: ReplicationLog, state: LogState | None = None) -> pa.Table:
-    """Every event of ``state`` (default: the log's newest), shard by shard: up to its
-    heads, so that a writer committing meanwhile adds nothing to what is read."""
-    state = state or log.refresh()
+def read_all(log: ReplicationLog, bounds: tuple[list[int], list[int]] | None = None) -> pa.Table:
+    """Every event of each shard from its low watermark to its head, as ``bounds`` (lows,
+    heads) give them (default: the log's newest): a writer committing meanwhile adds
+    nothing to what is read."""
+    lows, heads = bounds or _bounds(log)
     return pa.concat_tables(
-        log.read_table(shard, state.lows[shard], state.heads[shard]) for shard in range(log.shards)
+        log.read_table(shard, lows[shard], heads[shard]) for shard in range(log.shards)
     )
+
+
+def _bounds(log: ReplicationLog) -> tuple[list[int], list[int]]:
+    """The newest lows and heads, copied (a later refresh may update the state in place)."""
+    state = log.refresh()
+    return list(state.lows), list(state.heads)
 
 
 def check_log(log: ReplicationLog) -> list[dict[str, Any]]:
     """Read every event of one state of the log (a writer may go on committing);
     assert gapless per-shard sequences and unique event ids."""
-    state = log.refresh()
-    rows = read_all(log, state).to_pylist()
+    lows, heads = _bounds(log)
+    rows = read_all(log, (lows, heads)).to_pylist()
     by_shard: dict[int, list[int]] = defaultdict(list)
     for row in rows:
         by_shard[row["shard"]].append(row["sequence"])
     for shard, sequences in by_shard.items():
-        low = state.lows[shard]
-        expected = list(range(low, state.heads[shard] + 1))
+        expected = list(range(lows[shard], heads[shard] + 1))
         missing = sorted(set(expected) - set(sequences))[:5]
         assert sequences == expected, (
-            f"shard {shard} has gaps: {missing} missing of {low}..{state.heads[shard]}"
+            f"shard {shard} has gaps: {missing} missing of {lows[shard]}..{heads[shard]}"
         )
     ids = [row["event_id"] for row in rows]
     duplicates = {i for i in ids if ids.count(i) > 1} if len(ids) != len(set(ids)) else set()
