@@ -13,22 +13,36 @@ import pyarrow as pa
 from replog.log import ReplicationLog
 
 
-def read_all(log: ReplicationLog) -> pa.Table:
-    lows = log.refresh().lows
-    tables = [log.read_table(shard, lows[shard]) for shard in range(log.shards)]
-    return pa.concat_tables(tables)
+def read_all(log: ReplicationLog, bounds: tuple[list[int], list[int]] | None = None) -> pa.Table:
+    """Every event of each shard from its low watermark to its head, as ``bounds`` (lows,
+    heads) give them (default: the log's newest): a writer committing meanwhile adds
+    nothing to what is read."""
+    lows, heads = bounds or _bounds(log)
+    return pa.concat_tables(
+        log.read_table(shard, lows[shard], heads[shard]) for shard in range(log.shards)
+    )
+
+
+def _bounds(log: ReplicationLog) -> tuple[list[int], list[int]]:
+    """The newest lows and heads, copied (a later refresh may update the state in place)."""
+    state = log.refresh()
+    return list(state.lows), list(state.heads)
 
 
 def check_log(log: ReplicationLog) -> list[dict[str, Any]]:
-    """Read every event; assert gapless per-shard sequences and unique event ids."""
-    rows = read_all(log).to_pylist()
+    """Read every event of one state of the log (a writer may go on committing);
+    assert gapless per-shard sequences and unique event ids."""
+    lows, heads = _bounds(log)
+    rows = read_all(log, (lows, heads)).to_pylist()
     by_shard: dict[int, list[int]] = defaultdict(list)
     for row in rows:
         by_shard[row["shard"]].append(row["sequence"])
-    heads = log.head()
     for shard, sequences in by_shard.items():
-        low = log.state().lows[shard]
-        assert sequences == list(range(low, heads[shard] + 1)), f"shard {shard} has gaps"
+        expected = list(range(lows[shard], heads[shard] + 1))
+        missing = sorted(set(expected) - set(sequences))[:5]
+        assert sequences == expected, (
+            f"shard {shard} has gaps: {missing} missing of {lows[shard]}..{heads[shard]}"
+        )
     ids = [row["event_id"] for row in rows]
     duplicates = {i for i in ids if ids.count(i) > 1} if len(ids) != len(set(ids)) else set()
     assert not duplicates, f"duplicated event ids: {sorted(duplicates)[:10]}"
