@@ -239,12 +239,12 @@ def test_points_outside_the_log_are_refused_with_the_reachable_range(
 ) -> None:
     log, root = history["log"], history["roots"]["scd1"]
     path = paths(root)["public.customers"]
-    with pytest.raises(AsOfError, match="newer than the log's newest event.*Reachable"):
+    with pytest.raises(AsOfError, match=r"newer than the log.s newest event.*Reachable"):
         table_as_of(spark, path, log=log, lsn="FFFF/0")
     later = dt.datetime.now(dt.timezone.utc) + dt.timedelta(days=1)
     with pytest.raises(AsOfError, match="newer than the log's newest event"):
         table_as_of(spark, path, log=log, at=later)
-    with pytest.raises(InvalidOptionError, match="exactly one of at= .* and lsn="):
+    with pytest.raises(InvalidOptionError, match=r"exactly one of at= .* and lsn="):
         table_as_of(spark, path, log=log)
     with pytest.raises(InvalidOptionError, match="exactly one of"):
         table_as_of(spark, path, log=log, lsn="0/1", at="2024-01-01")
