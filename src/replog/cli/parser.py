@@ -325,6 +325,14 @@ def _read_commands(command: _Command) -> None:
     )
     p.add_argument("url")
     p.add_argument("--limit", type=_count, help="only the newest N commits")
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a Delta table apply_changes writes from this log (repeatable): shows the "
+        "oldest and newest position and time table_as_of can read it as of",
+    )
 
 
 def _checkpoint_commands(command: _Command) -> None:
@@ -389,6 +397,14 @@ def _checkpoint_commands(command: _Command) -> None:
         default="text",
         help="json: as --json; prometheus: metrics in Prometheus' text format, for "
         "node_exporter's textfile collector",
+    )
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a Delta table apply_changes writes from this log (repeatable): shows the "
+        "oldest and newest position and time table_as_of can read it as of",
     )
 
 

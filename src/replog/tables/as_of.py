@@ -83,7 +83,7 @@ class Point:
             return "?"
         return covered.lsn_to_text(value) if self.position is not None else iso(value)
 
-    def holds(self, events: pa.Table) -> pa.Array:
+    def holds(self, events: pa.Table | pa.RecordBatch) -> pa.Array:
         """Per event (the log's columns), whether it is at or before the point."""
         if self.position is not None:
             found = covered.event_positions(events.column("metadata"))
@@ -181,21 +181,20 @@ def plan(
     offsets = dict(base.coverage.offsets) if base is not None else {}
     if base is None and versions[0].version > 0 and not _from_start(state):
         raise _unreachable(versions, at, lows, log)  # the table's first rows came otherwise
+    newest = newest_in_log(log, at, state)
+    if newest is not None and at.value > newest:
+        raise AsOfError(
+            f"table_as_of: {at} is newer than the log's newest event "
+            f"({at.shown(newest)}): the log cannot tell what happened after it. "
+            f"Reachable: {_range_text(versions, at, lows, newest)}"
+        )
     try:
-        events, newest = _tail(log, offsets, collection, state, at)
+        events = _tail(log, offsets, collection, state, at)
     except DataLossError as exc:
         if base is not None and _ends_at(versions, base, at):  # Delta alone shows it
             empty = _empty_events().select(["shard", "sequence", "timestamp"])
             return Plan(at, base.version, last, _empty_events(), empty)
         raise _unreachable(versions, at, lows, log) from exc
-    known = [v for v in (newest, at.of(versions[-1].reached)) if v is not None]
-    if known and at.value > max(known):
-        raise AsOfError(
-            f"table_as_of: {at} is newer than the log's newest event "
-            f"({at.shown(max(known))}): the log cannot tell what happened after it. "
-            f"Reachable: {_range_text(versions, at, lows, max(known))}"
-        )
-    events = events.filter(at.holds(events))
     is_truncate = pc.fill_null(pc.equal(events.column("operation"), TRUNCATE), False)
     truncates = events.filter(is_truncate).select(["shard", "sequence", "timestamp"])
     events = events.filter(pc.invert(is_truncate))
@@ -261,26 +260,37 @@ def _ends_at(
 
 def _tail(
     log: LogReader, offsets: Mapping[int, int], collection: str | None, state: Any, at: Point
-) -> tuple[pa.Table, int | None]:
-    """The log's events after ``offsets`` (of ``collection``, when known), and the newest
-    position or time (``at``'s kind) among all of them, of every collection."""
+) -> pa.Table:
+    """The log's events after ``offsets`` up to ``at`` (of ``collection``, when known).
+    A shard's events are in source order, so its read stops at its first event past the
+    point: the cost is the events up to the point, not to the log's head."""
     wanted = []
-    newest: int | None = None
-    for batch in log.scan(offsets, state=state):
-        if at.position is not None:
-            found = covered.event_positions(batch.column("metadata"))
-        else:
-            found = covered.event_times(batch.column("timestamp"))
-        high = pc.max(found).as_py()
-        newest = high if newest is None or (high is not None and high > newest) else newest
-        kept = batch
-        if collection is not None:
-            kept = batch.filter(pc.equal(batch.column("collection"), collection))
-        if kept.num_rows:
-            wanted.append(kept)
+    for shard in range(len(state.heads)):
+        first = offsets.get(shard, 0) + 1
+        if first > state.heads[shard]:
+            continue
+        for batch in log.read(shard, first, state.heads[shard]):
+            held = at.holds(batch)
+            kept = batch.filter(held)
+            if collection is not None:
+                kept = kept.filter(pc.equal(kept.column("collection"), collection))
+            if kept.num_rows:
+                wanted.append(kept)
+            if not pc.all(held).as_py():
+                break  # the rest of the shard is past the point
     if not wanted:
-        return _empty_events(), newest
-    return pa.Table.from_batches(wanted), newest
+        return _empty_events()
+    return pa.Table.from_batches(wanted)
+
+
+def _newest(events: pa.Table | pa.RecordBatch, at: Point) -> int | None:
+    """The newest position or time (``at``'s kind) among ``events``."""
+    if at.position is not None:
+        found = covered.event_positions(events.column("metadata"))
+    else:
+        found = covered.event_times(events.column("timestamp"))
+    newest: int | None = pc.max(found).as_py()
+    return newest
 
 
 def _range_text(
@@ -481,3 +491,103 @@ def _closed_by_truncate(base: pa.Table, hit: pa.Array, times: Mapping[int, Any])
     )
     still = pc.and_(current, pc.invert(hit))
     return base.set_column(base.schema.get_field_index(CURRENT), CURRENT, still)
+
+
+def newest_in_log(log: LogReader, at: Point, state: Any | None = None) -> int | None:
+    """The newest position or time (``at``'s kind) the log knows of its source: its
+    newest event's (a shard's events are in source order: its last event is its newest)
+    and, for a position, how far its PostgreSQL captures have read."""
+    state = log.refresh() if state is None else state
+    found = [_captured(state, at)]
+    for shard, head in enumerate(state.heads):
+        if head >= max(state.lows[shard], 1):
+            last = list(log.read(shard, head, head))
+            if last:
+                found.append(_newest(pa.Table.from_batches(last), at))
+    return max((f for f in found if f is not None), default=None)
+
+
+def check_log_reaches(log: LogReader, at: Point, *, whole: bool = True) -> None:
+    """For the log's latest rows as of ``at`` read from the log alone: the log still
+    holds every event up to it (unless not ``whole``: what is retained is read) and
+    knows its source up to it.
+
+    Raises:
+        AsOfError: naming the shard whose first events are gone, or the newest point the
+            log knows.
+    """
+    state = log.refresh()
+    if whole:
+        for shard, low in enumerate(state.lows):
+            if low > 1:
+                raise AsOfError(
+                    f"the latest rows as of {at} cannot be read from {log.url} alone: shard "
+                    f"{shard} holds events from sequence {low} on (retention removed the "
+                    f"earlier ones). Read a Delta replica with table_as_of, or set "
+                    f"failOnDataLoss=false to reduce what is retained"
+                )
+    newest = newest_in_log(log, at, state)
+    if newest is None or at.value > newest:
+        shown = "it holds no event" if newest is None else f"its newest is {at.shown(newest)}"
+        raise AsOfError(
+            f"{at} is newer than what the log {log.url} knows of its source ({shown}): the "
+            f"log cannot tell what happened after it"
+        )
+
+
+@dataclass(frozen=True)
+class Reach:
+    """The oldest and newest points a read as of can be given: positions (LSN) and
+    times (ms). An oldest of None with ``from_beginning``: any point from before the
+    first event on; None otherwise: not known (no event carries one)."""
+
+    oldest_position: int | None
+    newest_position: int | None
+    oldest_ms: int | None
+    newest_ms: int | None
+    from_beginning: bool
+
+    def to_json(self) -> dict[str, Any]:
+        def lsn(value: int | None) -> str | None:
+            return None if value is None else covered.lsn_to_text(value)
+
+        return {
+            "from_beginning": self.from_beginning,
+            "oldest_lsn": lsn(self.oldest_position),
+            "newest_lsn": lsn(self.newest_position),
+            "oldest_ms": self.oldest_ms,
+            "newest_ms": self.newest_ms,
+        }
+
+
+def log_reach(log: LogReader) -> Reach | None:
+    """What ``view=latest`` as of a point can read from the log alone (None: nothing,
+    retention removed its first events)."""
+    state = log.refresh()
+    if any(low > 1 for low in state.lows):
+        return None
+    by_position, by_time = Point(position=0), Point(ms=0)
+    return Reach(
+        None,
+        newest_in_log(log, by_position, state),
+        None,
+        newest_in_log(log, by_time, state),
+        True,
+    )
+
+
+def table_reach(versions: Sequence[covered.VersionCoverage], log: LogReader) -> Reach:
+    """What ``table_as_of`` can read of a table with ``versions`` and ``log``."""
+    state = log.refresh()
+    lows = dict(enumerate(state.lows))
+    by_position, by_time = Point(position=0), Point(ms=0)
+    oldest_position, _ = reachable(versions, by_position, lows)
+    oldest_ms, _ = reachable(versions, by_time, lows)
+    whole = all(low <= 1 for low in lows.values()) and bool(versions) and versions[0].version == 0
+    return Reach(
+        oldest_position,
+        newest_in_log(log, by_position, state),
+        oldest_ms,
+        newest_in_log(log, by_time, state),
+        whole,
+    )
