@@ -83,6 +83,7 @@ bench: $(STAMP) $(JARS_STAMP) ## run every benchmark (hours; figures go to docs/
 	$(PY) benchmarks/bench_apply.py
 	$(SPARK_PY) benchmarks/bench_apply_scale.py
 	$(SPARK_PY) benchmarks/bench_apply_routing.py
+	$(SPARK_PY) benchmarks/bench_as_of.py
 	$(PY) benchmarks/bench_redelivery.py
 	$(PY) benchmarks/fault_runs.py
 	$(PY) benchmarks/compact_under_load.py

@@ -54,7 +54,9 @@ def events(ids: np.ndarray, first_txn: int, operation: str) -> list[dict[str, An
                 "operation": operation,
                 "data": f'{{"id":{key},"name":"n-{key}-{txn}","price":{txn}.5}}',
                 "timestamp": T0 + txn,
-                "metadata": f'{{"op":"u","source":{{"lsn":{lsn}}},"transaction":{{"id":"{txn}:{lsn}"}}}}',
+                "metadata": (
+                    f'{{"op":"u","source":{{"lsn":{lsn}}},"transaction":{{"id":"{txn}:{lsn}"}}}}'
+                ),
             }
         )
     return found
@@ -69,12 +71,13 @@ def changes_of(log: ReplicationLog) -> pa.Table:
     """The log's events as ``apply_batch`` takes them (rows parsed from ``data``)."""
     read = log.read_all()
     rows = pa.json.read_json(pa.BufferReader(b"\n".join(read.column("data").to_pylist())))
-    return rows.select(["id", "name", "price"]).cast(
-        pa.schema([("id", pa.int64()), ("name", pa.string()), ("price", pa.float64())])
-    ).append_column(SHARD, read.column("shard")).append_column(
-        SEQUENCE, read.column("sequence")
-    ).append_column(OPERATION, read.column("operation")).append_column(
-        TIMESTAMP, read.column("timestamp")
+    return (
+        rows.select(["id", "name", "price"])
+        .cast(pa.schema([("id", pa.int64()), ("name", pa.string()), ("price", pa.float64())]))
+        .append_column(SHARD, read.column("shard"))
+        .append_column(SEQUENCE, read.column("sequence"))
+        .append_column(OPERATION, read.column("operation"))
+        .append_column(TIMESTAMP, read.column("timestamp"))
     )
 
 
@@ -129,9 +132,7 @@ def main() -> None:
             lsn = covered.lsn_to_text(LSN0 + last_txn * 4096)
             point = as_of.point(lsn=lsn)
             core, found = timed(lambda p=point: read_rows(spark, target, log, p))
-            frame, counted = timed(
-                lambda v=lsn: table_as_of(spark, target, log=log, lsn=v).count()
-            )
+            frame, counted = timed(lambda v=lsn: table_as_of(spark, target, log=log, lsn=v).count())
             assert found.num_rows == counted == args.rows, (found.num_rows, counted)
             print(f"{count:>14,} {count:>12,} {core:>12.2f} {frame:>14.2f} "
                   f"{frame / plain_frame:>8.1f}")  # fmt: skip
