@@ -76,7 +76,8 @@ def event_times(timestamps: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Per event (its ``timestamp``), its time in ms since the epoch (int64)."""
     column = timestamps.combine_chunks() if isinstance(timestamps, pa.ChunkedArray) else timestamps
     if pa.types.is_timestamp(column.type):
-        column = column.cast(pa.timestamp("ms", tz=column.type.tz)).cast(pa.int64())
+        # to the millisecond, down (a source's commit times are kept in ms)
+        column = column.cast(pa.timestamp("ms", tz=column.type.tz), safe=False).cast(pa.int64())
     result: pa.Array = column.cast(pa.int64())
     return result
 
