@@ -25,6 +25,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.json as pj
 from pyspark.sql import SparkSession
 
 from replog.log import ReplicationLog
@@ -70,7 +71,7 @@ def append(log: ReplicationLog, found: list[dict[str, Any]]) -> None:
 def changes_of(log: ReplicationLog) -> pa.Table:
     """The log's events as ``apply_batch`` takes them (rows parsed from ``data``)."""
     read = log.read_all()
-    rows = pa.json.read_json(pa.BufferReader(b"\n".join(read.column("data").to_pylist())))
+    rows = pj.read_json(pa.BufferReader(b"\n".join(read.column("data").to_pylist())))
     return (
         rows.select(["id", "name", "price"])
         .cast(pa.schema([("id", pa.int64()), ("name", pa.string()), ("price", pa.float64())]))

@@ -179,9 +179,9 @@ def plan(
     state = log.refresh()
     lows = dict(enumerate(state.lows))
     offsets = dict(base.coverage.offsets) if base is not None else {}
-    if base is None and versions[0].version > 0 and not _from_start(state):
-        raise _unreachable(versions, at, lows, log)  # the table's first rows came otherwise
     newest = newest_in_log(log, at, state)
+    if base is None and versions[0].version > 0 and not _from_start(state):
+        raise _unreachable(versions, at, lows, log, newest)  # its first rows came otherwise
     if newest is not None and at.value > newest:
         raise AsOfError(
             f"table_as_of: {at} is newer than the log's newest event "
@@ -194,7 +194,7 @@ def plan(
         if base is not None and _ends_at(versions, base, at):  # Delta alone shows it
             empty = _empty_events().select(["shard", "sequence", "timestamp"])
             return Plan(at, base.version, last, _empty_events(), empty)
-        raise _unreachable(versions, at, lows, log) from exc
+        raise _unreachable(versions, at, lows, log, newest) from exc
     is_truncate = pc.fill_null(pc.equal(events.column("operation"), TRUNCATE), False)
     truncates = events.filter(is_truncate).select(["shard", "sequence", "timestamp"])
     events = events.filter(pc.invert(is_truncate))
@@ -311,11 +311,12 @@ def _unreachable(
     at: Point,
     lows: Mapping[int, int],
     log: LogReader,
+    newest: int | None,
 ) -> AsOfError:
     return AsOfError(
         f"table_as_of: {at} is not reachable: no table version ends there and the log "
         f"{log.url} no longer holds the events after the newest version before it "
-        f"(retention). Reachable: {_range_text(versions, at, lows)}"
+        f"(retention). Reachable: {_range_text(versions, at, lows, newest)}"
     )
 
 
@@ -564,30 +565,30 @@ def log_reach(log: LogReader) -> Reach | None:
     """What ``view=latest`` as of a point can read from the log alone (None: nothing,
     retention removed its first events)."""
     state = log.refresh()
-    if any(low > 1 for low in state.lows):
+    if not _from_start(state):
         return None
-    by_position, by_time = Point(position=0), Point(ms=0)
-    return Reach(
-        None,
-        newest_in_log(log, by_position, state),
-        None,
-        newest_in_log(log, by_time, state),
-        True,
-    )
+    return _reach(log, state, None, None, from_beginning=True)
 
 
 def table_reach(versions: Sequence[covered.VersionCoverage], log: LogReader) -> Reach:
     """What ``table_as_of`` can read of a table with ``versions`` and ``log``."""
     state = log.refresh()
     lows = dict(enumerate(state.lows))
-    by_position, by_time = Point(position=0), Point(ms=0)
-    oldest_position, _ = reachable(versions, by_position, lows)
-    oldest_ms, _ = reachable(versions, by_time, lows)
-    whole = all(low <= 1 for low in lows.values()) and bool(versions) and versions[0].version == 0
-    return Reach(
-        oldest_position,
-        newest_in_log(log, by_position, state),
-        oldest_ms,
-        newest_in_log(log, by_time, state),
-        whole,
-    )
+    oldest_position, _ = reachable(versions, Point(position=0), lows)
+    oldest_ms, _ = reachable(versions, Point(ms=0), lows)
+    whole = _from_start(state) and bool(versions) and versions[0].version == 0
+    return _reach(log, state, oldest_position, oldest_ms, from_beginning=whole)
+
+
+def _reach(
+    log: LogReader,
+    state: Any,
+    oldest_position: int | None,
+    oldest_ms: int | None,
+    *,
+    from_beginning: bool,
+) -> Reach:
+    """A reach from these oldest points to the newest the log knows."""
+    newest_position = newest_in_log(log, Point(position=0), state)
+    newest_ms = newest_in_log(log, Point(ms=0), state)
+    return Reach(oldest_position, newest_position, oldest_ms, newest_ms, from_beginning)
