@@ -8,7 +8,8 @@ LSN, so that the version lies 1k, 100k or 1M changes before the points read. Pri
 point: the events after the version, the time of ``table_as_of`` (to a counted
 DataFrame) and of its core (``read_rows``: the version read, the events typed in one
 Spark job, the reduction), beside the plain Delta read (delta-rs scan, and Spark's
-DataFrame of it).
+DataFrame of it) and Spark's own Parquet source over the version's files (one version
+written at once: no deletion vectors, its files are the table).
 
 Run: PYSPARK_PYTHON=.venv/bin/python nice .venv/bin/python benchmarks/bench_as_of.py
 [--rows 1000000] [--points 1000,100000,1000000]
@@ -122,10 +123,13 @@ def main() -> None:
         table = open_table(target, None)
         assert table is not None
         plain, base = timed(lambda: read_table(table))
+        spark.read.parquet(target).count()  # the JVM's classes loaded once
+        parquet, _ = timed(lambda: spark.read.parquet(target).count())
         plain_frame, _ = timed(lambda: spark.createDataFrame(read_table(table)).count())
         print(f"table: {args.rows:,} rows, version {table.version()}; log: {log.head()}")
         print(f"plain Delta read (delta-rs scan): {plain:.2f} s; as a counted DataFrame: "
-              f"{plain_frame:.2f} s")  # fmt: skip
+              f"{plain_frame:.2f} s; Spark's Parquet source on its files: "
+              f"{parquet:.2f} s")  # fmt: skip
         print(f"{'changes after':>14} {'events read':>12} {'read_rows s':>12} "
               f"{'table_as_of s':>14} {'x plain':>8}")  # fmt: skip
         for count in points:
@@ -137,7 +141,8 @@ def main() -> None:
             assert found.num_rows == counted == args.rows, (found.num_rows, counted)
             print(f"{count:>14,} {count:>12,} {core:>12.2f} {frame:>14.2f} "
                   f"{frame / plain_frame:>8.1f}")  # fmt: skip
-        print(json.dumps({"rows": args.rows, "plain_s": plain, "plain_frame_s": plain_frame}))
+        print(json.dumps({"rows": args.rows, "plain_s": plain, "plain_frame_s": plain_frame,
+                          "parquet_s": parquet}))  # fmt: skip
         del base
     spark.stop()
 
