@@ -330,7 +330,7 @@ class _InMemory:
     def rows(
         self, changes: pa.Table, keys: Sequence[str], columns: Sequence[str], *, current_only: bool
     ) -> pa.Table:
-        found = self.table
+        found = _of_keys(self.table, changes, keys)
         if current_only and CURRENT in found.column_names:
             found = found.filter(pc.fill_null(found.column(CURRENT), False))
         return found.select([*keys, *columns])
@@ -358,7 +358,7 @@ def rows_as_of(
     changes = changes.drop_columns([c for c in (rows.COLLECTION,) if c in changes.column_names])
     if base.num_rows:
         changes = rows.keys_as(changes, base, keys)
-        seen = _positions(base, keys)
+        seen = _positions(_of_keys(base, changes, keys), keys)
         if seen is not None:
             changes = rows.after_positions(changes, seen, keys)
     stored = _InMemory(base) if base.num_columns else None
@@ -369,6 +369,17 @@ def rows_as_of(
     if mode == "scd1":
         return _scd1(base, changes, keys)
     return _scd2(base, changes, keys)
+
+
+def _of_keys(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
+    """``base``'s rows whose first key column holds a value of ``changes``' (a superset of
+    their keys' rows): what the fills and the position guard look at costs the changes,
+    not the table."""
+    if base.num_rows == 0 or changes.num_rows == 0:
+        return base.slice(0, 0)
+    kind = base.schema.field(keys[0]).type
+    values = pc.unique(changes.column(keys[0])).cast(kind)
+    return base.filter(pc.is_in(base.column(keys[0]), value_set=values))
 
 
 def _positions(base: pa.Table, keys: Sequence[str]) -> pa.Table | None:
