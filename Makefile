@@ -103,6 +103,7 @@ bench: $(STAMP) $(JARS_STAMP) mariadb ## run every benchmark (hours; figures go 
 	$(PY) benchmarks/bench_apply.py
 	$(SPARK_PY) benchmarks/bench_apply_scale.py
 	$(SPARK_PY) benchmarks/bench_apply_routing.py
+	$(SPARK_PY) benchmarks/bench_as_of.py
 	$(PY) benchmarks/bench_redelivery.py
 	$(PY) benchmarks/fault_runs.py
 	$(PY) benchmarks/compact_under_load.py

@@ -3,13 +3,14 @@ before a micro-batch's Delta commit, between a merge-on-read batch's files (its 
 deletion vectors) and its commit, or just after the commit (before Spark's commit log),
 at a random batch, several times; the query restarts from its checkpoint each time.
 Finally the Delta table equals the latest state computed from the log, and every file
-its log names is there."""
+its log names is there; read as of any event's time it equals the log's state then."""
 
 from __future__ import annotations
 
 import json
 import random
 import sys
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -20,17 +21,21 @@ from support.replication import run_app
 
 from replog.capture.events import truncate_key
 from replog.log import ReplicationLog
+from replog.spark.as_of import read_rows
+from replog.tables import as_of
 from replog.tables.delta import open_table
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_apply_changes import expected_state, table_state, workload
+from test_apply_changes import T0, expected_state, table_state, workload
 
 pytestmark = pytest.mark.slow
 
 STEPS = ["apply_before_delta", "apply_deletion_vectors", "apply_after_delta"]
 
 
-def test_random_driver_kills_at_every_step_leave_the_latest_state(tmp_path: Path) -> None:
+def test_random_driver_kills_at_every_step_leave_the_latest_state(
+    spark: Any, tmp_path: Path
+) -> None:
     events = workload(seed=24, events=900, keys=60)
     log = ReplicationLog.create(str(tmp_path / "log"), 2)
     for start in range(0, len(events), 100):
@@ -59,6 +64,14 @@ def test_random_driver_kills_at_every_step_leave_the_latest_state(tmp_path: Path
     assert written.num_rows, "the batches wrote deletion vectors"
     # the files written before a kill are in no commit: the table reads without them
     assert polars.read_delta(target).height == len(table_state(target))
+    # and the table as of any event's time (inside micro-batches and at their ends) is
+    # the log's state then: the kills left each commit's recorded coverage true
+    logged = log.read_all().to_pylist()
+    for n in [*range(0, len(events), 37), len(events) - 1]:
+        at = T0 + timedelta(seconds=n)
+        found = read_rows(spark, target, log, as_of.point(at=at)).to_pylist()
+        rows = {r["id"]: {"id": r["id"], "name": r["name"], "n": r.get("n")} for r in found}
+        assert rows == expected_state([e for e in logged if e["timestamp"] <= at]), n
 
 
 def _unreferenced_files(target: str) -> list[str]:

@@ -149,7 +149,7 @@ def test_fs_options_become_coerced_storage_options() -> None:
         ({"failOnDataLoss": "yes"}, "option 'failOnDataLoss': expected true or false, got 'yes'"),
         ({"maxOffsetsPerTrigger": "5"}, "'maxOffsetsPerTrigger'; maxOffsetsPerTrigger is Kafka"),
         ({"maxEventPerTrigger": "5"}, "'maxEventPerTrigger'; did you mean maxEventsPerTrigger"),
-        ({"colour": "red"}, "unknown option 'colour' \\(options: consumer, endingOffsets"),
+        ({"colour": "red"}, "unknown option 'colour' \\(options: asOfLsn, asOfTimestamp, con"),
     ],
 )
 def test_bad_source_options_name_the_option(options: dict[str, str], message: str) -> None:
@@ -251,3 +251,24 @@ def test_relative_paths_are_made_absolute_against_the_working_directory(
 )
 def test_one_spelling_per_location(spellings: list[str], normal: str) -> None:
     assert {normalize_location(spelling) for spelling in spellings} == {normal}
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"asOfLsn": "0/1"}, "option 'asOfLsn' reads the latest rows as of a point: set option"),
+        ({"view": "latest", "asOfLsn": "16B3748"}, "option 'asOfLsn': '16B3748' is not a Postgr"),
+        ({"view": "latest", "asOfTimestamp": "soon"}, "option 'asOfTimestamp': 'soon' is not"),
+        ({"view": "latest", "asOfLsn": "0/1", "asOfTimestamp": "0"}, "give one of them"),
+    ],
+)
+def test_bad_as_of_options_name_the_option(options: dict[str, str], message: str) -> None:
+    with pytest.raises(InvalidOptionError, match=message):
+        source(streaming=False, **options)
+
+
+def test_as_of_options_are_read() -> None:
+    found = source(streaming=False, view="latest", asOfLsn="16/B374D848")
+    assert (found.as_of_position, found.as_of_ms) == (0x16B374D848, None)
+    found = source(streaming=False, view="latest", asOfTimestamp="2025-01-01T00:00:00")
+    assert (found.as_of_position, found.as_of_ms) == (None, 1735689600000)

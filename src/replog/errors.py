@@ -234,3 +234,9 @@ class RetentionError(ReplogError):
 
 class InjectedFaultError(ReplogError):
     """Raised by the test-only crash points and storage fault injector."""
+
+
+class AsOfError(ReplogError):
+    """A table cannot be read as of the point asked: outside what its versions and the
+    log's retained events can show (the message names the reachable range), or a table
+    whose commits record no log coverage."""

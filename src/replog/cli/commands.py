@@ -44,7 +44,7 @@ from replog.format.limits import check_retention, check_shards, check_snapshot_i
 from replog.log import ReplicationLog
 from replog.merges import plan_full
 from replog.names import check_name
-from replog.ops import compaction, history, keys, recovery, retention, status, verify
+from replog.ops import compaction, history, keys, reach, recovery, retention, status, verify
 from replog.schemas import registry
 from replog.storage import coerce_option_value
 from replog.timeutil import check_epoch_ms, duration_ms, iso_instant_ms, now_ms
@@ -485,7 +485,9 @@ def cmd_verify(args: argparse.Namespace, out: Output) -> int:
 
 
 def cmd_history(args: argparse.Namespace, out: Output) -> int:
-    out.show(results.History.of(history.log_history(open_log(args), args.limit)))
+    log = open_log(args)
+    found = history.log_history(log, args.limit)
+    out.show(results.History.of(found, reach.reach(log, args.table)))
     return 0
 
 
@@ -638,7 +640,7 @@ def cmd_status(args: argparse.Namespace, out: Output) -> int:
             tables[capture.slot] = sorted(plan.tables) if plan is not None else []
         server, states = slots.capture_slots(args.source_dsn, tables)
         report = status.with_server(report, server.server_lsn, states)
-    shown = results.Status.of(report)
+    shown = results.Status.of(report, reach.reach(log, args.table))
     if args.format == "prometheus":
         out.stream.write(status_metrics(shown.document))
         return 0

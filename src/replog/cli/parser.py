@@ -367,6 +367,19 @@ def _read_commands(command: _Command) -> None:
     )
     p.add_argument("url")
     p.add_argument("--limit", type=_count, help="only the newest N commits")
+    _table_option(p)
+
+
+def _table_option(p: argparse.ArgumentParser) -> None:
+    """``--table``: the Delta replicas whose readable points ``history``/``status`` show."""
+    p.add_argument(
+        "--table",
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="a Delta table apply_changes writes from this log (repeatable): shows the "
+        "oldest and newest position and time table_as_of can read it as of",
+    )
 
 
 def _checkpoint_commands(command: _Command) -> None:
@@ -432,6 +445,7 @@ def _checkpoint_commands(command: _Command) -> None:
         help="json: as --json; prometheus: metrics in Prometheus' text format, for "
         "node_exporter's textfile collector",
     )
+    _table_option(p)
 
 
 def _operate_commands(command: _Command) -> None:

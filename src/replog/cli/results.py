@@ -342,9 +342,7 @@ class SlotDropped(Result):
     schema = "slots-drop"
 
     @classmethod
-    def of(
-        cls, slot: SlotState, *, dropped: bool, publication: str | None = None
-    ) -> SlotDropped:
+    def of(cls, slot: SlotState, *, dropped: bool, publication: str | None = None) -> SlotDropped:
         """``slot``: as it was before the drop."""
         return cls(
             {
@@ -485,8 +483,9 @@ class History(Result):
     schema = "history"
 
     @classmethod
-    def of(cls, history: LogHistory) -> History:
-        return cls(history.to_json())
+    def of(cls, history: LogHistory, as_of: dict[str, Any] | None = None) -> History:
+        """``as_of``: which points reads as of can be given (:mod:`replog.ops.reach`)."""
+        return cls({**history.to_json(), **({"as_of": as_of} if as_of is not None else {})})
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
@@ -508,6 +507,45 @@ class History(Result):
             yield (
                 f"(commits before version {d['retained_from']} expired with the log's retention)"
             )
+        if "as_of" in d:
+            yield from _as_of_lines(d["as_of"])
+
+
+def _reach(found: Mapping[str, Any]) -> str:
+    """A reach (``replog.tables.as_of.Reach``) in words: from which point to which."""
+    oldest = (
+        "the beginning"
+        if found["from_beginning"]
+        else " / ".join(
+            p
+            for p in (
+                found["oldest_lsn"],
+                utc(found["oldest_ms"]) if found["oldest_ms"] is not None else None,
+            )
+            if p
+        )
+        or "-"
+    )
+    newest = " / ".join(
+        p
+        for p in (
+            found["newest_lsn"],
+            utc(found["newest_ms"]) if found["newest_ms"] is not None else None,
+        )
+        if p
+    )
+    return f"from {oldest} to {newest or '-'}"
+
+
+def _as_of_lines(as_of: Mapping[str, Any]) -> Iterator[str]:
+    """Which points reads as of can be given (``replog.ops.reach``)."""
+    yield "readable as of (LSN / time):"
+    log = as_of["log"]
+    yield "  log alone (view=latest): " + (
+        _reach(log) if log is not None else "no point: retention removed its first events"
+    )
+    for replica in as_of["replicas"]:
+        yield f"  {replica['path']} (version {replica['version']}): {_reach(replica)}"
 
 
 # -- manifests and consumers --------------------------------------------------------------
@@ -761,8 +799,9 @@ class Status(Result):
     schema = "status"
 
     @classmethod
-    def of(cls, report: LogStatus) -> Status:
-        return cls(report.to_json())
+    def of(cls, report: LogStatus, as_of: dict[str, Any] | None = None) -> Status:
+        """``as_of``: which points reads as of can be given (:mod:`replog.ops.reach`)."""
+        return cls({**report.to_json(), **({"as_of": as_of} if as_of is not None else {})})
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
@@ -797,6 +836,8 @@ class Status(Result):
             yield f"mysql captures ({len(d['mysql_captures'])}):"
             for capture in d["mysql_captures"]:
                 yield f"  {capture['name']:<24} {_mysql_capture_line(capture)}"
+        if "as_of" in d:
+            yield from _as_of_lines(d["as_of"])
 
 
 # -- truncate / recover / compact ---------------------------------------------------------

@@ -32,6 +32,7 @@ from replog.schemas import connect, registry
 from replog.spark.changes import Batch, Part, changes_frame, gather
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
+from replog.tables import coverage as covered
 from replog.tables import delta
 from replog.tables.delta import TARGET_FILE_SIZE, apply_batch
 
@@ -355,12 +356,40 @@ def _apply(
                 deletion_vectors=settings.deletion_vectors,
                 ahead=gathered.ahead,
                 table=router.delta(table.target, settings.storage_options),
+                coverage=_coverage(settings, router, table, part, found, changes),
             )
         except BaseException:
             _discard(router, parts[position + 1 :], found)
             raise
         crash_point("apply_after_delta", batch_id)
     return sorted(found.unknown) if strict else []
+
+
+def _coverage(  # noqa: PLR0917 - a table's part of a batch
+    settings: _Settings,
+    router: _Router,
+    table: _Table,
+    part: Part,
+    batch: Batch,
+    changes: Any,
+) -> covered.Coverage:
+    """What the table's commit covers: the batch's offsets and source span, and how the
+    table is built from the log (its collection, keys, mode, given schema), for as-of
+    reads (:mod:`replog.tables.as_of`)."""
+    collection = part.collection
+    if collection is None and rows.COLLECTION in changes.column_names:
+        named = [c for c in changes.column(rows.COLLECTION).unique().to_pylist() if c]
+        collection = named[0] if len(named) == 1 else None
+    schema = table.schema.json() if isinstance(table.schema, StructType) else table.schema
+    return covered.Coverage(
+        batch.coverage.offsets,
+        batch.coverage.span,
+        None if router.log is None else router.log.log_id,
+        collection,
+        table.keys,
+        settings.mode,
+        schema,
+    )
 
 
 def _discard(router: _Router, parts: Sequence[Part], batch: Batch) -> None:

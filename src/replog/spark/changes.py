@@ -11,6 +11,7 @@ both in one Delta commit per table.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +29,7 @@ from replog.schemas import registry
 from replog.spark.typed import VERSION, Typing, schema_version
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
+from replog.tables import coverage as covered
 
 EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
 WHICH = "__replog_part"
@@ -36,6 +38,8 @@ part takes, :data:`NO_COLLECTION`: an event without one."""
 UNKNOWN = -1
 NO_COLLECTION = -2
 _KEY = "__replog_key"
+_POSITION = "__replog_position"
+"""Per event, its source position (:func:`replog.tables.coverage.event_positions`)."""
 _MARKS = "__replog_marks"
 _MARKS_FIELDS = "unavailable array<string>, old_key string"
 _RESULT = "part int, kind string, text string, payload binary"
@@ -96,6 +100,8 @@ class Batch:
     parts: dict[int, Gathered]
     unknown: dict[str, str]
     without_collection: str | None
+    coverage: covered.BatchCoverage = field(default_factory=covered.BatchCoverage)
+    """What the micro-batch holds of the log and the source, over all its events."""
 
 
 def changes_frame(
@@ -186,6 +192,7 @@ def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Buil
         F.col(f"{_MARKS}.old_key").alias(rows.OLD_KEY),
         _column(columns, "collection").alias(rows.COLLECTION),
         _column(columns, "key").alias(_KEY),
+        _position(columns).alias(_POSITION),
         *made,
     ]
     frame = batch.select(*first).select(*second)
@@ -245,6 +252,19 @@ def _column(columns: Sequence[str], name: str) -> Column:
     return F.col(name) if name in columns else F.lit(None).cast("string")
 
 
+def _position(columns: Sequence[str]) -> Column:
+    """An event's source position (commit LSN) from its ``metadata`` text, by the patterns
+    the core reads it with (:data:`replog.tables.coverage.POSITION_PATTERNS`)."""
+    if "metadata" not in columns:
+        return F.lit(None).cast("long")
+    text = F.col("metadata").cast("string")
+    found = [
+        F.nullif(F.regexp_extract(text, pattern, 1), F.lit("")).cast("long")
+        for pattern in covered.POSITION_PATTERNS
+    ]
+    return F.coalesce(*found)
+
+
 def _marks(columns: Sequence[str]) -> Column:
     """``metadata``'s ``unavailable`` (the columns an event did not send, as ``replog
     capture postgres`` lists unchanged TOASTed columns) and ``old_key`` (on a changed key's
@@ -301,11 +321,7 @@ def gather(frame: DataFrame, rows_of: Mapping[int, StructType], parts: Sequence[
     texts = result.column("text").to_pylist()
     for row, kind in enumerate(kinds):
         payload = result.column("payload")[row].as_py()
-        if kind == "unknown":
-            found.unknown.setdefault(texts[row], payload.decode() if payload else "")
-            continue
-        if kind == "no collection":
-            found.without_collection = texts[row]
+        if _noted(found, kind, texts[row], payload):
             continue
         gathered = found.parts.get(indexes[row])
         if gathered is None:
@@ -320,6 +336,22 @@ def gather(frame: DataFrame, rows_of: Mapping[int, StructType], parts: Sequence[
     return found
 
 
+def _noted(found: Batch, kind: str, text: str | None, payload: bytes | None) -> bool:
+    """Note a task's result row about the whole batch (not one part's) in ``found``;
+    whether it was one."""
+    if kind == "unknown":
+        assert text is not None
+        found.unknown.setdefault(text, payload.decode() if payload else "")
+    elif kind == "no collection":
+        found.without_collection = text
+    elif kind == "coverage":
+        assert text is not None
+        found.coverage = found.coverage.joined(covered.BatchCoverage.from_json(json.loads(text)))
+    else:
+        return False
+    return True
+
+
 Task = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 
 
@@ -330,8 +362,11 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         held: dict[int, list[pa.Table]] = {}
         out = _Output()
+        coverage = covered.BatchCoverage()
         for batch in batches:
+            coverage = coverage.joined(_coverage(batch))
             _split(batch, by_index, held, out)
+        out.add(-1, "coverage", json.dumps(coverage.to_json()), None)
         for index, parts_held in held.items():
             changes = pa.concat_tables(parts_held)
             plan = by_index[index].ahead
@@ -344,6 +379,16 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
         yield out.batch()
 
     return run
+
+
+def _coverage(batch: pa.RecordBatch) -> covered.BatchCoverage:
+    """What one Arrow batch of a task's events holds of the log and the source."""
+    return covered.BatchCoverage.of_events(
+        batch.column(rows.SHARD),
+        batch.column(rows.SEQUENCE),
+        batch.column(_POSITION),
+        covered.event_times(batch.column(rows.TIMESTAMP)),
+    )
 
 
 def _split(

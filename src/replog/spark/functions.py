@@ -15,7 +15,9 @@ Debezium. Both run the core mapping of :mod:`replog.debezium` in Python UDFs: pa
 keep their exact text.
 
 ``apply_changes`` returns a ``foreachBatch`` function that merges the source's changes
-into Delta tables exactly once (:mod:`replog.spark.apply`).
+into Delta tables exactly once (:mod:`replog.spark.apply`); ``table_as_of`` and
+``tables_as_of`` read those tables as the source had them at a past point
+(:mod:`replog.spark.as_of`).
 """
 
 from __future__ import annotations
@@ -31,9 +33,18 @@ from replog.errors import InvalidEventError, InvalidOptionError
 from replog.format import jsontext
 from replog.format.events import TRUNCATE
 from replog.spark.apply import apply_changes
+from replog.spark.as_of import table_as_of, tables_as_of
 from replog.spark.typed import typed
 
-__all__ = ["apply_changes", "from_debezium", "parse_payload", "to_debezium", "typed"]
+__all__ = [
+    "apply_changes",
+    "from_debezium",
+    "parse_payload",
+    "table_as_of",
+    "tables_as_of",
+    "to_debezium",
+    "typed",
+]
 
 EVENT_DDL = (
     "event_id string, ts_ms long, operation string, collection string, key string, "

@@ -47,6 +47,8 @@ SOURCE_OPTIONS = (
     "maxTriggerDelay",
     "failOnDataLoss",
     "view",
+    "asOfLsn",
+    "asOfTimestamp",
 )
 VIEWS = ("latest",)
 """Batch reads' ``view``: ``latest`` is one row per (collection, key), deletes dropped."""
@@ -313,6 +315,29 @@ def _view(options: Mapping[str, str], streaming: bool) -> str | None:
     return view
 
 
+def _as_of(options: Mapping[str, str], view: str | None) -> tuple[int | None, int | None]:
+    """``asOfLsn`` (``0/3A5F1C8``) or ``asOfTimestamp`` (ms or ISO 8601; UTC without a
+    zone): ``view=latest`` as the source had it then (position, time in ms)."""
+    lsn, stamp = _get(options, "asOfLsn"), _get(options, "asOfTimestamp")
+    if lsn is None and stamp is None:
+        return None, None
+    if lsn is not None and stamp is not None:
+        raise InvalidOptionError("options 'asOfLsn' and 'asOfTimestamp': give one of them")
+    if view != "latest":
+        name = "asOfLsn" if lsn is not None else "asOfTimestamp"
+        raise InvalidOptionError(
+            f"option {name!r} reads the latest rows as of a point: set option 'view' to "
+            f"'latest' too"
+        )
+    if lsn is not None:
+        # imported here: pyarrow.compute costs every query's planning process ~30 ms
+        from replog.tables.coverage import lsn_to_int  # noqa: PLC0415
+
+        return lsn_to_int(lsn, "option 'asOfLsn'"), None
+    assert stamp is not None
+    return None, instant_ms(stamp, "option 'asOfTimestamp'")
+
+
 def _consumer(options: Mapping[str, str], starting: str) -> str | None:
     consumer = _get(options, "consumer")
     if consumer is not None:
@@ -339,6 +364,10 @@ class SourceOptions:
     max_trigger_delay_ms: int = 15 * 60_000
     fail_on_data_loss: bool = True
     view: str | None = None
+    as_of_position: int | None = None
+    """``asOfLsn``: ``view=latest`` as of this source position."""
+    as_of_ms: int | None = None
+    """``asOfTimestamp``: ``view=latest`` as of this time."""
     storage_options: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -354,6 +383,8 @@ class SourceOptions:
         raw_delay = _get(options, "maxTriggerDelay")
         if raw_delay is not None and min_events is None:
             raise InvalidOptionError("option 'maxTriggerDelay' needs 'minEventsPerTrigger'")
+        view = _view(options, streaming)
+        as_of_position, as_of_ms = _as_of(options, view)
         return cls(
             path=_path(options),
             consumer=consumer,
@@ -369,7 +400,9 @@ class SourceOptions:
                 raw_delay or DEFAULT_MAX_TRIGGER_DELAY, "option 'maxTriggerDelay'"
             ),
             fail_on_data_loss=_bool(options, "failOnDataLoss", True),
-            view=_view(options, streaming),
+            view=view,
+            as_of_position=as_of_position,
+            as_of_ms=as_of_ms,
             storage_options=storage_options(options),
         )
 

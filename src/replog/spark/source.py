@@ -90,13 +90,20 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     settle()
 
 
-def read_latest(partition: InputPartition) -> Iterator[pa.RecordBatch]:
+def read_latest(partition: InputPartition, options: SourceOptions) -> Iterator[pa.RecordBatch]:
     """Executor side of ``view=latest``: the partition holds whole shards, and a key's
-    events share one shard, so its newest event per (collection, key) is the log's."""
+    events share one shard, so its newest event per (collection, key) is the log's; with
+    ``asOfLsn``/``asOfTimestamp``, among the events at or before that point (a shard's
+    events are in source order: the point cuts each shard once, between transactions)."""
     # imported here: pyarrow.compute costs every query's planning process ~30 ms
+    from replog.tables.as_of import Point  # noqa: PLC0415
     from replog.tables.changes import latest_events  # noqa: PLC0415
 
-    latest = latest_events(read_partition(partition))
+    events = read_partition(partition)
+    if options.as_of_position is not None or options.as_of_ms is not None:
+        point = Point(options.as_of_position, options.as_of_ms)
+        events = (batch.filter(point.holds(batch)) for batch in events)
+    latest = latest_events(events)
     if latest is not None:
         yield from latest.to_batches()
 
@@ -306,6 +313,16 @@ class ReplogStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         return read_partition(partition)
 
 
+def _check_as_of(log: ReplicationLog, options: SourceOptions) -> None:
+    """``view=latest`` as of a point is read from the log alone: the log must hold every
+    event up to the point (none removed by retention, unless ``failOnDataLoss=false``)
+    and reach it (the point is not past what the log knows of its source)."""
+    from replog.tables import as_of  # noqa: PLC0415 - pyarrow.compute, see read_latest
+
+    point = as_of.Point(options.as_of_position, options.as_of_ms)
+    as_of.check_log_reaches(log, point, whole=options.fail_on_data_loss)
+
+
 class ReplogBatchReader(DataSourceReader):
     """``spark.read.format("replog")``: a bounded range; it never commits offsets."""
 
@@ -317,12 +334,14 @@ class ReplogBatchReader(DataSourceReader):
         log = ReplicationLog.open(self.options.path, storage_options=self.options.storage_options)
         start = _start_offsets(log, self.options, self.options.consumer)
         end = positions.resolve(log, self.options.ending_offsets, "endingOffsets")
+        if self.options.as_of_position is not None or self.options.as_of_ms is not None:
+            _check_as_of(log, self.options)
         planned = _plan(log, self.options, start, end)
         return _by_shard(planned) if self.options.view == "latest" else planned
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if self.options.view == "latest":
-            return read_latest(partition)
+            return read_latest(partition, self.options)
         return read_partition(partition)
 
 

@@ -29,7 +29,8 @@ import pyarrow.dataset as ds
 from replog.errors import InvalidOptionError, SchemaChangeError
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
-from replog.tables import merge_on_read
+from replog.tables import coverage as covered
+from replog.tables import fills, merge_on_read
 from replog.tables.changes import (
     ACTION,
     CURRENT,
@@ -164,9 +165,15 @@ def table_schema(table: DeltaTable) -> pa.Schema:
     return pa.schema(table.schema().to_arrow())
 
 
-def _commit(app_id: str, batch_id: int, writer: str | None) -> Any:
+def _commit(
+    app_id: str, batch_id: int, writer: str | None, coverage: covered.Coverage | None = None
+) -> Any:
     deltalake = _deltalake()
-    info = {APP_ID_INFO: app_id, **({WRITER_INFO: writer} if writer is not None else {})}
+    info: dict[str, Any] = {
+        APP_ID_INFO: app_id,
+        **({WRITER_INFO: writer} if writer is not None else {}),
+        **({covered.INFO_KEY: coverage.to_json()} if coverage is not None else {}),
+    }
     return deltalake.CommitProperties(
         custom_metadata=info,
         app_transactions=[deltalake.Transaction(app_id=app_id, version=batch_id)],
@@ -189,6 +196,7 @@ def apply_batch(
     deletion_vectors: bool = True,
     ahead: Sequence[written_ahead.Prewritten] = (),
     table: DeltaTable | None = None,
+    coverage: covered.Coverage | None = None,
 ) -> Applied:
     """Apply one batch of changes (any order; see :mod:`replog.tables.changes`) to the
     Delta table at ``target`` in one commit carrying ``(app_id, batch_id)``, creating the
@@ -227,6 +235,10 @@ def apply_batch(
 
     ``table``: the table at ``target`` opened already (a follower keeps its handle between
     batches, :func:`refreshed`); None: it is opened here.
+
+    ``coverage``: what of the log and the source the batch holds (its offsets: the last
+    sequence per shard); recorded in the commit's info, made cumulative over the table's
+    last (:mod:`replog.tables.coverage`), so a reader maps the version to a position.
     """
     given = changes.num_rows
     keys = rows.check_keys(keys)  # a truncate becomes deletes of keys (scd2)
@@ -238,13 +250,14 @@ def apply_batch(
         changes = changes.drop_columns([rows.COLLECTION])
     if table is None:
         table = open_table(target, storage_options)
-    options = _Options(
-        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors,
-        cuts,
-    )  # fmt: skip
     if replayed(table, app_id, batch_id, writer):
         discard(target, ahead)  # a replay's files: no commit will name them
         return Applied(batch_id, True, changes.num_rows, None, {})
+    coverage = _cumulative(coverage, table)
+    options = _Options(
+        app_id, batch_id, storage_options, target_file_size, defaults, writer, deletion_vectors,
+        cuts, coverage,
+    )  # fmt: skip
     counted = given + sum(w.keys.num_rows for w in ahead)
     changes, taken = _taken_ahead(target, table, changes, keys, mode, options, ahead)
     if ahead:  # rows written ahead (scd1) before a truncate of their shard: void
@@ -258,7 +271,7 @@ def apply_batch(
         [c for c in (rows.UNSENT, rows.OLD_KEY) if c in changes.column_names]
     )
     source = plan.source(table, changes, keys, cuts)
-    commit = _commit(app_id, batch_id, writer)
+    commit = _commit(app_id, batch_id, writer, coverage)
     if table is not None:  # an incompatible type is refused before anything is written
         source = rows.align(source, table_schema(table))
     if mode == "scd1" and tombstones:
@@ -276,6 +289,15 @@ def apply_batch(
     version: int = table.version()
     logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
     return Applied(batch_id, False, counted, version, metrics)
+
+
+def _cumulative(
+    coverage: covered.Coverage | None, table: DeltaTable | None
+) -> covered.Coverage | None:
+    """The batch's coverage made cumulative over what the table's last commit covers."""
+    if coverage is None or table is None:
+        return coverage
+    return coverage.after(last_coverage(table))
 
 
 def _checked(
@@ -605,14 +627,29 @@ class _Options:
     deletion_vectors: bool = True
     cuts: rows.Cuts = dataclasses.field(default_factory=dict)
     """The batch's truncates: the table's rows they remove go in the batch's commit."""
+    coverage: covered.Coverage | None = None
 
 
-def _info(options: _Options) -> dict[str, str]:
+def _info(options: _Options) -> dict[str, Any]:
     """The commit info replog's own commits carry (as :func:`_commit`'s do)."""
+    coverage = options.coverage
     return {
         APP_ID_INFO: options.app_id,
         **({WRITER_INFO: options.writer} if options.writer is not None else {}),
+        **({covered.INFO_KEY: coverage.to_json()} if coverage is not None else {}),
     }
+
+
+COVERAGE_LOOKBACK = 20
+"""Commits read back for a table's last coverage before its whole history is."""
+
+
+def last_coverage(table: DeltaTable) -> covered.Coverage | None:
+    """The coverage of the table's newest commit that records one (None: none does)."""
+    found = covered.latest(table.history(limit=COVERAGE_LOOKBACK))
+    if found is None and table.version() >= COVERAGE_LOOKBACK:
+        found = covered.latest(table.history())
+    return found
 
 
 def _merge_on_read(target: str, table: DeltaTable, options: _Options) -> merge_on_read.Table | None:
@@ -798,101 +835,21 @@ def _keys_as_in(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]
 
 
 def _fill_unavailable(table: DeltaTable | None, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
-    """``changes`` with each value not sent (Debezium's placeholder for an unchanged TOASTed
-    column, or a column :data:`~replog.tables.changes.UNSENT` names) replaced by the key's
-    value: from its previous change in the batch, else from the table's (current) row; the
-    create of a changed key (:data:`~replog.tables.changes.OLD_KEY`) takes the old key's
-    value instead. A key the table does not hold keeps what the change holds: its value is
-    not known."""
-    changes, marks = rows.fill_unavailable(changes, keys)
-    if not marks:
-        return changes
-    current_only = table is not None and CURRENT in table_schema(table).names
-    deletes = pc.fill_null(pc.equal(changes.column(OPERATION), DELETE), False).to_numpy(
-        zero_copy_only=False
-    )
-    moved = np.zeros(changes.num_rows, dtype=bool)
-    if rows.OLD_KEY in changes.column_names:
-        moved = pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
-        changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
-        # a key changed twice (A -> B -> C): B's create took A's value; B's delete takes it
-        # from there, and C's create from B's delete, one change of key per round
-        while marks:
-            left = sum(int(m.sum()) for m in marks.values())
-            changes, marks = rows.refill(changes, marks, keys)
-            changes, marks = _fill_from_old_keys(table, changes, marks, keys, deletes)
-            if sum(int(m.sum()) for m in marks.values()) == left:
-                break
-    if table is None:
-        return changes
-    # a delete needs no value; a changed key's own row (if any) is of an earlier life
-    own = {name: marked & ~deletes & ~moved for name, marked in marks.items()}
-    own = {name: marked for name, marked in own.items() if marked.any()}
-    columns = [name for name in own if name in table_schema(table).names]
-    if not columns:
-        return changes
-    marked_rows = changes.filter(pa.array(np.logical_or.reduce([own[c] for c in columns])))
-    stored = _stored_rows(table, marked_rows, keys, columns, current_only=current_only)
-    return rows.fill_from_rows(changes, own, stored, keys)[0]
+    """:func:`replog.tables.fills.fill_unavailable` from the table's rows."""
+    return fills.fill_unavailable(None if table is None else _DeltaRows(table), changes, keys)
 
 
-def _fill_from_old_keys(
-    table: DeltaTable | None,
-    changes: pa.Table,
-    marks: rows.Marks,
-    keys: Sequence[str],
-    sources: np.ndarray,
-) -> tuple[pa.Table, rows.Marks]:
-    """Fill the values a changed key's create did not send (its rows are marked, and carry
-    :data:`~replog.tables.changes.OLD_KEY`) with the old key's: its delete in the batch
-    (``sources``: the deletes, which the batch fill gave the key's last value sent), else
-    the table's row of the old key. Returns the changes and the marks still left."""
-    deletes_ops = pc.fill_null(pc.equal(changes.column(OPERATION), DELETE), False)
-    waiting = np.logical_or.reduce(list(marks.values())) & ~deletes_ops.to_numpy(
-        zero_copy_only=False
-    )
-    waiting &= pc.is_valid(changes.column(rows.OLD_KEY)).to_numpy(zero_copy_only=False)
-    needing = np.flatnonzero(waiting)
-    if not len(needing):
-        return changes, marks
-    old = rows.parse_keys(changes.column(rows.OLD_KEY).take(needing), keys, changes.schema)
-    if old is None:
-        logger.warning("apply_changes: an old key (metadata.old_key) does not parse: %s", keys)
-        return changes, marks
-    columns = list(marks)
-    proxy = old
-    for name in columns:
-        proxy = proxy.append_column(name, changes.column(name).take(needing))
-    proxy_marks = {name: marks[name][needing] for name in columns}
-    # the old key's delete in the batch (its last one), holding the key's last value sent
-    candidates = np.flatnonzero(sources)
-    if len(candidates):
-        deleted = changes.take(candidates).append_column(
-            "__candidate", pa.array(candidates, pa.int64())
-        )
-        last = rows.latest_per_key(deleted, keys)
-        chosen = last.column("__candidate").to_numpy()
-        for name in columns:
-            known = last.filter(pa.array(~marks[name][chosen])).select([*keys, name])
-            proxy, held = rows.fill_from_rows(proxy, {name: proxy_marks[name]}, known, keys)
-            proxy_marks[name] = proxy_marks[name] & ~held
-    if table is not None and any(m.any() for m in proxy_marks.values()):
-        current_only = CURRENT in table_schema(table).names
-        present = [name for name in columns if name in table_schema(table).names]
-        stored = _stored_rows(table, proxy, keys, present, current_only=current_only)
-        proxy, held = rows.fill_from_rows(proxy, proxy_marks, stored, keys)
-        proxy_marks = {name: m & ~held if name in present else m for name, m in proxy_marks.items()}
-    for name in columns:
-        full = changes.column(name).combine_chunks()
-        take = np.arange(changes.num_rows, dtype=np.int64)
-        values = pa.concat_arrays([full, proxy.column(name).combine_chunks().cast(full.type)])
-        take[needing] = changes.num_rows + np.arange(len(needing))
-        changes = changes.set_column(
-            changes.schema.get_field_index(name), name, values.take(pa.array(take))
-        )
-        marks[name] = marks[name].copy()
-        marks[name][needing] = proxy_marks[name]
-    return changes, marks
+class _DeltaRows:
+    """A Delta table's rows as :mod:`replog.tables.fills` reads them."""
+
+    def __init__(self, table: DeltaTable) -> None:
+        self.table = table
+        self.schema = table_schema(table)
+
+    def rows(
+        self, changes: pa.Table, keys: Sequence[str], columns: Sequence[str], *, current_only: bool
+    ) -> pa.Table:
+        return _stored_rows(self.table, changes, keys, columns, current_only=current_only)
 
 
 def _stored_rows(

@@ -1,0 +1,151 @@
+"""As-of reads (issue 42): ``table_as_of`` on a 1M-row table at points 1k, 100k and 1M
+changes after the nearest Delta version, beside a plain read of that version.
+
+The table is built by ``apply_batch`` (the core of ``apply_changes``) from a log of 1M
+inserts (one Delta version, its commit recording what it covers); then 1M updates of
+random keys are appended to the log in transactions of 1,000 events, each with its commit
+LSN, so that the version lies 1k, 100k or 1M changes before the points read. Printed per
+point: the events after the version, the time of ``table_as_of`` (to a counted
+DataFrame) and of its core (``read_rows``: the version read, the events typed in one
+Spark job, the reduction), beside the plain Delta read (delta-rs scan, and Spark's
+DataFrame of it) and Spark's own Parquet source over the version's files (one version
+written at once: no deletion vectors, its files are the table).
+
+Run: PYSPARK_PYTHON=.venv/bin/python nice .venv/bin/python benchmarks/bench_as_of.py
+[--rows 1000000] [--points 1000,100000,1000000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.json as pj
+from pyspark.sql import SparkSession
+
+from replog.log import ReplicationLog
+from replog.spark.as_of import read_rows, table_as_of
+from replog.tables import as_of
+from replog.tables import coverage as covered
+from replog.tables.changes import OPERATION, SEQUENCE, SHARD, TIMESTAMP
+from replog.tables.delta import apply_batch, open_table, read_table
+
+COLLECTION = "bench.items"
+SCHEMA = "id long, name string, price double"
+TXN = 1_000
+T0 = 1_735_689_600_000
+LSN0 = 0x1000_0000
+
+
+def events(ids: np.ndarray, first_txn: int, operation: str) -> list[dict[str, Any]]:
+    """Events of ``ids`` in transactions of :data:`TXN`, numbered from ``first_txn``."""
+    found = []
+    for index, key in enumerate(ids.tolist()):
+        txn = first_txn + index // TXN
+        lsn = LSN0 + txn * 4096
+        found.append(
+            {
+                "collection": COLLECTION,
+                "key": f'{{"id":{key}}}',
+                "operation": operation,
+                "data": f'{{"id":{key},"name":"n-{key}-{txn}","price":{txn}.5}}',
+                "timestamp": T0 + txn,
+                "metadata": (
+                    f'{{"op":"u","source":{{"lsn":{lsn}}},"transaction":{{"id":"{txn}:{lsn}"}}}}'
+                ),
+            }
+        )
+    return found
+
+
+def append(log: ReplicationLog, found: list[dict[str, Any]]) -> None:
+    for start in range(0, len(found), 200_000):
+        log.append(found[start : start + 200_000])
+
+
+def changes_of(log: ReplicationLog) -> pa.Table:
+    """The log's events as ``apply_batch`` takes them (rows parsed from ``data``)."""
+    read = log.read_all()
+    rows = pj.read_json(pa.BufferReader(b"\n".join(read.column("data").to_pylist())))
+    return (
+        rows.select(["id", "name", "price"])
+        .cast(pa.schema([("id", pa.int64()), ("name", pa.string()), ("price", pa.float64())]))
+        .append_column(SHARD, read.column("shard"))
+        .append_column(SEQUENCE, read.column("sequence"))
+        .append_column(OPERATION, read.column("operation"))
+        .append_column(TIMESTAMP, read.column("timestamp"))
+    )
+
+
+def timed(run: Any) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = run()
+    return time.perf_counter() - start, result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--points", default="1000,100000,1000000")
+    args = parser.parse_args()
+    points = [int(p) for p in args.points.split(",")]
+    spark = (
+        SparkSession.builder.master("local[2]")
+        .config("spark.driver.memory", "4g")
+        .config("spark.sql.shuffle.partitions", "2")
+        .config("spark.ui.enabled", "false")
+        .getOrCreate()
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-as-of-") as root:
+        log = ReplicationLog.create(str(Path(root) / "log"), shards=4)
+        loaded = args.rows // TXN
+        append(log, events(np.arange(args.rows), 0, "insert"))
+        target = str(Path(root) / "items")
+        batch = changes_of(log)
+        span = covered.Span.of(
+            covered.event_positions(log.read_all().column("metadata")),
+            covered.event_times(batch.column(TIMESTAMP)),
+        )
+        coverage = covered.Coverage(
+            log.head(), span, log.log_id, COLLECTION, ("id",), "scd1", SCHEMA
+        )
+        apply_batch(target, batch, ["id"], app_id="bench", batch_id=0, coverage=coverage)
+        del batch
+        rng = np.random.default_rng(42)
+        updates = rng.integers(0, args.rows, max(points))
+        append(log, events(updates, loaded, "update"))
+        table = open_table(target, None)
+        assert table is not None
+        plain, base = timed(lambda: read_table(table))
+        spark.read.parquet(target).count()  # the JVM's classes loaded once
+        parquet, _ = timed(lambda: spark.read.parquet(target).count())
+        plain_frame, _ = timed(lambda: spark.createDataFrame(read_table(table)).count())
+        print(f"table: {args.rows:,} rows, version {table.version()}; log: {log.head()}")
+        print(f"plain Delta read (delta-rs scan): {plain:.2f} s; as a counted DataFrame: "
+              f"{plain_frame:.2f} s; Spark's Parquet source on its files: "
+              f"{parquet:.2f} s")  # fmt: skip
+        print(f"{'changes after':>14} {'events read':>12} {'read_rows s':>12} "
+              f"{'table_as_of s':>14} {'x plain':>8}")  # fmt: skip
+        for count in points:
+            last_txn = loaded + count // TXN - 1
+            lsn = covered.lsn_to_text(LSN0 + last_txn * 4096)
+            point = as_of.point(lsn=lsn)
+            core, found = timed(lambda p=point: read_rows(spark, target, log, p))
+            frame, counted = timed(lambda v=lsn: table_as_of(spark, target, log=log, lsn=v).count())
+            assert found.num_rows == counted == args.rows, (found.num_rows, counted)
+            print(f"{count:>14,} {count:>12,} {core:>12.2f} {frame:>14.2f} "
+                  f"{frame / plain_frame:>8.1f}")  # fmt: skip
+        print(json.dumps({"rows": args.rows, "plain_s": plain, "plain_frame_s": plain_frame,
+                          "parquet_s": parquet}))  # fmt: skip
+        del base
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
