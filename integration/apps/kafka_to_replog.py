@@ -54,9 +54,7 @@ def main() -> None:
     parser.add_argument("--max-offsets", default="25")
     parser.add_argument("--jars", required=True, help="Spark's Kafka connector, comma-separated")
     args = parser.parse_args()
-    # As spark-submit --jars; the JVM tuned to start fast on a busy machine (JIT's first tier
-    # only, one GC thread): a driver run of one or two micro-batches took 57-65 s this way
-    # against 98-122 s with the defaults, on two cores loaded ~9.
+    # As spark-submit --jars, with spark_app.session's quick JVM options.
     quick = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
     os.environ["PYSPARK_SUBMIT_ARGS"] = (
         f'--driver-java-options "{quick}" --jars {args.jars} pyspark-shell'
