@@ -19,7 +19,7 @@ from pathlib import Path
 SOURCE = Path(__file__).resolve().parent.parent / "src" / "replog"
 
 LAYERS = [
-    ["errors", "timeutil", "names", "crashpoints", "about"],
+    ["errors", "timeutil", "names", "crashpoints", "about", "processlocal"],
     ["storage"],
     ["format"],
     ["core"],

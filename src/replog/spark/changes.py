@@ -25,6 +25,7 @@ from pyspark.sql.types import StructType, TimestampType
 
 from replog.errors import InvalidOptionError
 from replog.format.events import TRUNCATE
+from replog.processlocal import ProcessDict
 from replog.schemas import registry
 from replog.spark.typed import VERSION, Typing, schema_version
 from replog.tables import ahead as written_ahead
@@ -134,7 +135,7 @@ def changes_frame(
 
 
 _Built = tuple[list[list[Column]], dict[int, StructType]]
-_BUILT: dict[tuple[Any, ...], _Built] = {}
+_BUILT: ProcessDict[tuple[Any, ...], _Built] = ProcessDict()
 _BUILT_MAX = 64
 
 

@@ -13,7 +13,6 @@ import contextlib
 import logging
 import os
 import re
-import threading
 import uuid
 from enum import Enum
 
@@ -22,6 +21,7 @@ from fsspec.implementations.local import LocalFileSystem
 from fsspec.implementations.memory import MemoryFileSystem
 
 from replog.errors import UnsupportedStorageError
+from replog.processlocal import ProcessLock
 
 logger = logging.getLogger(__name__)
 
@@ -32,28 +32,7 @@ SUPPORTED = (
 """The backends replog can write to; FORMAT.md and OPERATIONS.md list the same."""
 
 
-class _ProcessLock:
-    """A lock that pickles as a fresh one.
-
-    ``replog.register(spark)`` pickles replog's modules by value, globals included, and a
-    plain lock cannot be pickled. The lock only guards the process-local memory store, so
-    a copy in another process needs a lock of its own anyway.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-
-    def __enter__(self) -> bool:
-        return self._lock.acquire()
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._lock.release()
-
-    def __reduce__(self) -> tuple[type[_ProcessLock], tuple[()]]:
-        return (_ProcessLock, ())
-
-
-_MEMORY_LOCK = _ProcessLock()
+_MEMORY_LOCK = ProcessLock()
 
 
 def protocol_of(fs: fsspec.AbstractFileSystem) -> str:

@@ -45,6 +45,7 @@ from pyroaring import BitMap64
 
 from replog.crashpoints import crash_point
 from replog.errors import CommitConflictError
+from replog.processlocal import ProcessDict, ProcessLock
 from replog.storage import Storage
 from replog.tables import deletion_vectors as dvs
 from replog.tables.changes import (
@@ -135,8 +136,8 @@ class Table:
         return found
 
 
-_TABLES: dict[str, Table] = {}
-_TABLES_LOCK = threading.Lock()
+_TABLES: ProcessDict[str, Table] = ProcessDict()
+_TABLES_LOCK = ProcessLock()
 
 
 def table(root: str) -> Table:
@@ -154,7 +155,11 @@ class _Cache:
         self.budget = budget
         self._items: OrderedDict[Any, tuple[Any, int]] = OrderedDict()
         self._bytes = 0
-        self._lock = threading.Lock()
+        self._lock = ProcessLock()
+
+    def __reduce__(self) -> tuple[type[_Cache], tuple[int]]:
+        """A copy in another process (replog's modules pickled by value) starts empty."""
+        return (_Cache, (self.budget,))
 
     def get(self, key: Any, make: Callable[[], Any]) -> Any:
         with self._lock:
