@@ -824,6 +824,7 @@ class MySqlCapture(CaptureDriver):
         finally:
             batch.release()
 
+
 def _signature(column: MySqlColumn) -> str:
     """What a column's values are, as the plan keeps it (a retype changes it)."""
     return json.dumps([column.kind, column.unsigned, column.precision, column.scale, column.fsp,
