@@ -25,7 +25,6 @@ import datetime as dt
 import logging
 import random
 import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -35,17 +34,22 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
-from deltalake import DeltaTable
-from demo import Comparison, compare, run_query, spark_session
+from demo import (
+    Comparison,
+    compare,
+    delta_rows,
+    follow_while,
+    run_query,
+    show_differences,
+    spark_session,
+)
 from embedded_mariadb import USER, running_server
 from pyspark.sql import SparkSession
 
 from replog.capture.mysql.capture import capture
 from replog.capture.mysql.options import Dsn, MySqlOptions
-from replog.capture.progress import CaptureProgress
 from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
-from replog.tables.delta import read_table
 
 COLUMNS = ("id", "customer", "email", "total", "status", "note", "placed_at", "discount")
 CREATE = """
@@ -149,31 +153,11 @@ def capture_while(dsn: str, log_url: str, workload: Workload, transactions: int)
     """Snapshot, then capture (following) while the workload runs, then catch up."""
     log = ReplicationLog.create(log_url, 4)
     options = MySqlOptions(dsn=dsn, tables=("orders",), follow=True)
-    stop, started = threading.Event(), threading.Event()
-    failed: list[BaseException] = []
-
-    def progress(report: CaptureProgress) -> None:
-        if report.snapshot_completed:
-            started.set()  # the snapshot landed: the workload's changes follow it
-
-    def follow() -> None:
-        try:
-            capture(options, log, stop=stop, progress=progress)
-        except BaseException as exc:
-            failed.append(exc)
-            raise
-        finally:
-            started.set()
-
-    follower = threading.Thread(target=follow, name="capture", daemon=True)
-    follower.start()
-    started.wait()
-    if not failed:
-        workload.run(transactions)
-    stop.set()
-    follower.join()
-    if failed:
-        raise failed[0]
+    follow_while(
+        lambda stop, progress: capture(options, log, stop=stop, progress=progress),
+        lambda report: report.snapshot_completed,  # the workload's changes follow it
+        lambda: workload.run(transactions),
+    )
     last = capture(MySqlOptions(dsn=dsn, tables=("orders",)), log)
     where = last.to_json()
     print(f"  capture: caught up ({last.rows:,} rows in the final catch-up, "
@@ -205,11 +189,6 @@ def source_rows(dsn: str) -> dict[int, tuple[Any, ...]]:
     with closing(connect(dsn)) as connection, connection.cursor() as cursor:
         cursor.execute(f"SELECT {', '.join(COLUMNS)} FROM orders")
         return {row[0]: tuple(row) for row in cursor.fetchall()}
-
-
-def delta_rows(path: Path) -> dict[int, tuple[Any, ...]]:
-    table = read_table(DeltaTable(str(path)), list(COLUMNS))
-    return {row["id"]: tuple(row[c] for c in COLUMNS) for row in table.to_pylist()}
 
 
 @contextmanager
@@ -248,13 +227,10 @@ def pipeline(
     finally:
         if spark is None:
             session.stop()
-    result = compare(source_rows(dsn), delta_rows(root / "orders-delta"), COLUMNS)
+    result = compare(source_rows(dsn), delta_rows(root / "orders-delta", COLUMNS), COLUMNS)
     print(f"5. Delta table vs MariaDB: {result.rows:,} rows, {len(result.missing)} missing, "
           f"{len(result.extra)} extra, {len(result.changed)} values differ")  # fmt: skip
-    for key, column, want, got in result.changed[:10]:
-        print(f"   id {key} {column}: MariaDB {want!r}, Delta {got!r}")
-    if result.missing or result.extra:
-        print(f"   missing ids {result.missing[:10]}, extra ids {result.extra[:10]}")
+    show_differences(result, "MariaDB")
     return result
 
 

@@ -163,6 +163,12 @@ def table_schema(
         }
         for name, type_oid, modifier in columns
     ]
+    return envelope_schema(prefix, fields)
+
+
+def envelope_schema(prefix: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """Debezium's change-event envelope around a row of ``fields`` (``prefix`` names it):
+    ``before``, ``after``, ``op``, ``ts_ms`` (every database's capture writes this one)."""
     row = {"type": "struct", "name": f"{prefix}.Value", "fields": fields}
     return {
         "type": "struct",

@@ -53,6 +53,7 @@ from typing import Any
 
 import numpy as np
 
+from replog.capture.schemas import envelope_schema
 from replog.errors import SourceConfigError
 from replog.schemas.connect import DECIMAL, DECIMAL_FORMAT, NUMERIC_FORMAT
 
@@ -273,18 +274,7 @@ def table_schema(
         {"field": column.name, **column.schema(), "optional": column.name not in key}
         for column in columns
     ]
-    row = {"type": "struct", "name": f"{prefix}.Value", "fields": fields}
-    return {
-        "type": "struct",
-        "name": f"{prefix}.Envelope",
-        "optional": False,
-        "fields": [
-            {**row, "field": "before", "optional": True},
-            {**row, "field": "after", "optional": True},
-            {"field": "op", "type": "string", "optional": False},
-            {"field": "ts_ms", "type": "int64", "optional": True},
-        ],
-    }
+    return envelope_schema(prefix, fields)
 
 
 # -- the value writers both paths end in ------------------------------------------------------
