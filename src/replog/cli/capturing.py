@@ -31,6 +31,21 @@ Progress = Callable[[CaptureProgress], None]
 Ran = TypeVar("Ran")
 
 
+def common_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The options both captures take, from the command line."""
+    return {
+        "dsn": args.dsn,
+        "tables": tuple(t.strip() for t in (args.tables or "").split(",") if t.strip()),
+        "snapshot": args.snapshot,
+        "follow": args.follow,
+        "max_changes": args.max_changes,
+        "snapshot_chunk_rows": args.snapshot_chunk_rows,
+        "stage_events": args.stage_events,
+        "skip_truncate": args.skip_truncate,
+        "tables_changed": args.tables_changed,
+    }
+
+
 def parse_keys(
     pairs: Sequence[str], qualified: Callable[[str], str], form: str
 ) -> dict[str, tuple[str, ...]]:

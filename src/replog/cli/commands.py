@@ -121,25 +121,17 @@ def _capture_postgres(args: argparse.Namespace, out: Output) -> int:
     if not args.slot:
         raise InvalidOptionError("replog capture postgres needs --slot (the replication slot)")
     options = CaptureOptions(
-        dsn=args.dsn,
+        **capturing.common_options(args),
         slot=args.slot,
         publication=args.publication,
-        tables=tuple(t.strip() for t in (args.tables or "").split(",") if t.strip()),
-        snapshot=args.snapshot,
         keys=capturing.parse_keys(
             args.keys, lambda table: table if "." in table else f"public.{table}",
             "schema.table",
         ),
-        follow=args.follow,
         drop_slot=args.drop_slot,
-        max_changes=args.max_changes,
-        snapshot_chunk_rows=args.snapshot_chunk_rows,
-        stage_events=args.stage_events,
         snapshot_workers=args.snapshot_workers,
         heartbeat_s=args.heartbeat,
-        skip_truncate=args.skip_truncate,
         reset_slot=args.reset_slot,
-        tables_changed=args.tables_changed,
     )  # fmt: skip
     options.check()
     postgres = _postgres()

@@ -68,19 +68,11 @@ def options_of(args: argparse.Namespace) -> MySqlOptions:
     """The capture's options from the command line, checked."""
     refuse_foreign_options(args)
     options = MySqlOptions(
-        dsn=args.dsn,
-        tables=tuple(t.strip() for t in (args.tables or "").split(",") if t.strip()),
+        **capturing.common_options(args),
         name=args.name or DEFAULT_NAME,
         server_id=args.server_id,
-        snapshot=args.snapshot,
-        follow=args.follow,
-        max_changes=args.max_changes,
-        snapshot_chunk_rows=args.snapshot_chunk_rows,
-        stage_events=args.stage_events,
         position=args.position or "auto",
         reset_position=bool(args.reset_position),
-        tables_changed=args.tables_changed,
-        skip_truncate=args.skip_truncate,
     )
     options.check()
     keys = capturing.parse_keys(args.keys, options.qualified, "db.table")
