@@ -115,7 +115,12 @@ def _numeric(modifier: int) -> dict[str, Any]:
             ],
             "parameters": {DECIMAL_FORMAT: NUMERIC_FORMAT},
         }
-    precision, scale = constrained
+    return decimal_schema(*constrained)
+
+
+def decimal_schema(precision: int, scale: int) -> dict[str, Any]:
+    """A fixed-scale decimal's schema (Kafka Connect's ``Decimal``, its value as exact
+    text), as every database's capture writes it."""
     return {
         "type": "bytes",
         "name": DECIMAL,
