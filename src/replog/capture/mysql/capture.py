@@ -632,8 +632,7 @@ class MySqlCapture(CaptureDriver):
                     server_id=read.position.server_id, file=rows.position[0],
                     pos=rows.position[1],
                 )  # fmt: skip
-                batch.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata,
-                                list(chunk.events.values()))  # fmt: skip
+                batch.add_reads(chunk.table.qualified, chunk.events, chunk.ts_ms, chunk.metadata)
                 read.reads += len(chunk.events)
                 read.chunk = chunk
                 self.chunk = None
