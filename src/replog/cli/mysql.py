@@ -154,30 +154,17 @@ class MySqlCaptured(results.Result):
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
-        skipped = (
-            f" ({d['skipped_transactions']} transactions were already in the log)"
-            if d["skipped_transactions"]
-            else ""
-        )
         where = d["position"] or {}
         at = f"{where.get('file')}:{where.get('pos')}"
         if where.get("gtids"):
             at += f" (GTID {where['gtids']})"
-        yield (
-            f"captured {d['rows']} rows ({d['snapshot_rows']} in the snapshot) of "
-            f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
-            f"position {at}{skipped}"
-        )
+        yield results.captured_line(d, at)
         yield from results.table_event_lines(d["tables"])
         if d["zero_dates"]:
             total = sum(d["zero_dates"].values())
             columns = ", ".join(sorted(d["zero_dates"]))
             yield f"note: {total} zero dates (0000-00-00) written as null, in {columns}"
-        if d["skipped_truncations"]:
-            yield (
-                f"warning: {d['skipped_truncations']} TRUNCATE(s) of captured tables were "
-                f"not captured (see the log messages): tables built from the log keep those rows"
-            )
+        yield from results.skipped_truncations_lines(d)
 
 
 class MySqlSnapshotRequested(results.Result):
