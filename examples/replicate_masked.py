@@ -45,7 +45,8 @@ parser.add_argument(
 )
 args = parser.parse_args()
 consumer = (
-    args.consumer or f"replicate-masked-{hashlib.sha256(args.target.encode()).hexdigest()[:12]}"
+    args.consumer
+    or f"replicate-masked-{hashlib.sha256(args.target.encode()).hexdigest()[:12]}"
 )
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
