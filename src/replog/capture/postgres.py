@@ -1,7 +1,8 @@
 """PostgreSQL changes into a log, each source transaction exactly once (``replog capture
 postgres``; docs/CDC.md, "Capturing PostgreSQL").
 
-DESIGN: this module is the loop that commits; the stages it drives live beside it: the
+DESIGN: this module is the loop that commits (on :class:`~replog.capture.driver.CaptureDriver`,
+which the MySQL capture shares); the stages it drives live beside it: the
 source (:mod:`~replog.capture.source`: checks, catalog, slot, publication), the change
 stream (:mod:`~replog.capture.pgoutput` decoding, :mod:`~replog.capture.stream` relations),
 the events (:mod:`~replog.capture.events`) and the snapshot

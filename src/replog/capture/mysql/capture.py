@@ -1,7 +1,9 @@
 """MySQL and MariaDB changes into a log, each source transaction exactly once (``replog
 capture mysql``; docs/CDC.md, "Capturing MySQL and MariaDB").
 
-DESIGN: the PostgreSQL capture's loop (:mod:`replog.capture.postgres`), for the binlog:
+DESIGN: the PostgreSQL capture's loop (:mod:`replog.capture.postgres`), for the binlog; what
+the two share (the run record, the idempotent commit, progress, the plan saved) is
+:class:`~replog.capture.driver.CaptureDriver`:
 
 * The binlog is read as a replica, non-blocking, from the position the log holds
   (:mod:`~replog.capture.mysql.binlog`): whole transactions, their row events decoded
