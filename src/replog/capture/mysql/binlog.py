@@ -348,6 +348,11 @@ def _table_map(
     }
 
 
+if "_data" not in getattr(pymysql.protocol.MysqlPacket, "__slots__", ()):  # pragma: no cover
+    raise ImportError(
+        "PyMySQL's MysqlPacket keeps no _data (read by _table_map): this replog knows "
+        "PyMySQL 1.1 and 1.2"
+    )
 TableMapEvent.__init__ = _table_map
 
 
