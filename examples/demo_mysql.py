@@ -22,10 +22,8 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import logging
 import random
 import shutil
-import threading
 import time
 from collections import Counter
 from collections.abc import Iterator, Sequence
@@ -35,17 +33,23 @@ from pathlib import Path
 from typing import Any
 
 import pymysql
-from deltalake import DeltaTable
-from demo import Comparison, compare, run_query, spark_session
+from demo import (
+    Comparison,
+    compare,
+    delta_rows,
+    demo_main,
+    follow_while,
+    run_query,
+    show_differences,
+    spark_session,
+)
 from embedded_mariadb import USER, running_server
 from pyspark.sql import SparkSession
 
 from replog.capture.mysql.capture import capture
 from replog.capture.mysql.options import Dsn, MySqlOptions
-from replog.capture.progress import CaptureProgress
 from replog.log import ReplicationLog
 from replog.spark.functions import apply_changes
-from replog.tables.delta import read_table
 
 COLUMNS = ("id", "customer", "email", "total", "status", "note", "placed_at", "discount")
 CREATE = """
@@ -149,31 +153,11 @@ def capture_while(dsn: str, log_url: str, workload: Workload, transactions: int)
     """Snapshot, then capture (following) while the workload runs, then catch up."""
     log = ReplicationLog.create(log_url, 4)
     options = MySqlOptions(dsn=dsn, tables=("orders",), follow=True)
-    stop, started = threading.Event(), threading.Event()
-    failed: list[BaseException] = []
-
-    def progress(report: CaptureProgress) -> None:
-        if report.snapshot_completed:
-            started.set()  # the snapshot landed: the workload's changes follow it
-
-    def follow() -> None:
-        try:
-            capture(options, log, stop=stop, progress=progress)
-        except BaseException as exc:
-            failed.append(exc)
-            raise
-        finally:
-            started.set()
-
-    follower = threading.Thread(target=follow, name="capture", daemon=True)
-    follower.start()
-    started.wait()
-    if not failed:
-        workload.run(transactions)
-    stop.set()
-    follower.join()
-    if failed:
-        raise failed[0]
+    follow_while(
+        lambda stop, progress: capture(options, log, stop=stop, progress=progress),
+        lambda report: report.snapshot_completed,  # the workload's changes follow it
+        lambda: workload.run(transactions),
+    )
     last = capture(MySqlOptions(dsn=dsn, tables=("orders",)), log)
     where = last.to_json()
     print(f"  capture: caught up ({last.rows:,} rows in the final catch-up, "
@@ -205,11 +189,6 @@ def source_rows(dsn: str) -> dict[int, tuple[Any, ...]]:
     with closing(connect(dsn)) as connection, connection.cursor() as cursor:
         cursor.execute(f"SELECT {', '.join(COLUMNS)} FROM orders")
         return {row[0]: tuple(row) for row in cursor.fetchall()}
-
-
-def delta_rows(path: Path) -> dict[int, tuple[Any, ...]]:
-    table = read_table(DeltaTable(str(path)), list(COLUMNS))
-    return {row["id"]: tuple(row[c] for c in COLUMNS) for row in table.to_pylist()}
 
 
 @contextmanager
@@ -248,35 +227,20 @@ def pipeline(
     finally:
         if spark is None:
             session.stop()
-    result = compare(source_rows(dsn), delta_rows(root / "orders-delta"), COLUMNS)
+    result = compare(source_rows(dsn), delta_rows(root / "orders-delta", COLUMNS), COLUMNS)
     print(f"5. Delta table vs MariaDB: {result.rows:,} rows, {len(result.missing)} missing, "
           f"{len(result.extra)} extra, {len(result.changed)} values differ")  # fmt: skip
-    for key, column, want, got in result.changed[:10]:
-        print(f"   id {key} {column}: MariaDB {want!r}, Delta {got!r}")
-    if result.missing or result.extra:
-        print(f"   missing ids {result.missing[:10]}, extra ids {result.extra[:10]}")
+    show_differences(result, "MariaDB")
     return result
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
-    parser.add_argument("--orders", type=int, default=4_000, help="rows before the capture")
-    parser.add_argument("--transactions", type=int, default=4_000, help="workload transactions")
-    parser.add_argument("--dir", default="demo-data")
-    parser.add_argument("--dsn", help="capture from this server instead of a throwaway one")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.WARNING)
-    begun = time.perf_counter()
-    with source_database(args.dsn) as dsn:
-        result = pipeline(dsn, Path(args.dir).resolve() / "mysql", args.orders,
-                          args.transactions)  # fmt: skip
-    print(
-        "EQUAL: the Delta table equals the MariaDB table row by row (exact decimals, NULLs)"
-        if result.equal
-        else "NOT EQUAL: the Delta table differs from the MariaDB table"
-    )
-    print(f"whole pipeline in {time.perf_counter() - begun:.1f}s")
-    return 0 if result.equal else 1
+    def run(args: argparse.Namespace) -> bool:
+        with source_database(args.dsn) as dsn:
+            root = Path(args.dir).resolve() / "mysql"
+            return pipeline(dsn, root, args.orders, args.transactions).equal
+
+    return demo_main(argv, __doc__, "MariaDB", 4_000, run)
 
 
 if __name__ == "__main__":

@@ -104,6 +104,8 @@ def test_keys_are_written_in_their_shortest_form(mysql_db: Db, tmp_path: Path) -
     run(mysql_db.dsn, url, tables=("d",))
     mysql_db.sql("UPDATE d SET k = 2.00")
     run(mysql_db.dsn, url, tables=("d",))
+    reads = [(e["key"], e["data"]) for e in events(url) if e["op"] == "r"]
+    assert reads == [('{"k":1.5,"n":18446744073709551615}', '{"k":1.50,"n":18446744073709551615}')]
     assert changes(url) == [
         ("d", '{"k":1.5,"n":18446744073709551615}', '{"k":1.50,"n":18446744073709551615}'),
         ("c", '{"k":2,"n":18446744073709551615}', '{"k":2.00,"n":18446744073709551615}'),

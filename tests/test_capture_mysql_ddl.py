@@ -7,31 +7,14 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from support.mysql import Db, events, log_rows, run, source_rows
+from support.mysql import Db, assert_equal_to_table, events, racing_chunks, run
 
-from replog.capture.mysql.chunks import MySqlChunks
 from replog.log import ReplicationLog
 from replog.schemas import registry
 
 pytestmark = pytest.mark.slow  # a MariaDB server for the session
-
-
-def _columns(db: Db, table: str = "t") -> list[str]:
-    return [
-        name
-        for (name,) in db.query(
-            "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
-            f"AND TABLE_NAME = '{table}' ORDER BY ORDINAL_POSITION"
-        )
-    ]
-
-
-def _equal(db: Db, url: str, table: str = "t") -> None:
-    collection = f"{db.name}.{table}"
-    assert log_rows(url, collection, _columns(db, table)) == source_rows(db, table)
 
 
 def _reads_since(url: str, version: int) -> list[str]:
@@ -66,7 +49,7 @@ def test_each_event_has_the_columns_of_its_position_and_rewrites_are_snapshotted
     digests = {v.digest for v in registry.versions(ReplicationLog.open(url).storage,
                                                    f"{mysql_db.name}.t")}  # fmt: skip
     assert {four["metadata"]["schema"], five["metadata"]["schema"]} <= digests
-    _equal(mysql_db, url)
+    assert_equal_to_table(mysql_db, url)
 
     everyone = ['{"id":1}', '{"id":2}', '{"id":3}', '{"id":4}', '{"id":5}']
     for statement in (
@@ -78,12 +61,12 @@ def test_each_event_has_the_columns_of_its_position_and_rewrites_are_snapshotted
         mysql_db.sql(statement)
         run(mysql_db.dsn, url, tables=("t",))
         assert _reads_since(url, before) == everyone, statement
-        _equal(mysql_db, url)
+        assert_equal_to_table(mysql_db, url)
     before = _version(url)
     mysql_db.sql("ALTER TABLE t DROP COLUMN c", "UPDATE t SET b = 'x' WHERE id = 1")
     run(mysql_db.dsn, url, tables=("t",))
     assert _reads_since(url, before) == []  # a column dropped rewrote nothing downstream
-    _equal(mysql_db, url)
+    assert_equal_to_table(mysql_db, url)
     assert json.loads(events(url)[-1]["data"]) == {"id": 1, "a2": 1, "b": "x"}
 
 
@@ -104,14 +87,14 @@ def test_a_table_dropped_and_created_again_replaces_its_rows(mysql_db: Db, tmp_p
     assert ops.count("t") == 1
     truncate = next(e for e in events(url) if e["op"] == "t")
     assert truncate["source"]["table_recreated"] is True
-    _equal(mysql_db, url)
+    assert_equal_to_table(mysql_db, url)
     # again, the DROP in one run, the CREATE in the next (its truncate is still owed)
     mysql_db.sql("DROP TABLE t")
     run(mysql_db.dsn, url, tables=("t",))
     mysql_db.sql("CREATE TABLE t (id int PRIMARY KEY, v varchar(5), w int)",
                  "INSERT INTO t VALUES (9, 'again', 2)")  # fmt: skip
     run(mysql_db.dsn, url, tables=("t",))
-    _equal(mysql_db, url)
+    assert_equal_to_table(mysql_db, url)
     # CREATE TABLE IF NOT EXISTS of the table that exists: the binlog has it, nothing changes
     mysql_db.sql("CREATE TABLE IF NOT EXISTS t (id int PRIMARY KEY)")
     before = _version(url)
@@ -134,7 +117,7 @@ def test_a_table_renamed_away_keeps_its_rows_and_one_renamed_in_replaces_them(
     mysql_db.sql("ALTER TABLE other RENAME TO t", "INSERT INTO t VALUES (6, 6)")
     run(mysql_db.dsn, url, tables=("t",))
     assert "renamed to" in caplog.text
-    _equal(mysql_db, url)  # other's rows, as t: t_old's went with the truncate
+    assert_equal_to_table(mysql_db, url)  # other's rows, as t: t_old's went with the truncate
     assert all(e["key"] != '{"id":2}' for e in events(url))  # t_old is not captured
 
 
@@ -148,22 +131,16 @@ def test_ddl_inside_a_snapshot_window_reads_the_chunk_again(
     url = str(tmp_path / "log")
     mysql_db.sql("CREATE TABLE t (id int PRIMARY KEY, v int)")
     mysql_db.sql("INSERT INTO t SELECT seq, seq FROM seq_1_to_100")
-    select = MySqlChunks._select
-    calls: list[int] = []
-
-    def racing(self: MySqlChunks, table: Any, after: Any) -> Any:
-        calls.append(1)
-        if len(calls) == 2:  # the second chunk: DDL after its low watermark
-            mysql_db.sql("ALTER TABLE t ADD COLUMN x int NULL")
-        rows = select(self, table, after)
-        if len(calls) == 4:  # DDL after a read, before its high watermark
-            mysql_db.sql("ALTER TABLE t ADD COLUMN y int NOT NULL DEFAULT 3")
-        return rows
-
-    monkeypatch.setattr(MySqlChunks, "_select", racing)
+    racing_chunks(
+        monkeypatch,
+        # the second chunk: DDL after its low watermark
+        before={2: lambda: mysql_db.sql("ALTER TABLE t ADD COLUMN x int NULL")},
+        # the fourth: DDL after its read, before its high watermark
+        after={4: lambda: mysql_db.sql("ALTER TABLE t ADD COLUMN y int NOT NULL DEFAULT 3")},
+    )
     run(mysql_db.dsn, url, tables=("t",), snapshot_chunk_rows=30)
     monkeypatch.undo()
-    _equal(mysql_db, url)
+    assert_equal_to_table(mysql_db, url)
     reads = [json.loads(e["data"]) for e in events(url) if e["op"] == "r"]
     assert {r["y"] for r in reads if "y" in r} == {3}
     assert all(set(r) == {"id", "v", "x", "y"} for r in reads[-100:])

@@ -4,13 +4,16 @@ into a log, and the log's events in source order."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
+import pytest
 from embedded_mariadb import Server
 
 from replog.capture.mysql.capture import capture
+from replog.capture.mysql.chunks import MySqlChunks
 from replog.capture.mysql.options import MySqlOptions
 from replog.capture.progress import CaptureProgress
 from replog.log import ReplicationLog
@@ -108,16 +111,50 @@ def rows_of(url: str, collection: str) -> dict[str, str]:
     return table
 
 
-def source_rows(db: Db, table: str) -> dict[str, dict[str, Any]]:
-    """The table's rows as the server writes them itself (``JSON_OBJECT``), by the key
-    capture gives them (an ``id`` column): what the log's rows must equal."""
-    names = [
+def columns_of(db: Db, table: str = "t") -> list[str]:
+    """The table's columns now, in order."""
+    return [
         name
         for (name,) in db.query(
             "SELECT COLUMN_NAME FROM information_schema.COLUMNS WHERE TABLE_SCHEMA = DATABASE() "
             f"AND TABLE_NAME = '{table}' ORDER BY ORDINAL_POSITION"
         )
     ]
+
+
+def assert_equal_to_table(db: Db, url: str, table: str = "t") -> None:
+    """The log's rows of ``table``, cut to its columns now, are the server's rows."""
+    assert log_rows(url, f"{db.name}.{table}", columns_of(db, table)) == source_rows(db, table)
+
+
+def racing_chunks(
+    monkeypatch: pytest.MonkeyPatch,
+    before: dict[int, Callable[[], None]] | None = None,
+    after: dict[int, Callable[[], None]] | None = None,
+) -> list[int]:
+    """Chunk reads that run ``before[n]`` after the n-th chunk's low watermark (before its
+    SELECT) and ``after[n]`` after its SELECT (before its high watermark); one item a
+    read."""
+    select = MySqlChunks._select
+    calls: list[int] = []
+
+    def racing(self: MySqlChunks, table: Any, last: Any) -> Any:
+        calls.append(1)
+        if before and len(calls) in before:
+            before[len(calls)]()
+        rows = select(self, table, last)
+        if after and len(calls) in after:
+            after[len(calls)]()
+        return rows
+
+    monkeypatch.setattr(MySqlChunks, "_select", racing)
+    return calls
+
+
+def source_rows(db: Db, table: str) -> dict[str, dict[str, Any]]:
+    """The table's rows as the server writes them itself (``JSON_OBJECT``), by the key
+    capture gives them (an ``id`` column): what the log's rows must equal."""
+    names = columns_of(db, table)
     pairs = ", ".join(f"'{name}', `{name}`" for name in names)
     found = {}
     for (text,) in db.query(f"SELECT JSON_OBJECT({pairs}) FROM `{table}`"):

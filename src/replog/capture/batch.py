@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from replog.capture.chunks import Chunk
-from replog.capture.events import Event, EventColumns, Read
+from replog.capture.events import ChunkRows, Event, EventColumns
 from replog.core import files, leases, staging
 from replog.crashpoints import crash_point
 from replog.format.commits import CommitRecord, Transaction
@@ -70,16 +70,13 @@ class Batch:
 
     def add_chunk(self, chunk: Chunk) -> None:
         """The read events of a snapshot chunk (its rows the window left)."""
-        self.held.add_table(chunk.events.table(chunk.table.qualified, chunk.ts_ms, chunk.metadata))
-        self.events += len(chunk.events)
-        self.counts[(chunk.table.qualified, "read")] += len(chunk.events)
+        self.add_reads(chunk.table.qualified, chunk.events, chunk.ts_ms, chunk.metadata)
         self.chunk = chunk
-        self._stage_if_many()
 
-    def add_reads(self, collection: str, ts_ms: int, metadata: str, rows: list[Read]) -> None:
-        """Read events of ``collection`` that share one ``metadata`` (a chunk's rows, of
-        a source whose chunks hold them by key: MySQL's)."""
-        self.held.add_reads(collection, ts_ms, metadata, rows)
+    def add_reads(self, collection: str, rows: ChunkRows, ts_ms: int, metadata: str) -> None:
+        """The read events of a snapshot chunk of ``collection`` (its rows the window
+        left), all with ``ts_ms`` and ``metadata``."""
+        self.held.add_table(rows.table(collection, ts_ms, metadata))
         self.events += len(rows)
         self.counts[(collection, "read")] += len(rows)
         self._stage_if_many()

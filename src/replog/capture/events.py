@@ -188,18 +188,6 @@ class EventColumns:
             self.before.append(event.before)
             self.metadata.append(event.metadata)
 
-    def add_reads(self, collection: str, ts_ms: int, metadata: str, rows: Sequence[Read]) -> None:
-        """Read events of one snapshot chunk (one metadata for all)."""
-        count = len(rows)
-        self.event_id.extend(row.event_id for row in rows)
-        self.key.extend(row.key for row in rows)
-        self.data.extend(row.data for row in rows)
-        self.timestamp_ms.extend([ts_ms] * count)
-        self.operation.extend(["insert"] * count)
-        self.collection.extend([collection] * count)
-        self.before.extend([None] * count)
-        self.metadata.extend([metadata] * count)
-
     def add_table(self, table: pa.Table) -> None:
         """Events already made into a table of the stored schema (a chunk's reads)."""
         if len(self.event_id):

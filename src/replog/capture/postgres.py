@@ -1,7 +1,8 @@
 """PostgreSQL changes into a log, each source transaction exactly once (``replog capture
 postgres``; docs/CDC.md, "Capturing PostgreSQL").
 
-DESIGN: this module is the loop that commits; the stages it drives live beside it: the
+DESIGN: this module is the loop that commits (on :class:`~replog.capture.driver.CaptureDriver`,
+which the MySQL capture shares); the stages it drives live beside it: the
 source (:mod:`~replog.capture.source`: checks, catalog, slot, publication), the change
 stream (:mod:`~replog.capture.pgoutput` decoding, :mod:`~replog.capture.stream` relations),
 the events (:mod:`~replog.capture.events`) and the snapshot
@@ -37,12 +38,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import replace
 
 from replog.capture.batch import Batch
 from replog.capture.chunks import Chunk, ChunkReader
+from replog.capture.driver import CaptureDriver, ProgressCallback
 from replog.capture.events import UNAVAILABLE, EventMaker
 from replog.capture.options import CaptureOptions, capture_app_id
 from replog.capture.pgoutput import (
@@ -83,24 +84,17 @@ from replog.capture.source import (
 from replog.capture.stream import DeferredKeys, Relations
 from replog.capture.truncates import Truncations
 from replog.capture.watch import CatalogWatch
-from replog.core import leases
 from replog.crashpoints import crash_point
 from replog.errors import (
-    CaptureError,
     InvalidOptionError,
     SourcePositionError,
-    TransactionOrderError,
 )
-from replog.format.commits import Transaction
 from replog.log import ReplicationLog
-from replog.schemas import registry
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["UNAVAILABLE", "PostgresCapture", "capture", "server_positions"]
-
-ProgressCallback = Callable[[CaptureProgress], None]
 
 IDLE_WAL_BYTES = 64 * 1024
 """WAL the server may write past capture's position and still be idle: after a heartbeat
@@ -109,11 +103,12 @@ which must not call for the next heartbeat, or an idle server writes WAL forever
 with ``archive_timeout``, switches and archives a segment each time)."""
 
 
-class PostgresCapture:
-    """One capture of a PostgreSQL database into one log (see the module docstring).
+class PostgresCapture(CaptureDriver):
+    """One capture of a PostgreSQL database into one log (see the module docstring)."""
 
-    ``stop`` ends a following capture after the commit in progress.
-    """
+    events: EventMaker
+    reads = "the slot"
+    one_per = "slot"
 
     def __init__(
         self,
@@ -124,11 +119,8 @@ class PostgresCapture:
         progress: ProgressCallback | None = None,
     ) -> None:
         options.check()
-        self.log = log
-        self.stop = stop or threading.Event()
-        self.on_progress = progress
-        self.app_id = capture_app_id(options.slot)
-        self.progress = CaptureProgress()
+        super().__init__(log, capture_app_id(options.slot), stop=stop, progress=progress)
+        self.identity = f"capture of slot {options.slot!r}"
         self.released: dict[str, int] = {}
         """Tables the log's capture of the slot captured that ``--tables`` now leaves out
         (``--tables-changed``): their changes still in the slot are skipped, counted."""
@@ -160,19 +152,11 @@ class PostgresCapture:
         self.watch = CatalogWatch(
             self.source, self.relations, self.removals, self._owe_snapshot, self._restart_snapshot
         )
-        self.plan: SnapshotPlan | None = None
-        self._plan_changed = False
         self.chunk: Chunk | None = None
         self._resources = ExitStack()
         self._resources.callback(self.chunks.close)
-        self._registered: set[str] = set()
-        self._snapshotted = False
-        """A snapshot was owed during this run (for SnapshotCompleted)."""
         self._txn: SourceTransaction | None = None
         """The transaction being read."""
-        self._logged = 0
-        """The position the log holds as far as this capture knows (0: none): each commit
-        must follow it, so a second capture of the slot cannot commit over this one's."""
         self._beat_at = time.monotonic()
         """When the last heartbeat was written (or the capture started)."""
         self._heartbeat_seen = False
@@ -181,23 +165,6 @@ class PostgresCapture:
     def close(self) -> None:
         self._resources.close()
         self.source.close()
-
-    def __enter__(self) -> PostgresCapture:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-    def run(self) -> CaptureProgress:
-        """Snapshot what is owed while streaming, until caught up with nothing owed (or,
-        following, until stopped). How it ended is written to the log's run record."""
-        try:
-            self._run()
-        except BaseException as exc:
-            self.run_record.stopped(self.progress.position, exc)
-            raise
-        self.run_record.stopped(self.progress.position)
-        return self.progress
 
     def _run(self) -> None:
         position = self._start()
@@ -270,48 +237,14 @@ class PostgresCapture:
                 health.safe_bytes,
             )
 
-    def _report(self, *, idle: bool = False) -> None:
-        """Bring the progress up to date and hand it to the callback (after each batch:
-        each snapshot chunk, each commit, each empty poll)."""
-        progress = self.progress
-        progress.lag_bytes = max(self.source.current_position() - progress.position, 0)
-        if idle:
-            progress.lag_ms = 0  # caught up: nothing committed at the source is unread
-        queue = self.plan.queue if self.plan is not None else []
-        progress.snapshot_table = queue[0].table if queue else None
-        progress.snapshot_tables_left = len(queue)
-        progress.snapshot_running = bool(queue)
-        progress.snapshot_completed = self._snapshotted and not queue
-        progress.snapshot_rows_total = progress.snapshot_rows + sum(
-            max(owed.estimate - owed.rows, 0) for owed in queue
-        )
-        if self.on_progress is not None:
-            self.on_progress(progress)
-
-    def _snapshot_owed(self) -> bool:
-        return self.plan is not None and self.plan.current is not None
+    def _lag_bytes(self) -> int:
+        return max(self.source.current_position() - self.progress.position, 0)
 
     # -- starting: the slot and the log must agree --------------------------------------
 
     @property
     def _lease_owner(self) -> str:
         return f"replog capture of slot {self.options.slot}"
-
-    def _release_dead_leases(self) -> None:
-        """Staging leases of earlier runs of this slot's capture: their runs are dead (one
-        capture per slot; a second one is refused at its commit), so their staged files,
-        never committed, are ``recover``'s to collect in minutes, not in 24 hours. Not at
-        once: a run that froze (and lost its connection) may be between its commit's
-        lease check and its put (:func:`leases.wind_down`)."""
-        found = leases.leases(self.log.storage)
-        for lease in found.readable:
-            if lease.owner == self._lease_owner:
-                logger.info("winding down staging lease %s of an earlier run", lease.lease_id)
-                try:
-                    leases.wind_down(self.log.storage, lease)
-                except Exception as exc:  # it then expires on its own, in a day
-                    logger.warning("could not wind down staging lease %s: %s",
-                                   lease.lease_id, exc)  # fmt: skip
 
     def _remembered(self, options: CaptureOptions) -> CaptureOptions:
         """``options`` with the tables the log's capture of the slot captures when none are
@@ -575,9 +508,7 @@ class PostgresCapture:
     def _restart_snapshot(self, table: Table, reason: str) -> None:
         """Every row of ``table`` again (its snapshot from the start if it is running)."""
         assert self.plan is not None
-        if self.options.snapshot != "initial":
-            logger.warning("%s: %s is not snapshotted again (--snapshot never)", reason,
-                           table.qualified)  # fmt: skip
+        if self._never_again(self.options.snapshot, reason, table.qualified):
             return
         if self.plan.restart(table, reason, self.source.estimated_rows(table)):
             self._plan_changed = True
@@ -591,10 +522,7 @@ class PostgresCapture:
         self.watch.changed = self.removals.changed = False
         if self.plan is not None and self.plan.tables != self._table_ids():
             self._plan_changed = True  # a table joined, was released or replaced
-        if self.plan is not None and self._plan_changed:
-            self.plan.tables = self._table_ids()
-            self.plan.save(self.log.storage)
-            self._plan_changed = False
+        super()._save_plan()
 
     # -- snapshot chunks -------------------------------------------------------------------
 
@@ -709,13 +637,9 @@ class PostgresCapture:
         if self.plan is not None and self.plan.resolve(max(position, last)):
             self._plan_changed = True  # saved with the next change of the plan
         self.progress.position = max(position, last)
-        self.progress.rows += batch.events - (len(batch.chunk.events) if batch.chunk else 0)
-        self.progress.count(batch.counts)
-        self.progress.transactions += batch.captured
+        self._counted(batch, snapshot_rows=len(batch.chunk.events) if batch.chunk else 0,
+                      captured=batch.captured, last_commit_ms=batch.last_commit_ms)  # fmt: skip
         self.progress.skipped_transactions += batch.transactions - batch.captured - batch.heartbeats
-        if batch.last_commit_ms is not None:
-            self.progress.last_commit_ms = batch.last_commit_ms
-            self.progress.lag_ms = max(now_ms() - batch.last_commit_ms, 0)
         self.removals.prepare(max(position, last))
         return True
 
@@ -815,35 +739,12 @@ class PostgresCapture:
     # -- committing ------------------------------------------------------------------------
 
     def _commit(self, batch: Batch, position: int) -> None:
-        """One atomic commit of ``batch`` that records ``position`` (also with no events:
-        transactions of tables not captured still move the position on)."""
-        transaction = Transaction(self.app_id, position, follows=self._logged)
-        self._register()
-        try:
-            record = batch.commit(transaction)
-        except TransactionOrderError as exc:
-            raise CaptureError(
-                f"another capture of slot {self.options.slot!r} committed to {self.log.url} "
-                f"while this one read the slot ({exc}); this capture stops without committing "
-                f"(the changes it read would be doubled): run one capture per slot"
-            ) from exc
-        if record is not None:
-            self.progress.commits += 1
+        """One atomic commit of ``batch`` that records ``position``."""
+        if self._commit_batch(batch, position):
             self.progress.truncations += batch.truncations
             self.progress.skipped_truncations += batch.skipped_truncations
-            self._logged = position
             if batch.chunk is not None:
                 self.progress.snapshot_rows += len(batch.chunk.events)
-        else:  # the log already holds this position (or a later one)
-            self._logged = self.log.transaction_version(self.app_id) or 0
-
-    def _register(self) -> None:
-        """Store (put-if-absent) each schema an event was given that this capture has not
-        stored yet: before the commit, so a reader that sees an event finds its schema."""
-        for digest, (collection, schema) in list(self.events.schemas.items()):
-            if digest not in self._registered:
-                registry.register(self.log.storage, collection, schema, digest)
-                self._registered.add(digest)
 
 
 def capture(

@@ -115,7 +115,12 @@ def _numeric(modifier: int) -> dict[str, Any]:
             ],
             "parameters": {DECIMAL_FORMAT: NUMERIC_FORMAT},
         }
-    precision, scale = constrained
+    return decimal_schema(*constrained)
+
+
+def decimal_schema(precision: int, scale: int) -> dict[str, Any]:
+    """A fixed-scale decimal's schema (Kafka Connect's ``Decimal``, its value as exact
+    text), as every database's capture writes it."""
     return {
         "type": "bytes",
         "name": DECIMAL,
@@ -163,6 +168,12 @@ def table_schema(
         }
         for name, type_oid, modifier in columns
     ]
+    return envelope_schema(prefix, fields)
+
+
+def envelope_schema(prefix: str, fields: list[dict[str, Any]]) -> dict[str, Any]:
+    """Debezium's change-event envelope around a row of ``fields`` (``prefix`` names it):
+    ``before``, ``after``, ``op``, ``ts_ms`` (every database's capture writes this one)."""
     row = {"type": "struct", "name": f"{prefix}.Value", "fields": fields}
     return {
         "type": "struct",

@@ -27,6 +27,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from replog.capture.pgoutput import lsn_to_int, lsn_to_text
+from replog.capture.records import read_record
 from replog.capture.source import (
     SIGNAL_PREFIX,
     WATERMARK_PREFIX,
@@ -35,8 +36,8 @@ from replog.capture.source import (
     publication_tables,
     qualified_name,
 )
-from replog.errors import CorruptionError, InvalidOptionError, LogIdentityError, SourceConfigError
-from replog.format.sealed import seal, unseal
+from replog.errors import CorruptionError, InvalidOptionError, SourceConfigError
+from replog.format.sealed import seal
 from replog.storage import Storage
 from replog.timeutil import now_ms
 
@@ -197,15 +198,9 @@ class SnapshotPlan:
     def load(cls, storage: Storage, slot: str, log_id: str) -> SnapshotPlan | None:
         """The plan stored for ``slot`` (None if there is none)."""
         path = plan_path(slot)
-        data = storage.read_optional(path)
-        if data is None:
+        body = read_record(storage, path, log_id, PLAN_VERSION)
+        if body is None:
             return None
-        body = unseal(data, storage.path(path), max_version=PLAN_VERSION)
-        if body.get("log_id") != log_id:
-            raise LogIdentityError(
-                f"{storage.path(path)} belongs to log {body.get('log_id')!r}, not to "
-                f"{log_id!r}: the log was re-created with a stale capture record in it"
-            )
         upgrade = _from_version_1 if body.get("format_version", 1) < 2 else dict
         try:
             pending = body.get("pending")

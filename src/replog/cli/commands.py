@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
-import signal
 import socket
 import sys
 import threading
@@ -16,8 +15,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from types import ModuleType
 from typing import IO, TYPE_CHECKING, Any
-
-import pyarrow as pa
 
 from replog import ingest
 from replog import offsets as positions
@@ -28,18 +25,17 @@ from replog.checkpoints.consumers import CONSUMERS_DIR
 from replog.checkpoints.manifest import CheckpointManifest
 from replog.checkpoints.sinks import SINKS_DIR
 from replog.checkpoints.store import ManifestStore, named_stores
+from replog.cli import capturing, results
 from replog.cli import mysql as mysql_commands
-from replog.cli import results
-from replog.cli.metrics import CaptureMetrics, serve, status_metrics
+from replog.cli.metrics import CaptureMetrics, status_metrics
 from replog.cli.output import Output
-from replog.cli.progress import BYTES, CaptureDisplay, Display, Work, display_for
+from replog.cli.progress import BYTES, Display, Work, display_for
 from replog.errors import (
     InvalidOptionError,
-    LogNotFoundError,
     ManifestNotFoundError,
     ReplogError,
 )
-from replog.format.commits import DEFAULT_SHARDS, DESCRIPTOR_PATH, Transaction
+from replog.format.commits import DESCRIPTOR_PATH, Transaction
 from replog.format.limits import check_retention, check_shards, check_snapshot_interval
 from replog.log import ReplicationLog
 from replog.merges import plan_full
@@ -101,17 +97,6 @@ def _counting(work: Work) -> Callable[[int, int], None]:
 # -- capture ---------------------------------------------------------------------------------
 
 
-def _keys(pairs: Sequence[str]) -> dict[str, tuple[str, ...]]:
-    keys: dict[str, tuple[str, ...]] = {}
-    for pair in pairs:
-        table, sep, columns = pair.partition("=")
-        names = tuple(c.strip() for c in columns.split(",") if c.strip())
-        if not sep or not table or not names:
-            raise InvalidOptionError(f"--keys expects schema.table=col[,col...], got {pair!r}")
-        keys[table if "." in table else f"public.{table}"] = names
-    return keys
-
-
 def _postgres() -> ModuleType:
     """:mod:`replog.capture.postgres`, which needs the 'postgres' extra (psycopg)."""
     try:
@@ -132,79 +117,47 @@ def cmd_capture(args: argparse.Namespace, out: Output) -> int:
 
 
 def _capture_postgres(args: argparse.Namespace, out: Output) -> int:
-    """``replog capture postgres``: stops cleanly on Ctrl-C or SIGTERM (after the commit in
-    progress, saying so at once; a second Ctrl-C stops at once), with its progress on
-    stderr and, with ``--metrics-port``, Prometheus metrics."""
-    # A capture runs for days in a process of its own: the system allocator gives memory
-    # freed by a merge or a staged piece back, where Arrow's jemalloc keeps it for reuse
-    # (measured at 10M rows: 345 MB against 568 MB peak RSS, at the same speed).
+    """``replog capture postgres`` (:func:`capturing.run_capture`)."""
     if not args.slot:
         raise InvalidOptionError("replog capture postgres needs --slot (the replication slot)")
-    pa.set_memory_pool(pa.system_memory_pool())
     options = CaptureOptions(
-        dsn=args.dsn,
+        **capturing.common_options(args),
         slot=args.slot,
         publication=args.publication,
-        tables=tuple(t.strip() for t in (args.tables or "").split(",") if t.strip()),
-        snapshot=args.snapshot,
-        keys=_keys(args.keys),
-        follow=args.follow,
+        keys=capturing.parse_keys(
+            args.keys, lambda table: table if "." in table else f"public.{table}",
+            "schema.table",
+        ),
         drop_slot=args.drop_slot,
-        max_changes=args.max_changes,
-        snapshot_chunk_rows=args.snapshot_chunk_rows,
-        stage_events=args.stage_events,
         snapshot_workers=args.snapshot_workers,
         heartbeat_s=args.heartbeat,
-        skip_truncate=args.skip_truncate,
         reset_slot=args.reset_slot,
-        tables_changed=args.tables_changed,
-    )
+    )  # fmt: skip
     options.check()
     postgres = _postgres()
     from replog.capture.slots import SlotProbe  # noqa: PLC0415 - needs psycopg
     from replog.capture.source import safe_dsn  # noqa: PLC0415 - needs psycopg
 
-    stop = threading.Event()
+    def check_source() -> None:
+        source = postgres.PostgresSource(options)
+        try:
+            source.check()
+        finally:
+            source.close()
+
+    def work(stop: threading.Event, progress: capturing.Progress) -> CaptureProgress:
+        with postgres.PostgresCapture(options, log, stop=stop, progress=progress) as run:
+            captured: CaptureProgress = run.run()
+        # run() returns after --drop-slot only once the slot is dropped
+        captured.slot_dropped = captured.slot_dropped or options.drop_slot
+        return captured
+
     probe = SlotProbe(options.dsn, options.slot, options.publication or options.slot)
-    metrics = CaptureMetrics(args.slot, args.url, probe=lambda: _measured(probe))
-    server, port = _serve_metrics(metrics, args.metrics_port)
     try:
-        with _display(out) as display:
-            shown = CaptureDisplay(display)
-            saying: list[threading.Thread] = []
-
-            def progress(state: CaptureProgress) -> None:
-                metrics.update(state)
-                shown(state)
-
-            def stopping(signum: int, frame: object) -> None:
-                if not stop.is_set():
-                    stop.set()
-                    # said from a thread: the handler may interrupt the display mid-draw
-                    saying.append(threading.Thread(target=shown.stopping, daemon=True))
-                    saying[-1].start()
-                    signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
-
-            log = _capture_log(args, options, postgres)
-            previous = {sig: signal.signal(sig, stopping) for sig in STOP_SIGNALS}
-            try:
-                with postgres.PostgresCapture(options, log, stop=stop, progress=progress) as run:
-                    captured = run.run()
-                # run() returns after --drop-slot only once the slot is dropped
-                captured.slot_dropped = captured.slot_dropped or options.drop_slot
-            except Exception:
-                metrics.failed()
-                raise
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-                for thread in saying:
-                    thread.join()
-                shown.close()
+        log = capturing.capture_log(args, storage_options(args.fs_option), check_source)
+        metrics = CaptureMetrics(args.slot, args.url, probe=lambda: _measured(probe))
+        captured, port = capturing.run_capture(out, metrics, args.metrics_port, work)
     finally:
-        if server is not None:
-            server[0].shutdown()
-            server[0].server_close()
         probe.close()
     given = safe_dsn(options.dsn)  # never the password
     where = shlex.quote(given) if "=" in given else "DSN"
@@ -213,26 +166,10 @@ def _capture_postgres(args: argparse.Namespace, out: Output) -> int:
     return 0
 
 
-def _serve_metrics(metrics: CaptureMetrics, port: int | None) -> tuple[Any, int | None]:
-    """The ``--metrics-port`` endpoint (None without one) and the port it bound (0 asks
-    for any free one), said at once on stderr (also under --json, whose stdout holds only
-    the summary): a script learns where to scrape as soon as the endpoint is up."""
-    if port is None:
-        return None, None
-    server = serve(metrics, port)
-    bound = int(server[0].server_port)
-    print(f"replog: metrics at http://{socket.gethostname()}:{bound}/metrics",
-          file=sys.stderr, flush=True)  # fmt: skip
-    return server, bound
-
-
 def _measured(probe: SlotProbe) -> dict[str, Any] | None:
     """The capture's slot on the server at a scrape, as ``status --json`` names its fields."""
     slot = probe.measure()
     return None if slot is None else slot.to_json()
-
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
 
 def cmd_slots(args: argparse.Namespace, out: Output) -> int:
@@ -290,37 +227,6 @@ def cmd_snapshot(args: argparse.Namespace, out: Output) -> int:
     signal_id, position = request_snapshot(args.dsn, tables, args.slot, args.publication)
     out.show(results.SnapshotRequested.of(args.slot, tables, position, signal_id))
     return 0
-
-
-def _capture_log(
-    args: argparse.Namespace, options: CaptureOptions, postgres: ModuleType
-) -> ReplicationLog:
-    """The capture's log. One that exists must have the ``--shards`` asked for, if any; a
-    missing one is created only once the source has passed its checks (an unreachable
-    server or a missing table must leave nothing behind, nor a log whose shard count a
-    later, corrected command could no longer choose)."""
-    fs_options = storage_options(args.fs_option)
-    if args.shards is not None:
-        check_shards(args.shards, "--shards")
-    try:
-        log = ReplicationLog.open(args.url, storage_options=fs_options)
-    except LogNotFoundError:
-        pass
-    else:
-        if args.shards is not None and args.shards != log.shards:
-            raise InvalidOptionError(
-                f"--shards {args.shards}: the log at {args.url} exists with {log.shards} "
-                f"shards (a log's shard count is fixed; --shards applies when capture "
-                f"creates the log)"
-            )
-        return log
-    source = postgres.PostgresSource(options)
-    try:
-        source.check()
-    finally:
-        source.close()
-    shards = DEFAULT_SHARDS if args.shards is None else args.shards
-    return ReplicationLog.open_or_create(args.url, shards, storage_options=fs_options)
 
 
 # -- create / append / info / read / tail / verify -----------------------------------------

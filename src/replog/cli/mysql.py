@@ -5,26 +5,19 @@ round, before anything connects)."""
 from __future__ import annotations
 
 import argparse
-import signal
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
+from dataclasses import replace
 from types import ModuleType
 from typing import Any
-
-import pyarrow as pa
 
 from replog.capture.mysql.options import DEFAULT_NAME, MySqlOptions
 from replog.capture.options import DEFAULT_HEARTBEAT_S
 from replog.capture.progress import CaptureProgress
-from replog.cli import results
-from replog.cli.metrics import CaptureMetrics, serve
+from replog.cli import capturing, results
+from replog.cli.metrics import CaptureMetrics
 from replog.cli.output import Output
-from replog.cli.progress import CaptureDisplay, display_for
-from replog.errors import InvalidOptionError, LogNotFoundError
-from replog.format.commits import DEFAULT_SHARDS
-from replog.log import ReplicationLog
-
-STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+from replog.errors import InvalidOptionError
 
 _POSTGRES_ONLY = {
     "slot": "--slot",
@@ -59,17 +52,6 @@ def refuse_foreign_options(args: argparse.Namespace) -> None:
         )
 
 
-def _keys(pairs: Sequence[str], options: MySqlOptions) -> dict[str, tuple[str, ...]]:
-    keys: dict[str, tuple[str, ...]] = {}
-    for pair in pairs:
-        table, sep, columns = pair.partition("=")
-        names = tuple(c.strip() for c in columns.split(",") if c.strip())
-        if not sep or not table or not names:
-            raise InvalidOptionError(f"--keys expects db.table=col[,col...], got {pair!r}")
-        keys[options.qualified(table)] = names
-    return keys
-
-
 def _mysql() -> ModuleType:
     """:mod:`replog.capture.mysql.capture`, which needs the 'mysql' extra."""
     try:
@@ -86,105 +68,25 @@ def options_of(args: argparse.Namespace) -> MySqlOptions:
     """The capture's options from the command line, checked."""
     refuse_foreign_options(args)
     options = MySqlOptions(
-        dsn=args.dsn,
-        tables=tuple(t.strip() for t in (args.tables or "").split(",") if t.strip()),
+        **capturing.common_options(args),
         name=args.name or DEFAULT_NAME,
         server_id=args.server_id,
-        snapshot=args.snapshot,
-        follow=args.follow,
-        max_changes=args.max_changes,
-        snapshot_chunk_rows=args.snapshot_chunk_rows,
-        stage_events=args.stage_events,
         position=args.position or "auto",
         reset_position=bool(args.reset_position),
-        tables_changed=args.tables_changed,
-        skip_truncate=args.skip_truncate,
     )
     options.check()
-    from dataclasses import replace  # noqa: PLC0415 - one use
-
-    options = replace(options, keys=_keys(args.keys, options))
-    return options
-
-
-def _log(args: argparse.Namespace, fs_options: dict[str, Any]) -> ReplicationLog:
-    """The capture's log (created once the source has passed its checks, which the
-    capture runs before anything is written: here by opening it first)."""
-    try:
-        log = ReplicationLog.open(args.url, storage_options=fs_options)
-    except LogNotFoundError:
-        shards = DEFAULT_SHARDS if args.shards is None else args.shards
-        return ReplicationLog.open_or_create(args.url, shards, storage_options=fs_options)
-    if args.shards is not None and args.shards != log.shards:
-        raise InvalidOptionError(
-            f"--shards {args.shards}: the log at {args.url} exists with {log.shards} shards "
-            f"(a log's shard count is fixed; --shards applies when capture creates the log)"
-        )
-    return log
+    keys = capturing.parse_keys(args.keys, options.qualified, "db.table")
+    return replace(options, keys=keys)
 
 
 def cmd_capture_mysql(args: argparse.Namespace, out: Output, fs_options: dict[str, Any]) -> int:
-    """``replog capture mysql``: stops cleanly on Ctrl-C or SIGTERM, as for PostgreSQL."""
-    pa.set_memory_pool(pa.system_memory_pool())
+    """``replog capture mysql`` (:func:`capturing.run_capture`, as for PostgreSQL)."""
     options = options_of(args)
     mysql = _mysql()
-    stop = threading.Event()
-    metrics = CaptureMetrics(f"mysql.{options.name}", args.url)
-    server = serve(metrics, args.metrics_port) if args.metrics_port is not None else None
-    try:
-        with display_for(out.json) as display:
-            shown = CaptureDisplay(display, "binlog")
-            saying: list[threading.Thread] = []
 
-            def progress(state: CaptureProgress) -> None:
-                metrics.update(state)
-                shown(state)
-
-            def stopping(signum: int, frame: object) -> None:
-                if not stop.is_set():
-                    stop.set()
-                    saying.append(threading.Thread(target=shown.stopping, daemon=True))
-                    saying[-1].start()
-                    signal.signal(signal.SIGINT, signal.default_int_handler)
-
-            previous = {sig: signal.signal(sig, stopping) for sig in STOP_SIGNALS}
-            try:
-                running = _open(mysql, options, args, fs_options, stop, progress)
-                with running:
-                    captured = running.run()
-                    zero_dates = running.zero_dates
-                    position = running.position
-            except Exception:
-                metrics.failed()
-                raise
-            finally:
-                for sig, handler in previous.items():
-                    signal.signal(sig, handler)
-                for thread in saying:
-                    thread.join()
-                shown.close()
-    finally:
-        if server is not None:
-            server[0].shutdown()
-            server[0].server_close()
-    out.show(MySqlCaptured.of(args.url, options.name, captured, position, zero_dates))
-    return 0
-
-
-def _open(  # noqa: PLR0917 - the command's parts
-    mysql: ModuleType,
-    options: MySqlOptions,
-    args: argparse.Namespace,
-    fs_options: dict[str, Any],
-    stop: threading.Event,
-    progress: Any,
-) -> Any:
-    """The capture, its checks passed before the log is created: a missing log is
-    created only once the server was found fit (an unreachable server or a missing
-    table leaves nothing behind)."""
-    try:
-        log = ReplicationLog.open(args.url, storage_options=fs_options)
-    except LogNotFoundError:
+    def check_source() -> None:
+        """The server fit for capture, before a missing log is created (an unreachable
+        server or a missing table leaves nothing behind)."""
         server = mysql.MySqlServer(options)
         try:
             server.check_settings()
@@ -193,10 +95,18 @@ def _open(  # noqa: PLR0917 - the command's parts
                 server.table(options.qualified(table))
         finally:
             server.close()
-        log = _log(args, fs_options)
-    else:
-        log = _log(args, fs_options)
-    return mysql.MySqlCapture(options, log, stop=stop, progress=progress)
+
+    def work(stop: threading.Event, progress: capturing.Progress) -> MySqlCaptured:
+        log = capturing.capture_log(args, fs_options, check_source)
+        with mysql.MySqlCapture(options, log, stop=stop, progress=progress) as running:
+            captured = running.run()
+            return MySqlCaptured.of(args.url, options.name, captured, running.position,
+                                    running.zero_dates)  # fmt: skip
+
+    metrics = CaptureMetrics(f"mysql.{options.name}", args.url)
+    shown, _ = capturing.run_capture(out, metrics, args.metrics_port, work, log_name="binlog")
+    out.show(shown)
+    return 0
 
 
 def cmd_snapshot_mysql(args: argparse.Namespace, out: Output) -> int:
@@ -244,30 +154,17 @@ class MySqlCaptured(results.Result):
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
-        skipped = (
-            f" ({d['skipped_transactions']} transactions were already in the log)"
-            if d["skipped_transactions"]
-            else ""
-        )
         where = d["position"] or {}
         at = f"{where.get('file')}:{where.get('pos')}"
         if where.get("gtids"):
             at += f" (GTID {where['gtids']})"
-        yield (
-            f"captured {d['rows']} rows ({d['snapshot_rows']} in the snapshot) of "
-            f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
-            f"position {at}{skipped}"
-        )
+        yield results.captured_line(d, at)
         yield from results.table_event_lines(d["tables"])
         if d["zero_dates"]:
             total = sum(d["zero_dates"].values())
             columns = ", ".join(sorted(d["zero_dates"]))
             yield f"note: {total} zero dates (0000-00-00) written as null, in {columns}"
-        if d["skipped_truncations"]:
-            yield (
-                f"warning: {d['skipped_truncations']} TRUNCATE(s) of captured tables were "
-                f"not captured (see the log messages): tables built from the log keep those rows"
-            )
+        yield from results.skipped_truncations_lines(d)
 
 
 class MySqlSnapshotRequested(results.Result):

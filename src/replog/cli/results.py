@@ -204,6 +204,30 @@ class Appended(Result):
             )
 
 
+def captured_line(document: dict[str, Any], position: str) -> str:
+    """What a capture captured, as its summary's first line says it (either database)."""
+    d = document
+    skipped = (
+        f" ({d['skipped_transactions']} transactions were already in the log)"
+        if d["skipped_transactions"]
+        else ""
+    )
+    return (
+        f"captured {d['rows']} rows ({d['snapshot_rows']} in the snapshot) of "
+        f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
+        f"position {position}{skipped}"
+    )
+
+
+def skipped_truncations_lines(document: dict[str, Any]) -> Iterator[str]:
+    """The warning of a capture that left TRUNCATEs out (``--skip-truncate``)."""
+    if document["skipped_truncations"]:
+        yield (
+            f"warning: {document['skipped_truncations']} TRUNCATE(s) of captured tables were "
+            f"not captured (see the log messages): tables built from the log keep those rows"
+        )
+
+
 def table_event_lines(tables: dict[str, dict[str, int]]) -> Iterator[str]:
     """A capture's events per table and operation (``--json``'s ``tables``), a line each."""
     for table, operations in tables.items():
@@ -238,24 +262,11 @@ class Captured(Result):
 
     def lines(self, verbose: bool = False) -> Iterator[str]:
         d = self.document
-        skipped = (
-            f" ({d['skipped_transactions']} transactions were already in the log)"
-            if d["skipped_transactions"]
-            else ""
-        )
-        yield (
-            f"captured {d['rows']} rows ({d['snapshot_rows']} in the snapshot) of "
-            f"{d['transactions']} transactions into {d['url']} in {d['commits']} commits; "
-            f"position {d['lsn']}{skipped}"
-        )
+        yield captured_line(d, d["lsn"])
         yield from table_event_lines(d["tables"])
         if d["truncations"] or d["heartbeats"]:
             yield f"{d['truncations']} TRUNCATE(s) captured, {d['heartbeats']} heartbeats written"
-        if d["skipped_truncations"]:
-            yield (
-                f"warning: {d['skipped_truncations']} TRUNCATE(s) of captured tables were "
-                f"not captured (see the log messages): tables built from the log keep those rows"
-            )
+        yield from skipped_truncations_lines(d)
         if d["slot_dropped"]:
             publication = d["publication_dropped"]
             also = f" and its publication {publication}" if publication else ""

@@ -32,6 +32,7 @@ import pymysql
 from pymysqlreplication import BinLogStreamReader
 from pymysqlreplication.constants import FIELD_TYPE
 from pymysqlreplication.event import (
+    BinLogEvent,
     GtidEvent,
     HeartbeatLogEvent,
     MariadbGtidEvent,
@@ -45,6 +46,7 @@ from pymysqlreplication.row_event import (
     DeleteRowsEvent,
     PartialUpdateRowsEvent,
     RowsEvent,
+    TableMapEvent,
     UpdateRowsEvent,
     WriteRowsEvent,
 )
@@ -302,6 +304,56 @@ if not callable(getattr(RowsEvent, _REPLACED, None)):  # pragma: no cover - a li
         f"mysql-replication 1.0.x (pip install 'mysql-replication>=1.0.17,<1.1')"
     )
 setattr(RowsEvent, _REPLACED, _value)
+
+
+_parse_table_map = TableMapEvent.__init__
+_TABLE_MAPS: dict[bytes, dict[str, Any]] = {}
+"""Table maps parsed, by their bytes: what parsing one set on its event."""
+_TABLE_MAPS_KEPT = 1_000
+
+
+def _table_map(
+    self: TableMapEvent,
+    from_packet: Any,
+    event_size: int,
+    table_map: dict[int, Any],
+    ctl_connection: Any,
+    **options: Any,
+) -> None:
+    """Replaces ``TableMapEvent.__init__``: every row event is preceded by its table's
+    map (id, names, types, metadata), which mysql-replication parses in Python each time
+    (two-fifths of a backlog of single-row changes). A map the same to the byte as one
+    parsed before is the same table: its parsed state, the same :class:`Table` object, is
+    taken again (which also lets :func:`binlog_columns` find its columns). Maps whose
+    column names are not in the map itself (``binlog_row_metadata`` not FULL: the library
+    asks the server) are parsed each time."""
+    body = bytes(from_packet.packet._data[20 : 20 + event_size])
+    known = _TABLE_MAPS.get(body)
+    wanted = options["only_schemas"]
+    if known is not None and (wanted is None or known["schema"] in wanted):
+        BinLogEvent.__init__(self, from_packet, event_size, table_map, ctl_connection, **options)
+        for name, value in known.items():
+            self.__dict__.setdefault(name, value)
+        table_map[self.table_id] = self.table_obj
+        return
+    _parse_table_map(self, from_packet, event_size, table_map, ctl_connection, **options)
+    if not self._processed or not self.optional_metadata.column_name_list:
+        return
+    if len(_TABLE_MAPS) >= _TABLE_MAPS_KEPT:
+        _TABLE_MAPS.clear()
+    _TABLE_MAPS[body] = {
+        name: value
+        for name, value in self.__dict__.items()
+        if name not in ("packet", "table_map", "timestamp", "_ctl_connection")
+    }
+
+
+if "_data" not in getattr(pymysql.protocol.MysqlPacket, "__slots__", ()):  # pragma: no cover
+    raise ImportError(
+        "PyMySQL's MysqlPacket keeps no _data (read by _table_map): this replog knows "
+        "PyMySQL 1.1 and 1.2"
+    )
+TableMapEvent.__init__ = _table_map
 
 
 # -- what the reader yields ---------------------------------------------------------------------

@@ -1,7 +1,9 @@
 """MySQL and MariaDB changes into a log, each source transaction exactly once (``replog
 capture mysql``; docs/CDC.md, "Capturing MySQL and MariaDB").
 
-DESIGN: the PostgreSQL capture's loop (:mod:`replog.capture.postgres`), for the binlog:
+DESIGN: the PostgreSQL capture's loop (:mod:`replog.capture.postgres`), for the binlog; what
+the two share (the run record, the idempotent commit, progress, the plan saved) is
+:class:`~replog.capture.driver.CaptureDriver`:
 
 * The binlog is read as a replica, non-blocking, from the position the log holds
   (:mod:`~replog.capture.mysql.binlog`): whole transactions, their row events decoded
@@ -35,13 +37,14 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pymysql
 
 from replog.capture.batch import Batch
+from replog.capture.driver import CaptureDriver, ProgressCallback
 from replog.capture.mysql import ddl
 from replog.capture.mysql.binlog import (
     Begin,
@@ -75,23 +78,17 @@ from replog.capture.snapshot import (
     SnapshotPlan,
     TableSnapshot,
 )
-from replog.core import leases
 from replog.crashpoints import crash_point
 from replog.errors import (
     CaptureError,
     InvalidOptionError,
     SourceConnectionError,
     SourcePositionError,
-    TransactionOrderError,
 )
-from replog.format.commits import Transaction as LogTransaction
 from replog.log import ReplicationLog
-from replog.schemas import registry
 from replog.timeutil import now_ms
 
 logger = logging.getLogger(__name__)
-
-ProgressCallback = Callable[[CaptureProgress], None]
 
 HEARTBEAT_S = 10.0
 """How often a capture whose tables are idle records how far it read (a commit with no
@@ -121,13 +118,14 @@ class _Read:
     """It changed the plan (a DDL, a signal): commit it even without events."""
 
 
-class MySqlCapture:
-    """One capture of a MySQL or MariaDB server into one log (see the module docstring).
+class MySqlCapture(CaptureDriver):
+    """One capture of a MySQL or MariaDB server into one log (see the module docstring)."""
 
-    ``stop`` ends a following capture after the commit in progress.
-    """
+    events: MySqlEvents
+    reads = "the binlog"
+    one_per = "name"
 
-    def __init__(  # noqa: PLR0915 - the capture's parts, each set once
+    def __init__(
         self,
         options: MySqlOptions,
         log: ReplicationLog,
@@ -136,13 +134,10 @@ class MySqlCapture:
         progress: ProgressCallback | None = None,
     ) -> None:
         options.check()
-        self.log = log
-        self.stop = stop or threading.Event()
-        self.on_progress = progress
-        self.app_id = capture_app_id(options.name)
+        super().__init__(log, capture_app_id(options.name), stop=stop, progress=progress)
+        self.identity = f"capture named {options.name!r}"
         self.plan_name = f"mysql.{options.name}"
         """Names the capture's plan and run record in the log (``_replog/captures/``)."""
-        self.progress = CaptureProgress()
         self.plan = SnapshotPlan.load(log.storage, self.plan_name, log.log_id)
         options = self._remembered(options)
         self.options = options
@@ -181,10 +176,6 @@ class MySqlCapture:
         self.record = PositionRecord(options.name, log.log_id, [])
         self.chunk: MySqlChunk | None = None
         self._by_gtid = False
-        self._logged = 0
-        self._registered: set[str] = set()
-        self._plan_changed = False
-        self._snapshotted = False
         self._committed_at = time.monotonic()
         self._lost_since: float | None = None
         self._at_end = False
@@ -205,30 +196,12 @@ class MySqlCapture:
         self.chunks.close()
         self.server.close()
 
-    def __enter__(self) -> MySqlCapture:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     @property
     def zero_dates(self) -> dict[str, int]:
         """``db.table.column`` -> zero dates (``0000-00-00``) written as null so far."""
         return dict(self.events.zero_dates)
 
     # -- the loop --------------------------------------------------------------------------
-
-    def run(self) -> CaptureProgress:
-        """Snapshot what is owed while streaming, until caught up with nothing owed (or,
-        following, until stopped). How it ended is written to the log's run record."""
-        try:
-            self._run()
-        except BaseException as exc:
-            self.progress.errors += 1
-            self.run_record.stopped(self.progress.position, exc)
-            raise
-        self.run_record.stopped(self.progress.position)
-        return self.progress
 
     def _run(self) -> None:
         self.position = self._start()
@@ -274,26 +247,11 @@ class MySqlCapture:
         self.chunks.close()
         self.stop.wait(min(0.2 + waited / 4, 5.0))
 
-    def _report(self, *, idle: bool = False) -> None:
-        progress = self.progress
+    def _lag_bytes(self) -> int | None:
         assert self.position is not None
         with contextlib.suppress(pymysql.err.MySQLError, SourceConnectionError):
-            progress.lag_bytes = self.server.lag_bytes(self.position)
-        if idle:
-            progress.lag_ms = 0
-        queue = self.plan.queue if self.plan is not None else []
-        progress.snapshot_table = queue[0].table if queue else None
-        progress.snapshot_tables_left = len(queue)
-        progress.snapshot_running = bool(queue)
-        progress.snapshot_completed = self._snapshotted and not queue
-        progress.snapshot_rows_total = progress.snapshot_rows + sum(
-            max(owed.estimate - owed.rows, 0) for owed in queue
-        )
-        if self.on_progress is not None:
-            self.on_progress(progress)
-
-    def _snapshot_owed(self) -> bool:
-        return self.plan is not None and self.plan.current is not None
+            return self.server.lag_bytes(self.position)
+        return None
 
     # -- starting ---------------------------------------------------------------------------
 
@@ -326,17 +284,6 @@ class MySqlCapture:
     @property
     def _lease_owner(self) -> str:
         return f"replog capture mysql {self.options.name}"
-
-    def _release_dead_leases(self) -> None:
-        """Staging leases of earlier runs of this capture (see the PostgreSQL capture)."""
-        found = leases.leases(self.log.storage)
-        for lease in found.readable:
-            if lease.owner == self._lease_owner:
-                try:
-                    leases.wind_down(self.log.storage, lease)
-                except Exception as exc:  # it then expires on its own, in a day
-                    logger.warning("could not wind down staging lease %s: %s",
-                                   lease.lease_id, exc)  # fmt: skip
 
     def _start(self) -> BinlogPosition:
         self._release_dead_leases()
@@ -457,9 +404,7 @@ class MySqlCapture:
     def _restart_snapshot(self, table: TableInfo, reason: str) -> None:
         """Every row of ``table`` again (its snapshot from the start if it is running)."""
         assert self.plan is not None
-        if self.options.snapshot != "initial":
-            logger.warning("%s: %s is not snapshotted again (--snapshot never)", reason,
-                           table.qualified)  # fmt: skip
+        if self._never_again(self.options.snapshot, reason, table.qualified):
             return
         found = self.plan.queued(table.qualified)
         if found is not None:
@@ -488,12 +433,6 @@ class MySqlCapture:
         if self.plan.columns.get(table.qualified) != described:
             self.plan.columns[table.qualified] = described
             self._plan_changed = True
-
-    def _save_plan(self) -> None:
-        if self.plan is not None and self._plan_changed:
-            self.plan.tables = self._table_ids()
-            self.plan.save(self.log.storage)
-            self._plan_changed = False
 
     # -- snapshot chunks -------------------------------------------------------------------
 
@@ -574,12 +513,9 @@ class MySqlCapture:
         else:
             batch.abandon()
             self.position = position  # recorded by a later commit (at most the heartbeat's)
-        self.progress.rows += batch.events - (len(read.chunk.events) if read.chunk else 0)
-        self.progress.count(batch.counts)
-        self.progress.transactions += read.captured
-        if read.last_commit_ms is not None:
-            self.progress.last_commit_ms = read.last_commit_ms
-            self.progress.lag_ms = max(now_ms() - read.last_commit_ms, 0)
+        snapshot_rows = len(read.chunk.events) if read.chunk else 0
+        self._counted(batch, snapshot_rows=snapshot_rows, captured=read.captured,
+                      last_commit_ms=read.last_commit_ms)  # fmt: skip
         return True
 
     def _truncate_for_reset(self, batch: Batch, read: _Read) -> None:
@@ -698,8 +634,7 @@ class MySqlCapture:
                     server_id=read.position.server_id, file=rows.position[0],
                     pos=rows.position[1],
                 )  # fmt: skip
-                batch.add_reads(chunk.table.qualified, chunk.ts_ms, chunk.metadata,
-                                list(chunk.events.values()))  # fmt: skip
+                batch.add_reads(chunk.table.qualified, chunk.events, chunk.ts_ms, chunk.metadata)
                 read.reads += len(chunk.events)
                 read.chunk = chunk
                 self.chunk = None
@@ -868,23 +803,10 @@ class MySqlCapture:
     def _commit(self, batch: Batch, position: BinlogPosition, snapshot_rows: int = 0) -> None:
         """One atomic commit of ``batch`` recording ``position`` (also with no events)."""
         version = position.version
-        transaction = LogTransaction(self.app_id, version, follows=self._logged)
-        self._register()
-        try:
-            committed = batch.commit(transaction)
-        except TransactionOrderError as exc:
-            raise CaptureError(
-                f"another capture named {self.options.name!r} committed to {self.log.url} "
-                f"while this one read the binlog ({exc}); this capture stops without "
-                f"committing (the changes it read would be doubled): run one capture per name"
-            ) from exc
+        committed = self._commit_batch(batch, version)
         crash_point("capture_committed")
-        if committed is not None:
-            self.progress.commits += 1
-            self._logged = version
+        if committed:
             self.progress.snapshot_rows += snapshot_rows
-        else:
-            self._logged = self.log.transaction_version(self.app_id) or 0
         self.position = position
         self.progress.position = version
         self._committed_at = time.monotonic()
@@ -902,12 +824,6 @@ class MySqlCapture:
             self._commit(batch, self.position)
         finally:
             batch.release()
-
-    def _register(self) -> None:
-        for digest, (collection, schema) in list(self.events.schemas.items()):
-            if digest not in self._registered:
-                registry.register(self.log.storage, collection, schema, digest)
-                self._registered.add(digest)
 
 
 def _signature(column: MySqlColumn) -> str:

@@ -25,7 +25,7 @@ from typing import Any
 
 import pymysql
 
-from replog.capture.events import Read
+from replog.capture.events import ChunkRows
 from replog.capture.mysql.columns import BINARIES, identifier, select_expression
 from replog.capture.mysql.events import MySqlEvents
 from replog.capture.mysql.server import MySqlServer, TableInfo, connect
@@ -48,7 +48,7 @@ class MySqlChunk:
     table: TableInfo
     mark: str
     """Names this chunk's watermarks (the watermark row carries it)."""
-    events: dict[str, Read]
+    events: ChunkRows
     after: list[str | None] | None
     finished: bool
     low_seen: bool = False

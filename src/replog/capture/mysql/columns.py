@@ -53,8 +53,8 @@ from typing import Any
 
 import numpy as np
 
+from replog.capture.schemas import decimal_schema, envelope_schema
 from replog.errors import SourceConfigError
-from replog.schemas.connect import DECIMAL, DECIMAL_FORMAT, NUMERIC_FORMAT
 
 INTEGERS = ("tinyint", "smallint", "mediumint", "int", "bigint")
 TEXTS = ("char", "varchar", "text")
@@ -206,19 +206,6 @@ def _logical(name: str, kind: str = "string", **parameters: str) -> dict[str, An
     return found
 
 
-def _decimal(precision: int, scale: int) -> dict[str, Any]:
-    return {
-        "type": "bytes",
-        "name": DECIMAL,
-        "version": 1,
-        "parameters": {
-            "scale": str(scale),
-            "connect.decimal.precision": str(precision),
-            DECIMAL_FORMAT: NUMERIC_FORMAT,
-        },
-    }
-
-
 _TIME = "io.debezium.time."
 _FIXED: dict[str, dict[str, Any]] = {
     "float": {"type": "float"},
@@ -249,10 +236,10 @@ def column_schema(column: MySqlColumn) -> dict[str, Any]:  # noqa: PLR0911 - one
     kind = column.kind
     if kind in INTEGERS:
         if kind == "bigint" and column.unsigned:
-            return _decimal(20, 0)
+            return decimal_schema(20, 0)
         return {"type": _INTEGER_SCHEMAS[(kind, column.unsigned)]}
     if kind == "decimal":
-        return _decimal(column.precision, column.scale)
+        return decimal_schema(column.precision, column.scale)
     if kind == "bit":
         if column.length == 1:
             return {"type": "boolean"}
@@ -273,18 +260,7 @@ def table_schema(
         {"field": column.name, **column.schema(), "optional": column.name not in key}
         for column in columns
     ]
-    row = {"type": "struct", "name": f"{prefix}.Value", "fields": fields}
-    return {
-        "type": "struct",
-        "name": f"{prefix}.Envelope",
-        "optional": False,
-        "fields": [
-            {**row, "field": "before", "optional": True},
-            {**row, "field": "after", "optional": True},
-            {"field": "op", "type": "string", "optional": False},
-            {"field": "ts_ms", "type": "int64", "optional": True},
-        ],
-    }
+    return envelope_schema(prefix, fields)
 
 
 # -- the value writers both paths end in ------------------------------------------------------

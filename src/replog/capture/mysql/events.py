@@ -18,10 +18,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from replog.capture.events import Event, Read, event_id, key_value, truncate_key
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from replog.capture.events import (
+    EVENT_ID_NAMESPACE,
+    ChunkRows,
+    Event,
+    event_id,
+    key_value,
+    truncate_key,
+)
+from replog.capture.jsoncolumns import event_ids, json_objects, json_strings
 from replog.capture.mysql.binlog import PartialJson, Rows
 from replog.capture.mysql.columns import (
     INTEGERS,
+    TEXTS,
     ZERO,
     MySqlColumn,
     quoted,
@@ -38,6 +50,12 @@ from replog.schemas import connect as connect_schemas
 
 _VERSION = importlib.metadata.version("pyspark-replog")
 _NUMERIC_KEYS = frozenset((*INTEGERS, "decimal"))
+_AS_TEXT = _NUMERIC_KEYS
+"""Kinds whose text output (as the snapshot selects it) is their JSON."""
+_AS_STRING = frozenset((*TEXTS, "enum", "set", "json"))
+"""Kinds whose text output is their JSON string (escaped as ``quoted`` escapes it)."""
+_SHORTEST_INTEGER = "^(-?[1-9][0-9]*|0)$"
+"""A number key_value leaves as it is (no fraction, no leading zero)."""
 
 
 @dataclass
@@ -148,20 +166,58 @@ class MySqlEvents:
     def snapshot_shape(self, table: TableInfo) -> Shape:
         return self.shape(table.qualified, table.columns, table.key)
 
-    def reads(self, table: TableInfo, rows: Sequence[Sequence[Any]], chunk: str) -> dict[str, Read]:
+    def reads(self, table: TableInfo, rows: Sequence[Sequence[Any]], chunk: str) -> ChunkRows:
         """The read events of a chunk's rows (the server's text output of each column), by
-        key, in the order read."""
+        key, in the order read: made column by column in Arrow as the PostgreSQL
+        snapshot's are (:mod:`~replog.capture.jsoncolumns`), each value through the same
+        fragment writer as before where its type has no vector form."""
+        if not rows:
+            return ChunkRows.empty()
         shape = self.snapshot_shape(table)
-        writers = [text_fragment(c) for c in table.columns]
-        prefix = f"{self.name}:snapshot:{chunk}:{table.qualified}:"
-        found: dict[str, Read] = {}
-        for row in rows:
-            values = [
-                None if v is None else write(v) for write, v in zip(writers, row, strict=True)
+        values = [
+            self._column(shape, index, [row[index] for row in rows])
+            for index in range(len(shape.columns))
+        ]
+        data = json_objects(list(zip(shape.names, values, strict=True)))
+        keys = json_objects(
+            [
+                (shape.names[index], self._key_column(shape, index, values[index]))
+                for index in shape.key_positions
             ]
-            key = self._key(shape, values)
-            found[key] = Read(event_id(prefix + key), key, self._row(shape, values))
-        return found
+        )
+        prefix = f"{self.name}:snapshot:{chunk}:{table.qualified}:"
+        return ChunkRows(event_ids(EVENT_ID_NAMESPACE.bytes, prefix, keys), keys, data)
+
+    def _column(self, shape: Shape, index: int, raw: list[Any]) -> pa.Array:
+        """One column of a chunk's rows as JSON values (null for NULL)."""
+        column = shape.columns[index]
+        if column.kind in _AS_TEXT:  # the server's text is the JSON number
+            return pa.array(raw, pa.binary()).cast(pa.string())
+        if column.kind in _AS_STRING:
+            return json_strings(pa.array(raw, pa.binary()).cast(pa.string()))
+        write = text_fragment(column)
+        values = [None if value is None else write(value) for value in raw]
+        zeros = sum(1 for value in values if value is ZERO)
+        if zeros:
+            counted = f"{shape.collection}.{column.name}"
+            self.zero_dates[counted] = self.zero_dates.get(counted, 0) + zeros
+        return pa.array(values, pa.string())
+
+    @staticmethod
+    def _key_column(shape: Shape, index: int, values: pa.Array) -> pa.Array:
+        """A key column's values as the key writes them (a number in its shortest form:
+        :func:`~replog.capture.events.key_value`)."""
+        if shape.columns[index].kind not in _NUMERIC_KEYS:
+            return values
+        if pc.all(pc.match_substring_regex(values, _SHORTEST_INTEGER)).as_py() is not False:
+            return values
+        return pa.array(
+            [
+                None if text is None else str(key_value(RawJSON(text)))
+                for text in values.to_pylist()
+            ],
+            pa.string(),
+        )
 
     def source_block(
         self,

@@ -26,8 +26,9 @@ import re
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from replog.errors import CaptureError, CorruptionError, LogIdentityError
-from replog.format.sealed import seal, unseal
+from replog.capture.records import read_record
+from replog.errors import CaptureError, CorruptionError
+from replog.format.sealed import seal
 from replog.storage import Storage
 
 logger = logging.getLogger(__name__)
@@ -194,15 +195,9 @@ class PositionRecord:
     @classmethod
     def load(cls, storage: Storage, name: str, log_id: str) -> PositionRecord | None:
         path = record_path(name)
-        data = storage.read_optional(path)
-        if data is None:
+        body = read_record(storage, path, log_id, RECORD_VERSION)
+        if body is None:
             return None
-        body = unseal(data, storage.path(path), max_version=RECORD_VERSION)
-        if body.get("log_id") != log_id:
-            raise LogIdentityError(
-                f"{storage.path(path)} belongs to log {body.get('log_id')!r}, not to "
-                f"{log_id!r}: the log was re-created with a stale capture record in it"
-            )
         try:
             positions = [BinlogPosition.from_json(item) for item in body["positions"]]
         except (KeyError, TypeError) as exc:
