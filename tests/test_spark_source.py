@@ -8,6 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 from support.replication import fill_source
 
@@ -423,9 +424,7 @@ def test_damage_is_named_or_read_past_by_the_source_as_by_replog_read(
         spark.read.format("replog").load(gapped.url).count()
 
 
-def test_a_streaming_query_fails_on_a_gap_that_appears_while_it_runs(
-    spark, tmp_path: Path
-) -> None:
+def test_a_streaming_query_fails_on_a_gap_that_appears_while_it_runs(spark, tmp_path: Path) -> None:
     """Commits 26, 28 and 29 land while the query runs, 27 never does (deleted or lost):
     the query stopped advancing at 26 as if at the head. It fails naming commit 27."""
     log = ReplicationLog.create(str(tmp_path / "A"), 3, auto_compact=False)
@@ -451,3 +450,67 @@ def test_a_streaming_query_fails_on_a_gap_that_appears_while_it_runs(
         assert spark.table("gapped").count() == 100
     finally:
         query.stop()
+
+
+def _read(log: ReplicationLog, *, joined: bool = True) -> list:
+    """The log's events as its read tasks hand them to Spark (``joined=False``: as the
+    log's entries hold them)."""
+    from replog import offsets as positions
+    from replog import planning
+    from replog.core.files import read_segments
+    from replog.spark import source
+
+    state = log.refresh()
+    tasks = planning.plan_tasks(state, {}, positions.latest(state), 10**9)
+    if not joined:
+        wanted = [(s, t.first, t.last) for t in tasks for s in t.segments]
+        return list(read_segments(log.storage, wanted))
+    return [
+        batch
+        for index, group in enumerate(planning.pack(tasks, 10**9))
+        for batch in source.read_partition(source.ReplogPartition(log.storage, index, group))
+    ]
+
+
+def test_a_task_hands_spark_few_large_batches_of_the_same_events(tmp_path: Path) -> None:
+    """The log's entries reach Spark joined (its intake of a Python source's batches costs
+    per batch): every event once, in order."""
+    log = ReplicationLog.create(str(tmp_path / "A"), 1)
+    fill_source(log, commits=30, per_commit=300)
+    batches = _read(log)
+    assert [b.num_rows for b in batches] == [9000]
+    events = [(e["shard"], e["sequence"], e["event_id"]) for b in batches for e in b.to_pylist()]
+    assert events == [
+        (e["shard"], e["sequence"], e["event_id"])
+        for b in _read(log, joined=False)
+        for e in b.to_pylist()
+    ]
+    assert len(_read(log, joined=False)) > 1
+
+
+def test_joined_batches_are_bounded_in_rows_and_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At most COALESCE_ROWS rows and COALESCE_BYTES bytes per batch, or one entry's
+    batch alone when it is bigger; order kept."""
+    import pyarrow as pa
+
+    from replog.spark import source
+
+    sizes = [2400, 3300, *[300] * 11]
+    starts = np.cumsum([0, *sizes[:-1]])
+    given = [
+        pa.record_batch({"n": np.arange(s, s + n)}) for s, n in zip(starts, sizes, strict=True)
+    ]
+
+    def joined() -> list[int]:
+        out = list(source._coalesced(iter(given)))
+        assert pa.concat_batches(out).column("n").to_pylist() == list(range(sum(sizes)))
+        return [b.num_rows for b in out]
+
+    assert joined() == [sum(sizes)]
+    monkeypatch.setattr(source, "COALESCE_ROWS", 6000)
+    assert joined() == [6000, 3000]
+    monkeypatch.setattr(source, "COALESCE_ROWS", 3000)
+    assert joined() == [2400, 3300, 3000, 300]
+    monkeypatch.setattr(source, "COALESCE_ROWS", 10**6)
+    monkeypatch.setattr(source, "COALESCE_BYTES", 1)
+    assert joined() == sizes

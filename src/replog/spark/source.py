@@ -86,8 +86,32 @@ def read_partition(partition: InputPartition) -> Iterator[pa.RecordBatch]:
     wanted = [
         (segment, task.first, task.last) for task in partition.tasks for segment in task.segments
     ]
-    yield from read_segments(partition.storage, wanted)
+    yield from _coalesced(read_segments(partition.storage, wanted))
     settle()
+
+
+COALESCE_ROWS = 65_536
+COALESCE_BYTES = 32 * 1024 * 1024
+"""Rows, and bytes, per Arrow batch a task hands Spark (at most, or one entry's batch when
+it is bigger): the log's entries hold a few hundred to a few thousand events each, and
+Spark's intake of a Python source's batches costs per batch (122,983 events read 1.3 s ->
+0.8 s)."""
+
+
+def _coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """``batches`` joined, in order, into batches of at most :data:`COALESCE_ROWS` rows
+    and :data:`COALESCE_BYTES` bytes (a bigger one alone)."""
+    held: list[pa.RecordBatch] = []
+    rows = size = 0
+    for batch in batches:
+        if held and (rows + batch.num_rows > COALESCE_ROWS or size + batch.nbytes > COALESCE_BYTES):
+            yield pa.concat_batches(held)
+            held, rows, size = [], 0, 0
+        held.append(batch)
+        rows += batch.num_rows
+        size += batch.nbytes
+    if held:
+        yield pa.concat_batches(held)
 
 
 def read_latest(partition: InputPartition, options: SourceOptions) -> Iterator[pa.RecordBatch]:
