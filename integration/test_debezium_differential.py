@@ -368,8 +368,8 @@ def test_an_unchanged_toasted_bytea_holds_debeziums_placeholder_bytes(peers: Pee
         if theirs.collection != "public.kinds" or theirs.after is None or ours.after is None:
             continue
         for name in TOASTED_BYTES:
-            if theirs.after[name] == PLACEHOLDER_BYTES:
-                found += 1
+            if theirs.after[name] == PLACEHOLDER_BYTES and name not in ours.fetched:
+                found += 1  # (a key change's create reads the value: metadata.fetched)
                 assert ours.after[name] == PLACEHOLDER_BYTES, _described(theirs)
     assert found >= 3
 
