@@ -272,7 +272,10 @@ worker starts each, not both."""
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Each test that needs one of :data:`_SHARED_SERVERS` joins that server's group
     (the first it needs, in the mapping's order); the others run by module, as
-    ``--dist loadgroup`` schedules tests without a group."""
+    ``--dist loadgroup`` schedules tests without a group. Without pytest-xdist (a venv
+    made before it was a dev dependency) there are no groups to join."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
     for item in items:
         names = getattr(item, "fixturenames", ())
         for fixture, group in _SHARED_SERVERS.items():

@@ -9,16 +9,12 @@ appended to a log of their own, as ``replog append --format debezium`` does).
 
 Where the two differ by design (docs/CDC.md, "replog capture and Debezium, change by
 change"), the comparison says so by name, column by column; every other difference fails.
-The differences capture has to lose are tests of their own below, marked ``xfail`` (strict:
-each fails the run once capture is fixed, so the mark comes off).
 """
 
 from __future__ import annotations
 
 import base64
-import functools
 import json
-import operator
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -42,8 +38,7 @@ PLACEHOLDER = "__debezium_unavailable_value"
 PLACEHOLDER_BYTES = PLACEHOLDER.encode()
 PLACEHOLDER_BASE64 = base64.b64encode(PLACEHOLDER_BYTES).decode()
 TOASTED_ARRAYS = ("big_ta", "big_ia")
-"""``kinds``' TOASTed array columns: capture writes an unchanged one as the placeholder
-string, which ``typed`` cannot read as an array (test_an_unchanged_toasted_array_...)."""
+"""``kinds``' TOASTed array columns (an unchanged one holds Debezium's array placeholder)."""
 TOASTED_BYTES = ("big_b",)
 DAYS_PER_MONTH = 365.25 / 12  # Debezium's MicroDuration.DAYS_PER_MONTH_AVG
 
@@ -102,15 +97,12 @@ class Peers:
         return {k: (theirs[k], ours[k]) for k in theirs}
 
 
-def _typed_rows(spark: Any, url: str, *, exclude: Any = None) -> dict[str, dict[str, Any]]:
+def _typed_rows(spark: Any, url: str) -> dict[str, dict[str, Any]]:
     """event_id -> {"after", "before"} of every event of the log at ``url``, typed by
     :func:`typed` from the schemas registered there (the log read once, cached)."""
     from replog.spark.functions import typed
 
-    frame = spark.read.format("replog").load(url)
-    if exclude is not None:
-        frame = frame.where(~exclude)
-    frame = frame.cache()
+    frame = spark.read.format("replog").load(url).cache()
     rows: dict[str, dict[str, Any]] = {}
     try:
         for collection in TABLES:
@@ -121,17 +113,6 @@ def _typed_rows(spark: Any, url: str, *, exclude: Any = None) -> dict[str, dict[
     finally:
         frame.unpersist()
     return rows
-
-
-def _capture_without_toasted_arrays() -> Any:
-    """Events whose unchanged TOASTed array column capture wrote as a scalar placeholder:
-    ``typed`` fails the whole collection on them (asserted by the xfail test below)."""
-    from pyspark.sql import functions as F
-
-    unavailable = F.coalesce(F.get_json_object(F.col("metadata"), "$.unavailable"), F.lit(""))
-    return functools.reduce(
-        operator.or_, [unavailable.contains(f'"{name}"') for name in TOASTED_ARRAYS]
-    )
 
 
 def _placeholders(image: dict[str, Any] | None) -> frozenset[str]:
@@ -223,8 +204,7 @@ def peers(peer_run: PeerRun, spark, tmp_path_factory) -> Peers:
         ]
         append_lines(log, lines, format="debezium", key_fields=KEYS[collection])
     theirs = _debezium_changes(peer_run.records, _typed_rows(spark, url))
-    ours_typed = _typed_rows(spark, peer_run.log.url, exclude=_capture_without_toasted_arrays())
-    ours = _replog_changes(peer_run.log, ours_typed)
+    ours = _replog_changes(peer_run.log, _typed_rows(spark, peer_run.log.url))
     messages = [
         envelope["message"]["prefix"]
         for record in peer_run.records
@@ -287,9 +267,6 @@ def _image_differences(
         if side == "after" and name in ours.fetched and name in theirs.unavailable:
             notes["TOASTed value of a changed key: replog reads it (metadata.fetched)"] += 1
             continue
-        if side == "after" and name in TOASTED_BYTES and their_value == PLACEHOLDER_BYTES:
-            notes["bytea placeholder (xfail test)"] += 1
-            continue
         if name in BY_DESIGN:
             verdict = BY_DESIGN[name](their_value, our_value)
             if verdict is None:
@@ -341,9 +318,6 @@ def test_every_change_has_the_same_values_typed(peers: Peers) -> None:
     for theirs, ours in peers.streamed():
         if theirs.op == "t":
             continue
-        if theirs.collection == "public.kinds" and ours.unavailable & set(TOASTED_ARRAYS):
-            compared["left to the xfail test (TOASTed array)"] += 1
-            continue
         for side in ("after", "before"):
             found = list(_image_differences(theirs, ours, side, peers.notes))
             differences += [f"{_described(theirs)}: {d}" for d in found]
@@ -379,11 +353,6 @@ def test_the_snapshots_read_the_same_rows(peers: Peers) -> None:
     assert len(peers.snapshot()) == 20 + 20 + 7 + 6 + 5  # customers, orders, kinds, pairs, scratch
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="capture numbers data_collection_order as total_order; Debezium counts the "
-    "events of each table in the transaction apart (1, 2, ... per table)",
-)
 def test_data_collection_order_counts_each_tables_events(peers: Peers) -> None:
     differing = [
         (_described(a), a.order("data_collection_order"), b.order("data_collection_order"))
@@ -393,38 +362,21 @@ def test_data_collection_order_counts_each_tables_events(peers: Peers) -> None:
     assert not differing, differing[:5]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="capture writes an unchanged TOASTed bytea as the placeholder text (typed: "
-    "the base64 decoding of '__debezium_unavailable_value'); Debezium writes the "
-    "placeholder's bytes (base64 'X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ==')",
-)
 def test_an_unchanged_toasted_bytea_holds_debeziums_placeholder_bytes(peers: Peers) -> None:
     found = 0
     for theirs, ours in peers.streamed():
         if theirs.collection != "public.kinds" or theirs.after is None or ours.after is None:
             continue
         for name in TOASTED_BYTES:
-            if theirs.after[name] == PLACEHOLDER_BYTES:
-                found += 1
+            if theirs.after[name] == PLACEHOLDER_BYTES and name not in ours.fetched:
+                found += 1  # (a key change's create reads the value: metadata.fetched)
                 assert ours.after[name] == PLACEHOLDER_BYTES, _described(theirs)
     assert found >= 3
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="capture writes an unchanged TOASTed array as the placeholder string, which "
-    "typed cannot read as an array (CANNOT_PARSE_JSON_FIELD: the whole collection fails); "
-    "Debezium writes an array: ['__debezium_unavailable_value'] for text[], the "
-    "placeholder's bytes as numbers for int[]",
-)
-def test_an_unchanged_toasted_array_holds_debeziums_placeholder_array(peers: Peers, spark) -> None:
-    every = _replog_changes(
-        ReplicationLog.open(peers.replog_url), _typed_rows(spark, peers.replog_url)
-    )  # nothing left out: typed fails the collection today
-    theirs = [c for c in peers.debezium if c.op != "r"]
+def test_an_unchanged_toasted_array_holds_debeziums_placeholder_array(peers: Peers) -> None:
     found = 0
-    for their, our in zip(theirs, [c for c in every if c.op != "r"], strict=True):
+    for their, our in peers.streamed():
         if our.unavailable & set(TOASTED_ARRAYS):
             found += 1
             assert their.after is not None and our.after is not None, _described(their)

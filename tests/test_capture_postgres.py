@@ -3,12 +3,16 @@ values, whole transactions per commit, restarts without loss or doubles, clear e
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import psycopg
 import pytest
 from support.capture import captured, query, run, sql
 from support.cli import replog
@@ -165,6 +169,85 @@ def test_before_images_and_unchanged_toast(pg_dsn: str, tmp_path: Path) -> None:
         "n": 2,
         "body": body,
     }
+
+
+def test_unchanged_toasted_values_hold_debeziums_placeholder_of_their_type(
+    pg_dsn: str, tmp_path: Path
+) -> None:
+    """An unchanged TOASTed bytea holds the placeholder's bytes, an array Debezium's
+    array of its type (a string in an array column would fail the collection's typing);
+    other types the placeholder string. Every such column is listed as unavailable."""
+    url = str(tmp_path / "log")
+    hexes = "(SELECT array_agg(md5(random()::text)) FROM generate_series(1, 400))"
+    numbers = "(SELECT array_agg(n * 7919 % 100003) FROM generate_series(1, 5000) n)"
+    sql(
+        pg_dsn,
+        "CREATE TABLE toasty (id int PRIMARY KEY, n int, body text, blob bytea, words text[],"
+        " names varchar(40)[], ints int[], bigs bigint[], blobs bytea[], uids uuid[],"
+        " amounts numeric[])",
+    )
+    run(pg_dsn, url, tables=("toasty",))
+    sql(
+        pg_dsn,
+        f"INSERT INTO toasty SELECT 1, 1, array_to_string({hexes}, ''),"
+        f" decode(array_to_string({hexes}, ''), 'escape'), {hexes}, {hexes}, {numbers},"
+        f" {numbers}::bigint[], {hexes}::bytea[],"
+        " (SELECT array_agg(md5(n::text)::uuid) FROM generate_series(1, 2000) n),"
+        f" {numbers}::numeric[]",
+        "UPDATE toasty SET n = 2",
+    )
+    run(pg_dsn, url, tables=("toasty",))
+    [update] = [e for e in captured(ReplicationLog.open(url)) if e["op"] == "u"]
+    placeholder = UNAVAILABLE.encode()
+    assert sorted(update["metadata"]["unavailable"]) == sorted(
+        ["body", "blob", "words", "names", "ints", "bigs", "blobs", "uids", "amounts"]
+    )
+    assert json.loads(update["data"]) == {
+        "id": 1,
+        "n": 2,
+        "body": UNAVAILABLE,
+        "blob": base64.b64encode(placeholder).decode(),
+        "words": [UNAVAILABLE],
+        "names": [UNAVAILABLE],
+        "ints": list(placeholder),
+        "bigs": list(placeholder),
+        "blobs": [base64.b64encode(placeholder).decode()],
+        "uids": [str(uuid.UUID(bytes=hashlib.md5(placeholder).digest(), version=3))],
+        "amounts": UNAVAILABLE,  # Debezium has no array form for it either
+    }
+
+
+def test_data_collection_order_counts_each_tables_events_apart(pg_dsn: str, tmp_path: Path) -> None:
+    """``transaction.total_order`` numbers a transaction's events, ``data_collection_order``
+    each table's (Debezium's), a key change's delete and create included."""
+    url = str(tmp_path / "log")
+    sql(pg_dsn, *TWO_TABLES)
+    run(pg_dsn, url, tables=("t", "u"))
+    with psycopg.connect(pg_dsn) as connection:
+        for statement in (
+            "INSERT INTO t VALUES (1, 1)",
+            "INSERT INTO u VALUES (1, 1)",
+            "INSERT INTO t VALUES (2, 1)",
+            "UPDATE u SET id = 5 WHERE id = 1",
+            "INSERT INTO t VALUES (3, 1)",
+        ):
+            connection.execute(statement)
+    sql(pg_dsn, "INSERT INTO u VALUES (9, 9)")  # a transaction of its own: counts from 1
+    run(pg_dsn, url, tables=("t", "u"))
+    orders = [
+        (e["collection"], e["op"], e["metadata"]["transaction"]["total_order"],
+         e["metadata"]["transaction"]["data_collection_order"])
+        for e in captured(ReplicationLog.open(url))
+    ]  # fmt: skip
+    assert orders == [
+        ("public.t", "c", 1, 1),
+        ("public.u", "c", 2, 1),
+        ("public.t", "c", 3, 2),
+        ("public.u", "d", 4, 2),
+        ("public.u", "c", 5, 3),
+        ("public.t", "c", 6, 3),
+        ("public.u", "c", 1, 1),
+    ]
 
 
 TWO_TABLES = (

@@ -16,6 +16,7 @@ of rows a second this way, on one core.
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import importlib.metadata
 import json
@@ -29,7 +30,7 @@ import pyarrow as pa
 
 from replog.capture.jsoncolumns import NUMERIC, event_ids, json_objects, json_values
 from replog.capture.pgoutput import Relation, RowChange, SourceTransaction, Unchanged, Value
-from replog.capture.schemas import TypeLookup, table_schema
+from replog.capture.schemas import PgType, TypeLookup, table_schema
 from replog.capture.source import Columns, Table
 from replog.capture.values import ValueReader
 from replog.debezium import OPERATIONS, TRUNCATE_OP
@@ -45,6 +46,30 @@ UNAVAILABLE = "__debezium_unavailable_value"
 EVENT_ID_NAMESPACE = uuid.UUID("0d8b6f3e-3c55-4b8e-9d2b-6a1f5e0c7b21")
 _VERSION = importlib.metadata.version("pyspark-replog")
 _UNAVAILABLE_JSON = json.dumps(UNAVAILABLE)
+_UNAVAILABLE_BYTES = UNAVAILABLE.encode()
+_UNAVAILABLE_BASE64 = json.dumps(base64.b64encode(_UNAVAILABLE_BYTES).decode())
+_UNAVAILABLE_NUMBERS = json.dumps(list(_UNAVAILABLE_BYTES), separators=(",", ":"))
+_UNAVAILABLE_BY_ELEMENT = {
+    **dict.fromkeys((25, 1043, 1042, 114, 3802), f"[{_UNAVAILABLE_JSON}]"),  # text-like
+    17: f"[{_UNAVAILABLE_BASE64}]",  # bytea[]
+    23: _UNAVAILABLE_NUMBERS,  # int4[]: the placeholder's bytes as numbers
+    20: _UNAVAILABLE_NUMBERS,  # int8[]
+    2950: json.dumps([str(uuid.UUID(bytes=hashlib.md5(_UNAVAILABLE_BYTES).digest(), version=3))]),
+}
+"""An unchanged TOASTed array's placeholder by its element type, as Debezium writes it
+(``UnchangedToastedPlaceholder``): a value of the column's own type, so a reader typing
+the column reads it (the string placeholder would fail the whole collection). Debezium's
+``date[]`` form (numbers) is left out: capture writes dates as text, not days."""
+
+
+def unavailable_json(kind: PgType) -> str:
+    """The JSON of Debezium's placeholder for an unchanged TOASTed value of type
+    ``kind``: ``bytea`` the placeholder's bytes, some arrays an array (above), others the
+    placeholder string."""
+    if kind.base_oid == 17:
+        return _UNAVAILABLE_BASE64
+    return _UNAVAILABLE_BY_ELEMENT.get(kind.element_oid, _UNAVAILABLE_JSON)
+
 
 Fragment = Callable[[str], str]
 """A column's output text -> its JSON text (never called for NULL)."""
@@ -328,6 +353,28 @@ class Shape:
     key_positions: tuple[int, ...] | None
     """Where the key columns are, in key order (None: a key column is missing)."""
     key_fragments: tuple[tuple[str, Fragment], ...]
+    unavailable: tuple[str, ...]
+    """Each column's JSON for an unchanged TOASTed value (:func:`unavailable_json`)."""
+
+
+class TransactionOrder:
+    """An event's ``transaction`` block as Debezium writes it: ``total_order`` numbers the
+    transaction's events (1, 2, ...), ``data_collection_order`` each table's apart. The
+    events are numbered in stream order; a transaction read again (a restart, a
+    reconnect) starts again at ``total_order`` 1, and so do the tables' counts."""
+
+    def __init__(self) -> None:
+        self._counts: dict[str, int] = {}
+
+    def block(self, transaction: str, total_order: int, collection: str) -> dict[str, Any]:
+        if total_order == 1:
+            self._counts.clear()
+        self._counts[collection] = in_collection = self._counts.get(collection, 0) + 1
+        return {
+            "id": transaction,
+            "total_order": total_order,
+            "data_collection_order": in_collection,
+        }
 
 
 class EventMaker:
@@ -348,6 +395,7 @@ class EventMaker:
         self._fragments: dict[int, Fragment] = {}
         self.schemas: dict[str, tuple[str, dict[str, Any]]] = {}
         """digest -> (collection, Kafka Connect schema) of every schema an event named."""
+        self.order = TransactionOrder()
 
     def shape(self, table: Table, relation: Relation | None = None) -> Shape:
         """The shape of ``table`` as ``relation`` (else the catalog) describes it. The
@@ -380,6 +428,7 @@ class EventMaker:
             fragments,
             positions,
             key_fragments,
+            tuple(unavailable_json(self.types(type_oid)) for _, type_oid, _ in columns),
         )
         self._shapes[cache_key] = (described, table, found)
         return found
@@ -450,7 +499,7 @@ class EventMaker:
             elif filled and column in filled:
                 parts.append(name + filled[column])
             else:
-                parts.append(name + _UNAVAILABLE_JSON)
+                parts.append(name + shape.unavailable[index])
                 unavailable.append(column)
         return "{" + ",".join(parts) + "}", unavailable
 
@@ -603,11 +652,9 @@ class EventMaker:
             source=source,
             schema=self.shape(table).digest,
             extra={
-                "transaction": {
-                    "id": f"{txn.xid}:{txn.commit_lsn}",
-                    "total_order": order,
-                    "data_collection_order": order,
-                },
+                "transaction": self.order.block(
+                    f"{txn.xid}:{txn.commit_lsn}", order, table.qualified
+                ),
                 "truncate": {"shards": shards},
             },
         )
@@ -679,11 +726,9 @@ class EventMaker:
         for index, (op, new_image, old_image, event_key, marks) in enumerate(parts):
             number = order + index
             extra = {
-                "transaction": {
-                    "id": f"{txn.xid}:{txn.commit_lsn}",
-                    "total_order": number,
-                    "data_collection_order": number,
-                },
+                "transaction": self.order.block(
+                    f"{txn.xid}:{txn.commit_lsn}", number, table.qualified
+                ),
                 **({"unavailable": unavailable} if unavailable and new_image else {}),
                 **marks,
             }

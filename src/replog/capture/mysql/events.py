@@ -25,6 +25,7 @@ from replog.capture.events import (
     EVENT_ID_NAMESPACE,
     ChunkRows,
     Event,
+    TransactionOrder,
     event_id,
     key_value,
     truncate_key,
@@ -100,6 +101,7 @@ class MySqlEvents:
         self.zero_dates: dict[str, int] = {}
         """``collection.column`` -> zero dates written as null."""
         self._shapes: dict[tuple[str, tuple[MySqlColumn, ...], tuple[str, ...]], Shape] = {}
+        self.order = TransactionOrder()
 
     def shape(
         self, collection: str, columns: tuple[MySqlColumn, ...], key: tuple[str, ...]
@@ -333,11 +335,7 @@ class MySqlEvents:
                 "op": kind,
                 "ts_ms": ts_ms,
                 "source": source,
-                "transaction": {
-                    "id": txn.id,
-                    "total_order": number,
-                    "data_collection_order": number,
-                },
+                "transaction": self.order.block(txn.id, number, shape.collection),
                 **marks,
                 "schema": shape.digest,
             }
@@ -380,7 +378,7 @@ class MySqlEvents:
             "op": TRUNCATE_OP,
             "ts_ms": ts_ms,
             "source": source,
-            "transaction": {"id": txn.id, "total_order": order, "data_collection_order": order},
+            "transaction": self.order.block(txn.id, order, collection),
             "truncate": {"shards": shards},
         }
         if table is not None:
