@@ -463,8 +463,9 @@ def _flatten(picked: pa.RecordBatch, part: _TaskPart) -> pa.Table:
             *(picked.column(c) for c in part.columns),
             *(picked.column(c) for c in bookkeeping),
             unsent,
+            picked.column(_POSITION),
         ],
-        names=[*part.names, *bookkeeping, rows.UNSENT],
+        names=[*part.names, *bookkeeping, rows.UNSENT, rows.SOURCE_POSITION],
     )
 
 

@@ -39,8 +39,10 @@ from replog.tables.changes import (
     POSITION,
     SEQUENCE,
     SHARD,
+    SOURCE_POSITION,
     TIMESTAMP,
     VALID_TO,
+    VALID_TO_POSITION,
 )
 from replog.timeutil import iso, iso_instant_ms
 
@@ -126,7 +128,7 @@ class Plan:
     coverage: covered.Coverage
     events: pa.Table
     truncates: pa.Table
-    """The truncate events among them: shard, sequence, timestamp."""
+    """The truncate events among them: shard, sequence, timestamp, (source) position."""
 
 
 def reachable(
@@ -196,7 +198,10 @@ def plan(
             return Plan(at, base.version, last, _empty_events(), empty)
         raise _unreachable(versions, at, lows, log, newest) from exc
     is_truncate = pc.fill_null(pc.equal(events.column("operation"), TRUNCATE), False)
-    truncates = events.filter(is_truncate).select(["shard", "sequence", "timestamp"])
+    truncated = events.filter(is_truncate)
+    truncates = truncated.select(["shard", "sequence", "timestamp"]).append_column(
+        "position", covered.event_positions(truncated.column("metadata"))
+    )
     events = events.filter(pc.invert(is_truncate))
     return Plan(at, base.version if base is not None else None, last, events, truncates)
 
@@ -355,7 +360,8 @@ def rows_as_of(
     if changes.num_rows == 0:
         return base
     changes = rows.storable(changes)
-    changes = changes.drop_columns([c for c in (rows.COLLECTION,) if c in changes.column_names])
+    unkept = [rows.COLLECTION, *([SOURCE_POSITION] if mode == "scd1" else [])]
+    changes = changes.drop_columns([c for c in unkept if c in changes.column_names])
     if base.num_rows:
         changes = rows.keys_as(changes, base, keys)
         seen = _positions(_of_keys(base, changes, keys), keys)
@@ -403,35 +409,47 @@ def _scd2(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     closes = history.filter(pc.equal(history.column(ACTION), "close"))
     versions = history.filter(pc.equal(history.column(ACTION), "insert")).drop_columns([ACTION])
     if base.num_rows and closes.num_rows:
-        base = _closed(base, closes.select([*keys, VALID_TO]), keys)
+        base = _closed(base, closes.select([*keys, VALID_TO, VALID_TO_POSITION]), keys)
     return _stacked(base, versions)
 
 
 def _closed(base: pa.Table, closes: pa.Table, keys: Sequence[str]) -> pa.Table:
     """``base`` with the current version of each key of ``closes`` ended at its
-    ``__valid_to``."""
+    ``__valid_to`` and ``__valid_to_position``."""
     closes = rows.keys_as(closes, base, keys)
     numbered = base.select(list(keys)).append_column(
         "__row", pa.array(np.arange(base.num_rows, dtype=np.int64))
     )
     numbered = numbered.filter(pc.fill_null(base.column(CURRENT), False))
     pairs = numbered.join(
-        closes.rename_columns([*keys, "__ends"]), list(keys), join_type="inner", use_threads=False
+        closes.rename_columns([*keys, "__ends", "__end_positions"]),
+        list(keys),
+        join_type="inner",
+        use_threads=False,
     )
     index = pairs.column("__row").to_numpy()
-    ends = base.column(VALID_TO).combine_chunks()
-    new_ends = pairs.column("__ends").combine_chunks().cast(ends.type)
     take = np.arange(base.num_rows, dtype=np.int64)
     take[index] = base.num_rows + np.arange(len(index))
-    valid_to = pa.concat_arrays([ends, new_ends]).take(pa.array(take))
+    for name, ended in ((VALID_TO, "__ends"), (VALID_TO_POSITION, "__end_positions")):
+        base = _set_at(base, name, pairs.column(ended), take)
     current = base.column(CURRENT).combine_chunks().to_numpy(zero_copy_only=False).copy()
     current[index] = False
-    base = base.set_column(base.schema.get_field_index(VALID_TO), VALID_TO, valid_to)
     return base.set_column(
         base.schema.get_field_index(CURRENT),
         CURRENT,
         pa.array(current, base.schema.field(CURRENT).type),
     )
+
+
+def _set_at(base: pa.Table, name: str, values: pa.ChunkedArray, take: np.ndarray) -> pa.Table:
+    """``base`` with column ``name`` taken from its own values and ``values`` appended
+    after them (``take``: per row, its index in the two; a column ``base`` lacks, as a
+    table written before it existed, is added)."""
+    if name not in base.column_names:
+        base = base.append_column(name, pa.nulls(base.num_rows, values.type))
+    have = base.column(name).combine_chunks()
+    joined = pa.concat_arrays([have, values.combine_chunks().cast(have.type)])
+    return base.set_column(base.schema.get_field_index(name), name, joined.take(pa.array(take)))
 
 
 def _without_keys(base: pa.Table, latest: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -472,12 +490,15 @@ def _truncated(
 
     The hook where a partition's truncate (``metadata.truncate``) would narrow this to
     that partition's rows, once ``apply_changes`` applies truncates the same way."""
+    if "position" not in truncates.column_names:
+        truncates = truncates.append_column("position", pa.nulls(truncates.num_rows, pa.int64()))
     last = truncates.group_by("shard", use_threads=False).aggregate(
-        [("sequence", "max"), ("timestamp", "max")]
+        [("sequence", "max"), ("timestamp", "max"), ("position", "max")]
     )
     shards = last.column("shard").to_pylist()
     ends = dict(zip(shards, last.column("sequence_max").to_pylist(), strict=True))
     times = dict(zip(shards, last.column("timestamp_max").to_pylist(), strict=True))
+    places = dict(zip(shards, last.column("position_max").to_pylist(), strict=True))
     if changes.num_rows:
         limit = pa.array([ends.get(s, 0) for s in changes.column(SHARD).to_pylist()], pa.int64())
         changes = changes.filter(pc.greater(changes.column(SEQUENCE), limit))
@@ -486,21 +507,26 @@ def _truncated(
         if mode == "scd1":
             base = base.filter(pc.invert(hit))
         else:
-            base = _closed_by_truncate(base, hit, times)
+            base = _closed_by_truncate(base, hit, times, places)
     return base, changes
 
 
-def _closed_by_truncate(base: pa.Table, hit: pa.Array, times: Mapping[int, Any]) -> pa.Table:
+def _closed_by_truncate(
+    base: pa.Table, hit: pa.Array, times: Mapping[int, Any], places: Mapping[int, int | None]
+) -> pa.Table:
+    """``base``'s current versions of the truncated shards (``hit``) ended at their
+    shard's truncate: its time and source position."""
     current = pc.fill_null(base.column(CURRENT), False)
     ending = pc.and_(hit, current).to_numpy(zero_copy_only=False)
     shards = base.column(SHARD).to_pylist()
-    valid_to = base.column(VALID_TO).to_pylist()
-    for index in np.flatnonzero(ending):
-        valid_to[index] = times[shards[index]]
-    kind = base.schema.field(VALID_TO).type
-    base = base.set_column(
-        base.schema.get_field_index(VALID_TO), VALID_TO, pa.array(valid_to).cast(kind)
-    )
+    if VALID_TO_POSITION not in base.column_names:
+        base = base.append_column(VALID_TO_POSITION, pa.nulls(base.num_rows, pa.int64()))
+    for name, ends in ((VALID_TO, times), (VALID_TO_POSITION, places)):
+        values = base.column(name).to_pylist()
+        for index in np.flatnonzero(ending):
+            values[index] = ends[shards[index]]
+        kind = base.schema.field(name).type
+        base = base.set_column(base.schema.get_field_index(name), name, pa.array(values).cast(kind))
     still = pc.and_(current, pc.invert(hit))
     return base.set_column(base.schema.get_field_index(CURRENT), CURRENT, still)
 
