@@ -122,13 +122,24 @@ def read_rows(  # noqa: PLR0917 - one table's read
     point: as_of.Point,
     collection: str | None = None,
     storage_options: dict[str, str] | None = None,
+    *,
+    cut: bool = True,
 ) -> pa.Table:
-    """The rows of the table at ``path`` as of ``point``, as Arrow."""
+    """The rows of the table at ``path`` as of ``point``, as Arrow; an scd2 table from
+    the history of a version that holds the point, when one does (unless not ``cut``:
+    from the version before the point and the log's events after it)."""
     table = delta.open_table(path, storage_options)
     if table is None:
         raise InvalidOptionError(f"table_as_of: no Delta table at {path}")
     versions = covered.table_history(table.history())
-    plan = as_of.plan(versions, log, point, collection=collection)
+    plan = as_of.plan(versions, log, point, collection=collection, cut=cut)
+    if plan.cut:  # scd2: the version's history cut at the point
+        assert plan.version is not None
+        table.load_as_version(plan.version)
+        found = as_of.history_at(delta.read_table(table), point)
+        if found is not None:
+            return found
+        plan = as_of.plan(versions, log, point, collection=collection, cut=False)
     if plan.version is None:
         base = delta.table_schema(table).empty_table()
     else:

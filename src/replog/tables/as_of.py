@@ -129,6 +129,9 @@ class Plan:
     events: pa.Table
     truncates: pa.Table
     """The truncate events among them: shard, sequence, timestamp, (source) position."""
+    cut: bool = False
+    """scd2: ``version`` holds every event up to the point (and later ones): its history
+    cut at the point (:func:`history_at`) is the table as of it, no log event needed."""
 
 
 def reachable(
@@ -156,8 +159,11 @@ def plan(
     at: Point,
     *,
     collection: str | None = None,
+    cut: bool = True,
 ) -> Plan:
-    """Which version and which of the log's events give the table as of ``at``.
+    """Which version and which of the log's events give the table as of ``at``. An scd2
+    table (unless not ``cut``) is read from the first version after the point that holds
+    every event up to it, when one does (:attr:`Plan.cut`): a read of that version alone.
 
     Raises:
         AsOfError: the table records no coverage, names another log, or ``at`` is outside
@@ -190,6 +196,11 @@ def plan(
             f"({at.shown(newest)}): the log cannot tell what happened after it. "
             f"Reachable: {_range_text(versions, at, lows, newest)}"
         )
+    if cut and last.mode == "scd2":
+        holding = _holding(versions, base, log, state, at)
+        if holding is not None:
+            empty = _empty_events().select(["shard", "sequence", "timestamp"])
+            return Plan(at, holding.version, last, _empty_events(), empty, cut=True)
     try:
         events = _tail(log, offsets, collection, state, at)
     except DataLossError as exc:
@@ -221,6 +232,76 @@ def _base(versions: Sequence[covered.VersionCoverage], at: Point) -> covered.Ver
         if reached <= at.value:
             base = entry
     return base
+
+
+def _holding(
+    versions: Sequence[covered.VersionCoverage],
+    base: covered.VersionCoverage | None,
+    log: LogReader,
+    state: Any,
+    at: Point,
+) -> covered.VersionCoverage | None:
+    """A version after ``base`` that holds every event at or before ``at`` (the first
+    one after it, else the newest): on each shard of the log, its next event (none: the
+    head) is past the point. None: neither does, or the log cannot tell."""
+    later = [v for v in versions if base is None or v.version > base.version]
+    for entry in later[:1] + later[-1:] if len(later) > 1 else later:
+        if all(_past(log, state, shard, entry, at) for shard in range(len(state.heads))):
+            return entry
+    return None
+
+
+def _past(
+    log: LogReader, state: Any, shard: int, entry: covered.VersionCoverage, at: Point
+) -> bool:
+    """Whether the shard's first event ``entry`` did not apply is past ``at`` (no such
+    event: the table applied the whole shard)."""
+    following = entry.coverage.offsets.get(shard, 0) + 1
+    if following > state.heads[shard]:
+        return True
+    try:
+        found = [b for b in log.read(shard, following, following) if b.num_rows]
+    except DataLossError:  # retention removed it: the log cannot tell
+        return False
+    if not found:
+        return False
+    newest = _newest(found[0].slice(0, 1), at)
+    return newest is not None and newest > at.value
+
+
+def history_at(table: pa.Table, at: Point) -> pa.Table | None:
+    """An scd2 table's rows (a version holding every event up to ``at``: :attr:`Plan.cut`)
+    as of ``at``: the versions opened at or before it, those closed after it open again
+    (current, no end). None when a row's opening is not known in ``at``'s kind (rows
+    written before the validity positions were)."""
+    opened = _in_kind(table, rows.VALID_FROM, rows.VALID_FROM_POSITION, at)
+    if opened is None or opened.null_count:
+        return None
+    closed = _in_kind(table, VALID_TO, VALID_TO_POSITION, at)
+    if closed is None:
+        return None
+    kept = table.filter(pc.less_equal(opened, at.value))
+    closed = closed.filter(pc.less_equal(opened, at.value))
+    reopen = pc.fill_null(pc.greater(closed, at.value), False)
+    for name in (VALID_TO, VALID_TO_POSITION):
+        column = kept.column(name)
+        ends = pc.if_else(reopen, pa.scalar(None, column.type), column)
+        kept = kept.set_column(kept.schema.get_field_index(name), name, ends)
+    still = pc.or_(pc.fill_null(kept.column(CURRENT), False), reopen)
+    kind = kept.schema.field(CURRENT).type
+    return kept.set_column(kept.schema.get_field_index(CURRENT), CURRENT, still.cast(kind))
+
+
+def _in_kind(table: pa.Table, time: str, position: str, at: Point) -> pa.Array | None:
+    """A validity column of ``table`` in ``at``'s kind: the position, or the time in ms
+    (None: the table has no such column)."""
+    if at.position is not None:
+        if position not in table.column_names:
+            return None
+        return table.column(position).combine_chunks().cast(pa.int64())
+    if time not in table.column_names:
+        return None
+    return covered.event_times(table.column(time))
 
 
 def _captured(state: Any, at: Point) -> int | None:
