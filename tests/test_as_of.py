@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from support.capture import run
 from support.cli import replog
@@ -22,7 +23,7 @@ from test_cli_json import run_json
 from replog.cli.output import COMMAND_SCHEMAS
 from replog.errors import AsOfError, InvalidOptionError
 from replog.log import ReplicationLog
-from replog.spark.as_of import read_rows, view_names
+from replog.spark.as_of import ARROW_BATCH, frame_of, read_rows, view_names
 from replog.spark.functions import apply_changes, table_as_of, tables_as_of
 from replog.tables import as_of
 from replog.tables import coverage as covered
@@ -476,3 +477,25 @@ def test_each_commit_records_the_span_of_each_source_in_its_batch(
     assert second["sources"]["mysql:shop"]["last_ms"] == t0 + 9000
     recorded = covered.Coverage.from_json(first)
     assert recorded.sources["postgresql:pg-a"] == covered.Span(0x2000, 0x2100, t0 + 1000, t0 + 3000)
+
+
+def test_a_frame_of_the_drivers_rows_leaves_the_sessions_arrow_batches_as_they_were(
+    spark: Any,
+) -> None:
+    """The as-of result (the driver's Arrow rows) becomes a DataFrame handed over in
+    large Arrow batches (the speed is measured in bench_as_of.py); every row arrives, and
+    the session's ``maxRecordsPerBatch`` is what it was, set or not."""
+    table = pa.table({"id": pa.array(range(200_000), pa.int64()), "v": ["x"] * 200_000})
+    total = sum(range(200_000))
+    for given in (None, "777"):
+        if given is None:
+            spark.conf.unset(ARROW_BATCH)
+        else:
+            spark.conf.set(ARROW_BATCH, given)
+        try:
+            frame = frame_of(spark, table)
+            assert spark.conf.get(ARROW_BATCH, None) == given
+            assert frame.count() == 200_000
+            assert frame.selectExpr("sum(id) AS s").first()["s"] == total  # type: ignore[index]
+        finally:
+            spark.conf.unset(ARROW_BATCH)
