@@ -433,13 +433,17 @@ def rows_as_of(
     """The table's rows ``base`` (a version's) with ``changes`` (the log's events after
     it, typed as ``apply_changes`` types them: :mod:`replog.tables.changes`) applied as
     one micro-batch would apply them, in memory; ``truncates`` (shard, sequence,
-    timestamp of truncate events) end the rows of their shard's keys first."""
+    timestamp, and optionally the source position, of truncate events) end the rows of
+    their shard, as a micro-batch holding them does (:func:`_truncated`)."""
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
+    cuts: rows.Cuts = {}
     if truncates is not None and truncates.num_rows:
-        base, changes = _truncated(base, changes, truncates, mode)
+        changes, cuts = _truncated(changes, truncates, keys, mode)
+        if mode == "scd1":
+            base = _without_cut(base, cuts)
     if changes.num_rows == 0:
-        return base
+        return _closed_by_cuts(base, cuts) if mode == "scd2" else base
     changes = rows.storable(changes)
     unkept = [rows.COLLECTION, *([SOURCE_POSITION] if mode == "scd1" else [])]
     changes = changes.drop_columns([c for c in unkept if c in changes.column_names])
@@ -455,7 +459,7 @@ def rows_as_of(
     )
     if mode == "scd1":
         return _scd1(base, changes, keys)
-    return _scd2(base, changes, keys)
+    return _scd2(base, changes, keys, cuts)
 
 
 def _of_keys(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -485,13 +489,16 @@ def _scd1(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     return _stacked(kept, added)
 
 
-def _scd2(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
-    history = rows.scd2_rows(changes, keys)
+def _scd2(base: pa.Table, changes: pa.Table, keys: Sequence[str], cuts: rows.Cuts) -> pa.Table:
+    """As the scd2 merge: a key's close row ends its current version (at a truncate of
+    its shard when that came first), the other current versions of a truncated shard end
+    at its first truncate, the new versions are added."""
+    history = rows.scd2_rows(changes, keys, cuts)
     closes = history.filter(pc.equal(history.column(ACTION), "close"))
     versions = history.filter(pc.equal(history.column(ACTION), "insert")).drop_columns([ACTION])
     if base.num_rows and closes.num_rows:
         base = _closed(base, closes.select([*keys, VALID_TO, VALID_TO_POSITION]), keys)
-    return _stacked(base, versions)
+    return _stacked(_closed_by_cuts(base, cuts), versions)
 
 
 def _closed(base: pa.Table, closes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -563,52 +570,66 @@ def _stacked(base: pa.Table, added: pa.Table) -> pa.Table:
 
 
 def _truncated(
-    base: pa.Table, changes: pa.Table, truncates: pa.Table, mode: str
-) -> tuple[pa.Table, pa.Table]:
-    """A truncate ends every row of its shard's keys (a truncate event is written on each
-    shard): the rows of keys of that shard go (scd2: their current versions end at the
-    truncate's time), and the changes of that shard before it with them.
-
-    The hook where a partition's truncate (``metadata.truncate``) would narrow this to
-    that partition's rows, once ``apply_changes`` applies truncates the same way."""
-    if "position" not in truncates.column_names:
-        truncates = truncates.append_column("position", pa.nulls(truncates.num_rows, pa.int64()))
-    last = truncates.group_by("shard", use_threads=False).aggregate(
-        [("sequence", "max"), ("timestamp", "max"), ("position", "max")]
-    )
-    shards = last.column("shard").to_pylist()
-    ends = dict(zip(shards, last.column("sequence_max").to_pylist(), strict=True))
-    times = dict(zip(shards, last.column("timestamp_max").to_pylist(), strict=True))
-    places = dict(zip(shards, last.column("position_max").to_pylist(), strict=True))
-    if changes.num_rows:
-        limit = pa.array([ends.get(s, 0) for s in changes.column(SHARD).to_pylist()], pa.int64())
-        changes = changes.filter(pc.greater(changes.column(SEQUENCE), limit))
-    if base.num_rows and SHARD in base.column_names:
-        hit = pc.is_in(base.column(SHARD), pa.array(list(ends), base.schema.field(SHARD).type))
-        if mode == "scd1":
-            base = base.filter(pc.invert(hit))
-        else:
-            base = _closed_by_truncate(base, hit, times, places)
-    return base, changes
+    changes: pa.Table, truncates: pa.Table, keys: Sequence[str], mode: str
+) -> tuple[pa.Table, rows.Cuts]:
+    """``changes`` with the truncate events among them, split as a micro-batch splits
+    them (:func:`replog.tables.changes.split_truncates`): scd1 drops the changes of a
+    shard before its last truncate, scd2 keeps them and ends, at each truncate, the keys
+    its shard holds live then; and the cuts, per shard. A partition's TRUNCATE needs
+    nothing here: capture writes it as a delete of each row the partition held."""
+    marks = {
+        SHARD: truncates.column("shard"),
+        SEQUENCE: truncates.column("sequence"),
+        OPERATION: pa.array([TRUNCATE] * truncates.num_rows, pa.string()),
+        TIMESTAMP: truncates.column("timestamp"),
+    }
+    if "position" in truncates.column_names:
+        marks[SOURCE_POSITION] = truncates.column("position")
+    events = pa.table(marks)
+    if changes.num_columns:
+        like = [changes.schema.field(n) for n in events.column_names if n in changes.schema.names]
+        events = rows.align(events, pa.schema(like))
+        events = pa.concat_tables([changes, events], promote_options="permissive")
+    return rows.split_truncates(events, keys, history=mode == "scd2")
 
 
-def _closed_by_truncate(
-    base: pa.Table, hit: pa.Array, times: Mapping[int, Any], places: Mapping[int, int | None]
-) -> pa.Table:
-    """``base``'s current versions of the truncated shards (``hit``) ended at their
-    shard's truncate: its time and source position."""
+def _without_cut(base: pa.Table, cuts: rows.Cuts) -> pa.Table:
+    """scd1: ``base`` without the rows a truncate of their shard removed."""
+    if not cuts or base.num_rows == 0 or SHARD not in base.column_names:
+        return base
+    return base.filter(pc.invert(_cut_rows(base, cuts)))
+
+
+def _cut_rows(base: pa.Table, cuts: rows.Cuts) -> pa.Array:
+    """Per row of ``base``, whether a truncate of ``cuts`` is after it on its shard."""
+    shard = base.column(SHARD).to_numpy(zero_copy_only=False)
+    sequence = base.column(SEQUENCE).to_numpy(zero_copy_only=False)
+    hit = np.zeros(base.num_rows, dtype=bool)
+    for number, cut in cuts.items():
+        hit |= (shard == number) & (sequence < cut.last)
+    return pa.array(hit)
+
+
+def _closed_by_cuts(base: pa.Table, cuts: rows.Cuts) -> pa.Table:
+    """scd2: ``base``'s current versions that a truncate of their shard ended, ended at
+    the shard's first truncate in ``cuts`` (its time and source position)."""
+    if not cuts or base.num_rows == 0 or SHARD not in base.column_names:
+        return base
     current = pc.fill_null(base.column(CURRENT), False)
-    ending = pc.and_(hit, current).to_numpy(zero_copy_only=False)
+    ending = pc.and_(_cut_rows(base, cuts), current).to_numpy(zero_copy_only=False)
+    if not ending.any():
+        return base
     shards = base.column(SHARD).to_pylist()
     if VALID_TO_POSITION not in base.column_names:
         base = base.append_column(VALID_TO_POSITION, pa.nulls(base.num_rows, pa.int64()))
-    for name, ends in ((VALID_TO, times), (VALID_TO_POSITION, places)):
+    for name in (VALID_TO, VALID_TO_POSITION):
         values = base.column(name).to_pylist()
         for index in np.flatnonzero(ending):
-            values[index] = ends[shards[index]]
+            cut = cuts[shards[index]]
+            values[index] = cut.timestamp if name == VALID_TO else cut.source
         kind = base.schema.field(name).type
-        base = base.set_column(base.schema.get_field_index(name), name, pa.array(values).cast(kind))
-    still = pc.and_(current, pc.invert(hit))
+        base = base.set_column(base.schema.get_field_index(name), name, pa.array(values, kind))
+    still = pc.and_(current, pa.array(~ending))
     return base.set_column(base.schema.get_field_index(CURRENT), CURRENT, still)
 
 
