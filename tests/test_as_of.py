@@ -1,9 +1,10 @@
 """Tables as the source had them at any past transaction (``table_as_of``,
-``tables_as_of``): a real PostgreSQL workload over three related tables records, after each
-transaction, its position, its time and every table's rows; the log is applied to Delta
-(scd1 and scd2) in micro-batches of a few events whose boundaries fall between and inside
-the transactions, with the apply query failing between its commits; each table as of each
-point equals what the source held then, row by row."""
+``tables_as_of``): a real PostgreSQL workload over three related tables (a TRUNCATE among
+its transactions) records, after each transaction, its position, its time and every
+table's rows; the log is applied to Delta (scd1 and scd2) in micro-batches of a few events
+whose boundaries fall between and inside the transactions, with the apply query failing
+between its commits; each table as of each point equals what the source held then, row
+by row."""
 
 from __future__ import annotations
 
@@ -63,6 +64,8 @@ WORKLOAD: tuple[tuple[str, ...], ...] = (
     ("UPDATE orders SET id = 13 WHERE id = 12",),  # a changed key, cascaded to items
     ("INSERT INTO customers VALUES (2, 'bob again', 'back')",),  # a deleted key comes back
     ("UPDATE items SET qty = qty + 10 WHERE order_id = 13 AND line <= 3",),
+    ("TRUNCATE items",),  # a truncate event on each shard of the log
+    ("INSERT INTO items VALUES (10, 3, 9), (13, 1, 1)",),
     ("DELETE FROM orders WHERE id = 13", "UPDATE customers SET notes = 'n' WHERE id = 3"),
     tuple(f"UPDATE orders SET amount = {n} WHERE id = 10" for n in range(120, 124)),
     ("UPDATE orders SET status = 'sent' WHERE id = 10",),  # a key changed by two transactions
