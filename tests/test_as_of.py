@@ -207,6 +207,10 @@ def test_every_table_as_of_every_transaction_equals_the_source(
                 from_history = read_rows(spark, path, log, at).to_pylist()
                 assert ordered(from_history) == ordered(rows), f"point {number}, {name}"
                 rows = current(rows)
+                if 0 < number < len(history["points"]) - 1:  # as of its time, too
+                    moment = as_of.point(at=point["at"])
+                    by_time = current(read_rows(spark, path, log, moment).to_pylist())
+                    assert keyed(by_time, name) == point["rows"][name], f"{number} at, {name}"
             assert keyed(rows, name) == point["rows"][name], f"point {number}, {name}"
     assert needing_tail and exact, (needing_tail, exact)
     assert mode == "scd1" or cut > len(history["points"]), cut
