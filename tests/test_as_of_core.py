@@ -44,7 +44,9 @@ def append_txn(log: ReplicationLog, txn: int, keys: list[int]) -> None:
     )
 
 
-def apply_since(log: ReplicationLog, target: str, after: dict[int, int], batch_id: int) -> None:
+def apply_since(
+    log: ReplicationLog, target: str, after: dict[int, int], batch_id: int, mode: str = "scd1"
+) -> None:
     """The log's events after ``after`` applied as one batch whose commit records them."""
     events = log.read_all(after)
     rows = [json.loads(d) for d in events.column("data").to_pylist()]
@@ -56,6 +58,7 @@ def apply_since(log: ReplicationLog, target: str, after: dict[int, int], batch_i
             SEQUENCE: events.column("sequence"),
             OPERATION: events.column("operation"),
             TIMESTAMP: events.column("timestamp"),
+            SOURCE_POSITION: covered.event_positions(events.column("metadata")),
         }
     )
     span = covered.Span.of(
@@ -65,22 +68,24 @@ def apply_since(log: ReplicationLog, target: str, after: dict[int, int], batch_i
     batch = covered.BatchCoverage.of_events(
         events.column("shard"), events.column("sequence"), pa.array([]), pa.array([])
     )
-    coverage = covered.Coverage(batch.offsets, span, log.log_id, "t", ("id",), "scd1")
-    apply_batch(target, changes, ["id"], app_id="core", batch_id=batch_id, coverage=coverage)
+    coverage = covered.Coverage(batch.offsets, span, log.log_id, "t", ("id",), mode)
+    apply_batch(
+        target, changes, ["id"], app_id="core", batch_id=batch_id, mode=mode, coverage=coverage
+    )
 
 
-@pytest.fixture
-def replica(tmp_path: Path) -> dict[str, Any]:
+@pytest.fixture(params=["scd1"])
+def replica(tmp_path: Path, request: pytest.FixtureRequest) -> dict[str, Any]:
     """Transactions 1-6 in the log; version 0 holds 1-2, version 1 holds 3-4."""
     log = ReplicationLog.create(str(tmp_path / "log"), 2)
     target = str(tmp_path / "table")
     append_txn(log, 1, [1, 2, 3])
     append_txn(log, 2, [2])
-    apply_since(log, target, {}, 0)
+    apply_since(log, target, {}, 0, request.param)
     first = log.head()
     append_txn(log, 3, [1, 4])
     append_txn(log, 4, [3])
-    apply_since(log, target, first, 1)
+    apply_since(log, target, first, 1, request.param)
     second = log.head()
     append_txn(log, 5, [2, 5])
     append_txn(log, 6, [1])
@@ -154,6 +159,33 @@ def test_past_retention_a_version_ending_at_the_point_is_read_alone_else_the_ran
         planned(replica, lsn(3))  # inside version 1's batch: its events are gone
     with pytest.raises(AsOfError, match=r"not reachable"):
         planned(replica, lsn(1))
+
+
+@pytest.mark.parametrize("replica", ["scd2"], indirect=True)
+def test_past_retention_an_scd2_table_is_read_from_a_later_versions_history(
+    replica: dict[str, Any],
+) -> None:
+    """The events between version 0 and version 1 gone, a point inside version 1's batch
+    is read from version 1's history, cut at the point by its rows' validity positions:
+    the versions opened after it are left out, those closed after it are current."""
+    log = replica["log"]
+    _, second = replica["offsets"]
+    truncate(log, {s: q + 1 for s, q in second.items()}, force=True)  # txns 1-4 gone
+    table = open_table(replica["target"], None)
+    assert table is not None
+    versions = covered.table_history(table.history())
+    at = as_of.Point(position=lsn(4) - 1)  # after txn 3, before txn 4
+    with pytest.raises(AsOfError, match="not reachable"):
+        as_of.plan(versions, log, at, cut=False)
+    plan = as_of.plan(versions, log, at)
+    assert (plan.cut, plan.version) == (True, 1)
+    table.load_as_version(1)
+    found = as_of.history_at(read_table(table), at)
+    assert found is not None
+    rows = sorted((r["id"], r["txn"], r["__current"]) for r in found.to_pylist())
+    assert rows == [(1, 1, False), (1, 3, True), (2, 1, False), (2, 2, True), (3, 1, True),
+                    (4, 3, True)]  # fmt: skip
+    assert {r["__valid_to_position"] for r in found.to_pylist() if r["__current"]} == {None}
 
 
 def test_a_point_newer_than_the_log_is_refused(replica: dict[str, Any]) -> None:
