@@ -12,7 +12,7 @@ DataFrame of it) and Spark's own Parquet source over the version's files (one ve
 written at once: no deletion vectors, its files are the table).
 
 Run: PYSPARK_PYTHON=.venv/bin/python nice .venv/bin/python benchmarks/bench_as_of.py
-[--rows 1000000] [--points 1000,100000,1000000]
+[--rows 1000000] [--points 1000,100000,1000000] [--no-scd2]
 """
 
 from __future__ import annotations
@@ -26,14 +26,15 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pj
 from pyspark.sql import SparkSession
 
 from replog.log import ReplicationLog
-from replog.spark.as_of import read_rows, table_as_of
+from replog.spark.as_of import frame_of, read_rows, table_as_of
 from replog.tables import as_of
 from replog.tables import coverage as covered
-from replog.tables.changes import OPERATION, SEQUENCE, SHARD, TIMESTAMP
+from replog.tables.changes import OPERATION, SEQUENCE, SHARD, SOURCE_POSITION, TIMESTAMP
 from replog.tables.delta import apply_batch, open_table, read_table
 
 COLLECTION = "bench.items"
@@ -69,9 +70,10 @@ def append(log: ReplicationLog, found: list[dict[str, Any]]) -> None:
         log.append(found[start : start + 200_000])
 
 
-def changes_of(log: ReplicationLog) -> pa.Table:
-    """The log's events as ``apply_batch`` takes them (rows parsed from ``data``)."""
-    read = log.read_all()
+def changes_of(log: ReplicationLog, read: pa.Table | None = None) -> pa.Table:
+    """The log's events (or ``read``, some of them) as ``apply_batch`` takes them (rows
+    parsed from ``data``; each event's source position)."""
+    read = log.read_all() if read is None else read
     rows = pj.read_json(pa.BufferReader(b"\n".join(read.column("data").to_pylist())))
     return (
         rows.select(["id", "name", "price"])
@@ -80,7 +82,58 @@ def changes_of(log: ReplicationLog) -> pa.Table:
         .append_column(SEQUENCE, read.column("sequence"))
         .append_column(OPERATION, read.column("operation"))
         .append_column(TIMESTAMP, read.column("timestamp"))
+        .append_column(SOURCE_POSITION, covered.event_positions(read.column("metadata")))
     )
+
+
+def coverage_of(
+    log: ReplicationLog, read: pa.Table, offsets: dict[int, int], mode: str
+) -> covered.Coverage:
+    """What a batch of the events ``read`` covers, the log applied up to ``offsets``."""
+    span = covered.Span.of(
+        covered.event_positions(read.column("metadata")),
+        covered.event_times(read.column("timestamp")),
+    )
+    return covered.Coverage(offsets, span, log.log_id, COLLECTION, ("id",), mode, SCHEMA)
+
+
+def scd2_reads(spark: SparkSession, log: ReplicationLog, root: str, inserted: dict[int, int],
+               loaded: int) -> None:  # fmt: skip
+    """An scd2 table of the 1M inserts (version 0) and the first 2,000 updates (version
+    1), read as of the end of the first 1,000: from version 1's history cut at the point
+    (its rows' validity positions), and from version 0 with the 1,000 events after it."""
+    target = str(Path(root) / "items_scd2")
+    first = log.read_all(None, inserted)
+    apply_batch(target, changes_of(log, first), ["id"], app_id="bench", batch_id=0,
+                mode="scd2", coverage=coverage_of(log, first, inserted, "scd2"))  # fmt: skip
+    del first
+    lsn = LSN0 + loaded * 4096  # the first update transaction's commit LSN
+    updates = log.read_all(inserted)
+    positions = covered.event_positions(updates.column("metadata"))
+    second = updates.filter(pc.less_equal(positions, lsn + 4096))  # two transactions
+    del updates
+    offsets = dict(inserted)
+    for shard, sequence in zip(*(second.column(c).to_pylist() for c in ("shard", "sequence")),
+                               strict=True):  # fmt: skip
+        offsets[shard] = max(offsets[shard], sequence)
+    apply_batch(target, changes_of(log, second), ["id"], app_id="bench", batch_id=1,
+                mode="scd2", coverage=coverage_of(log, second, offsets, "scd2"))  # fmt: skip
+    table = open_table(target, None)
+    assert table is not None
+    plain, _ = timed(lambda: frame_of(spark, read_table(table)).count())
+    text = covered.lsn_to_text(lsn)
+    point = as_of.point(lsn=text)
+    tail, by_tail = timed(lambda: read_rows(spark, target, log, point, cut=False))
+    cut, by_cut = timed(lambda: read_rows(spark, target, log, point))
+    counted, frame = timed(lambda: table_as_of(spark, target, log=log, lsn=text).count())
+    assert by_cut.num_rows == by_tail.num_rows == frame, (by_cut.num_rows, by_tail.num_rows)
+    print(f"scd2 ({table.version() + 1} versions, {by_cut.num_rows:,} rows as of the point "
+          f"1,000 changes after version 0): read_rows from version 0 + 1,000 events "
+          f"{tail:.2f} s; from version 1's history cut at the point {cut:.2f} s; "
+          f"table_as_of counted {counted:.2f} s; version 1 as a counted DataFrame "
+          f"{plain:.2f} s")  # fmt: skip
+    print(json.dumps({"scd2_tail_s": tail, "scd2_cut_s": cut, "scd2_table_as_of_s": counted,
+                      "scd2_plain_frame_s": plain}))  # fmt: skip
 
 
 def timed(run: Any) -> tuple[float, Any]:
@@ -93,6 +146,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--points", default="1000,100000,1000000")
+    parser.add_argument("--no-scd2", dest="scd2", action="store_false",
+                        help="skip the scd2 table's reads")  # fmt: skip
     args = parser.parse_args()
     points = [int(p) for p in args.points.split(",")]
     spark = (
@@ -106,17 +161,13 @@ def main() -> None:
         log = ReplicationLog.create(str(Path(root) / "log"), shards=4)
         loaded = args.rows // TXN
         append(log, events(np.arange(args.rows), 0, "insert"))
+        inserted = log.head()
         target = str(Path(root) / "items")
-        batch = changes_of(log)
-        span = covered.Span.of(
-            covered.event_positions(log.read_all().column("metadata")),
-            covered.event_times(batch.column(TIMESTAMP)),
-        )
-        coverage = covered.Coverage(
-            log.head(), span, log.log_id, COLLECTION, ("id",), "scd1", SCHEMA
-        )
+        first = log.read_all()
+        batch = changes_of(log, first)
+        coverage = coverage_of(log, first, dict(inserted), "scd1")
         apply_batch(target, batch, ["id"], app_id="bench", batch_id=0, coverage=coverage)
-        del batch
+        del batch, first
         rng = np.random.default_rng(42)
         updates = rng.integers(0, args.rows, max(points))
         append(log, events(updates, loaded, "update"))
@@ -125,11 +176,12 @@ def main() -> None:
         plain, base = timed(lambda: read_table(table))
         spark.read.parquet(target).count()  # the JVM's classes loaded once
         parquet, _ = timed(lambda: spark.read.parquet(target).count())
-        plain_frame, _ = timed(lambda: spark.createDataFrame(read_table(table)).count())
+        arrow, _ = timed(lambda: spark.createDataFrame(read_table(table)).count())
+        plain_frame, _ = timed(lambda: frame_of(spark, read_table(table)).count())
         print(f"table: {args.rows:,} rows, version {table.version()}; log: {log.head()}")
         print(f"plain Delta read (delta-rs scan): {plain:.2f} s; as a counted DataFrame: "
-              f"{plain_frame:.2f} s; Spark's Parquet source on its files: "
-              f"{parquet:.2f} s")  # fmt: skip
+              f"{plain_frame:.2f} s (frame_of), {arrow:.2f} s (createDataFrame's own "
+              f"batches); Spark's Parquet source on its files: {parquet:.2f} s")  # fmt: skip
         print(f"{'changes after':>14} {'events read':>12} {'read_rows s':>12} "
               f"{'table_as_of s':>14} {'x plain':>8}")  # fmt: skip
         for count in points:
@@ -142,8 +194,10 @@ def main() -> None:
             print(f"{count:>14,} {count:>12,} {core:>12.2f} {frame:>14.2f} "
                   f"{frame / plain_frame:>8.1f}")  # fmt: skip
         print(json.dumps({"rows": args.rows, "plain_s": plain, "plain_frame_s": plain_frame,
-                          "parquet_s": parquet}))  # fmt: skip
+                          "create_data_frame_s": arrow, "parquet_s": parquet}))  # fmt: skip
         del base
+        if args.scd2:
+            scd2_reads(spark, log, root, inserted, loaded)
     spark.stop()
 
 

@@ -1,9 +1,10 @@
 """Tables as the source had them at any past transaction (``table_as_of``,
-``tables_as_of``): a real PostgreSQL workload over three related tables records, after each
-transaction, its position, its time and every table's rows; the log is applied to Delta
-(scd1 and scd2) in micro-batches of a few events whose boundaries fall between and inside
-the transactions, with the apply query failing between its commits; each table as of each
-point equals what the source held then, row by row."""
+``tables_as_of``): a real PostgreSQL workload over three related tables (a TRUNCATE among
+its transactions) records, after each transaction, its position, its time and every
+table's rows; the log is applied to Delta (scd1 and scd2) in micro-batches of a few events
+whose boundaries fall between and inside the transactions, with the apply query failing
+between its commits; each table as of each point equals what the source held then, row
+by row."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pyarrow as pa
 import pytest
 from support.capture import run
 from support.cli import replog
@@ -22,11 +24,11 @@ from test_cli_json import run_json
 from replog.cli.output import COMMAND_SCHEMAS
 from replog.errors import AsOfError, InvalidOptionError
 from replog.log import ReplicationLog
-from replog.spark.as_of import read_rows, view_names
+from replog.spark.as_of import ARROW_BATCH, frame_of, read_rows, view_names
 from replog.spark.functions import apply_changes, table_as_of, tables_as_of
 from replog.tables import as_of
 from replog.tables import coverage as covered
-from replog.tables.delta import open_table
+from replog.tables.delta import open_table, read_table
 
 pytestmark = pytest.mark.spark
 
@@ -62,7 +64,12 @@ WORKLOAD: tuple[tuple[str, ...], ...] = (
     ("UPDATE orders SET id = 13 WHERE id = 12",),  # a changed key, cascaded to items
     ("INSERT INTO customers VALUES (2, 'bob again', 'back')",),  # a deleted key comes back
     ("UPDATE items SET qty = qty + 10 WHERE order_id = 13 AND line <= 3",),
+    ("TRUNCATE items",),  # a truncate event on each shard of the log
+    ("INSERT INTO items VALUES (10, 3, 9), (13, 1, 1)",),
     ("DELETE FROM orders WHERE id = 13", "UPDATE customers SET notes = 'n' WHERE id = 3"),
+    tuple(f"UPDATE orders SET amount = {n} WHERE id = 10" for n in range(120, 124)),
+    ("UPDATE orders SET status = 'sent' WHERE id = 10",),  # a key changed by two transactions
+    ("UPDATE orders SET status = 'done' WHERE id = 10",),  # in a row: in one micro-batch
 )
 
 
@@ -177,25 +184,71 @@ def test_every_table_as_of_every_transaction_equals_the_source(
 ) -> None:
     """At each recorded position (before the first transaction, after each one), each
     table as of it holds exactly the source's rows then; some points need the log's
-    events after their version (inside a micro-batch), some end a version exactly."""
+    events after their version (inside a micro-batch), some end a version exactly. An
+    scd2 table is also read from a later version's history cut at the point (its rows'
+    validity positions): the same history, row by row, as the version before it and the
+    log's events after it give."""
     log, root = history["log"], history["roots"][mode]
-    needing_tail = exact = 0
+    needing_tail = exact = cut = 0
     for number, point in enumerate(history["points"]):
         at = as_of.Point(position=covered.lsn_to_int(point["lsn"]))
         for name, path in paths(root).items():
             table = open_table(path, None)
             assert table is not None
             versions = covered.table_history(table.history())
-            planned = as_of.plan(versions, log, at)
+            planned = as_of.plan(versions, log, at, cut=False)
             if planned.events.num_rows:
                 needing_tail += 1
             else:
                 exact += 1
-            rows = read_rows(spark, path, log, at).to_pylist()
+            rows = read_rows(spark, path, log, at, cut=False).to_pylist()
             if mode == "scd2":
+                cut += as_of.plan(versions, log, at).cut
+                from_history = read_rows(spark, path, log, at).to_pylist()
+                assert ordered(from_history) == ordered(rows), f"point {number}, {name}"
                 rows = current(rows)
+                if 0 < number < len(history["points"]) - 1:  # as of its time, too
+                    moment = as_of.point(at=point["at"])
+                    by_time = current(read_rows(spark, path, log, moment).to_pylist())
+                    assert keyed(by_time, name) == point["rows"][name], f"{number} at, {name}"
             assert keyed(rows, name) == point["rows"][name], f"point {number}, {name}"
     assert needing_tail and exact, (needing_tail, exact)
+    assert mode == "scd1" or cut > len(history["points"]), cut
+
+
+def ordered(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """History rows in one order (by position in the log)."""
+    return sorted(rows, key=lambda r: (r["__shard"], r["__sequence"]))
+
+
+def test_scd2_rows_carry_the_positions_of_the_transactions_that_opened_and_closed_them(
+    history: dict[str, Any],
+) -> None:
+    """Each version of an scd2 target names the commit LSNs of the transactions that
+    opened and closed it: the newest table alone, cut at any recorded position by them,
+    holds exactly the source's rows then (no log needed)."""
+    log, root = history["log"], history["roots"]["scd2"]
+    metadata = log.read_all().column("metadata").to_pylist()
+    commits = {int(json.loads(m)["transaction"]["id"].split(":")[1]) for m in metadata}
+    for name, path in paths(root).items():
+        table = open_table(path, None)
+        assert table is not None
+        versions = read_table(table).to_pylist()
+        for row in versions:
+            assert row["__valid_from_position"] in commits, row
+            assert row["__valid_to_position"] is None or row["__valid_to_position"] in commits
+            assert (row["__valid_to_position"] is None) == row["__current"], row
+            if row["__valid_to_position"] is not None:  # equal: a version inside its txn
+                assert row["__valid_from_position"] <= row["__valid_to_position"], row
+        for number, point in enumerate(history["points"]):
+            lsn = covered.lsn_to_int(point["lsn"])
+            live = [
+                r
+                for r in versions
+                if r["__valid_from_position"] <= lsn
+                and (r["__valid_to_position"] is None or r["__valid_to_position"] > lsn)
+            ]
+            assert keyed(live, name) == point["rows"][name], f"point {number}, {name}"
 
 
 def test_a_transaction_is_in_from_its_commit_position_on(
@@ -358,3 +411,98 @@ def test_the_cli_shows_the_points_each_replica_and_the_log_can_be_read_as_of(
         table_as_of(spark, path, log=log, lsn=covered.lsn_to_text(newest + 1))
     text = replog("status", log.url, "--table", path).stdout
     assert "readable as of (LSN / time):" in text and f"{path} (version" in text
+
+
+def source_event(key: int, ms: int, source: dict[str, Any], txn: str) -> dict[str, Any]:
+    """An upsert of ``key`` in transaction ``txn`` of ``source`` (a Debezium source block)."""
+    return {
+        "collection": "t",
+        "key": json.dumps({"id": key}),
+        "operation": "update",
+        "data": json.dumps({"id": key, "v": f"{source['name']}-{ms}"}),
+        "timestamp": ms,
+        "metadata": json.dumps({"op": "u", "source": source, "transaction": {"id": txn}}),
+    }
+
+
+def test_each_commit_records_the_span_of_each_source_in_its_batch(
+    spark: Any, tmp_path: Path
+) -> None:
+    """A log fed by a PostgreSQL server and a MySQL server (positions that do not
+    compare): each commit records, per source in its micro-batch, its first and last
+    transaction position and commit time; the batch's span is their union."""
+    t0 = 1_735_689_600_000
+    pg = {"connector": "postgresql", "name": "pg-a", "lsn": 0}
+    shop = {"connector": "mysql", "name": "shop", "server_id": 1, "file": "binlog.000001"}
+    log = ReplicationLog.create(str(tmp_path / "log"), 2)
+    log.append(
+        [
+            source_event(1, t0 + 1000, pg, "700:8192"),  # LSN 0/2000
+            source_event(101, t0 + 2000, shop, "3e11fa47-71ca:5"),
+            source_event(2, t0 + 3000, pg, "701:8448"),  # LSN 0/2100
+            source_event(102, t0 + 4000, shop, "3e11fa47-71ca:7"),
+            source_event(103, t0 + 4000, shop, "3e11fa47-71ca:7"),
+        ]
+    )
+    target = str(tmp_path / "t")
+
+    def apply() -> None:
+        query = (
+            spark.readStream.format("replog")
+            .load(log.url)
+            .writeStream.foreachBatch(
+                apply_changes(target, ["id"], app_id="two", schema="id long, v string")
+            )
+            .option("checkpointLocation", str(tmp_path / "chk"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        query.awaitTermination()
+
+    apply()
+    log.append([source_event(104, t0 + 9000, shop, "3e11fa47-71ca:9")])
+    apply()
+    table = open_table(target, None)
+    assert table is not None
+    infos = [c["replog"] for c in sorted(table.history(), key=lambda c: c["version"])]
+    assert [sorted(i["sources"]) for i in infos] == [
+        ["mysql:shop", "postgresql:pg-a"],
+        ["mysql:shop"],
+    ]
+    first, second = infos
+    assert first["sources"]["postgresql:pg-a"] == {
+        "first_lsn": "0/2000", "last_lsn": "0/2100", "first_position": 0x2000,
+        "last_position": 0x2100, "first_ms": t0 + 1000, "last_ms": t0 + 3000,
+    }  # fmt: skip
+    assert first["sources"]["mysql:shop"] == {
+        "first_lsn": "0/5", "last_lsn": "0/7", "first_position": 5, "last_position": 7,
+        "first_ms": t0 + 2000, "last_ms": t0 + 4000,
+    }  # fmt: skip
+    assert (first["batch"]["first_position"], first["batch"]["last_position"]) == (5, 0x2100)
+    assert (first["batch"]["first_ms"], first["batch"]["last_ms"]) == (t0 + 1000, t0 + 4000)
+    assert second["sources"]["mysql:shop"]["first_position"] == 9
+    assert second["sources"]["mysql:shop"]["last_ms"] == t0 + 9000
+    recorded = covered.Coverage.from_json(first)
+    assert recorded.sources["postgresql:pg-a"] == covered.Span(0x2000, 0x2100, t0 + 1000, t0 + 3000)
+
+
+def test_a_frame_of_the_drivers_rows_leaves_the_sessions_arrow_batches_as_they_were(
+    spark: Any,
+) -> None:
+    """The as-of result (the driver's Arrow rows) becomes a DataFrame handed over in
+    large Arrow batches (the speed is measured in bench_as_of.py); every row arrives, and
+    the session's ``maxRecordsPerBatch`` is what it was, set or not."""
+    table = pa.table({"id": pa.array(range(200_000), pa.int64()), "v": ["x"] * 200_000})
+    total = sum(range(200_000))
+    for given in (None, "777"):
+        if given is None:
+            spark.conf.unset(ARROW_BATCH)
+        else:
+            spark.conf.set(ARROW_BATCH, given)
+        try:
+            frame = frame_of(spark, table)
+            assert spark.conf.get(ARROW_BATCH, None) == given
+            assert frame.count() == 200_000
+            assert frame.selectExpr("sum(id) AS s").first()["s"] == total  # type: ignore[index]
+        finally:
+            spark.conf.unset(ARROW_BATCH)

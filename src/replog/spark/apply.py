@@ -373,7 +373,7 @@ def _coverage(  # noqa: PLR0917 - a table's part of a batch
     batch: Batch,
     changes: Any,
 ) -> covered.Coverage:
-    """What the table's commit covers: the batch's offsets and source span, and how the
+    """What the table's commit covers: the batch's offsets and source spans, and how the
     table is built from the log (its collection, keys, mode, given schema), for as-of
     reads (:mod:`replog.tables.as_of`)."""
     collection = part.collection
@@ -389,6 +389,7 @@ def _coverage(  # noqa: PLR0917 - a table's part of a batch
         table.keys,
         settings.mode,
         schema,
+        batch.coverage.sources,
     )
 
 

@@ -41,6 +41,8 @@ NO_COLLECTION = -2
 _KEY = "__replog_key"
 _POSITION = "__replog_position"
 """Per event, its source position (:func:`replog.tables.coverage.event_positions`)."""
+_SOURCE = "__replog_source"
+"""Per event, its source (:func:`replog.tables.coverage.event_sources`)."""
 _MARKS = "__replog_marks"
 _MARKS_FIELDS = "unavailable array<string>, old_key string"
 _RESULT = "part int, kind string, text string, payload binary"
@@ -194,6 +196,7 @@ def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Buil
         _column(columns, "collection").alias(rows.COLLECTION),
         _column(columns, "key").alias(_KEY),
         _position(columns).alias(_POSITION),
+        _source(columns).alias(_SOURCE),
         *made,
     ]
     frame = batch.select(*first).select(*second)
@@ -264,6 +267,19 @@ def _position(columns: Sequence[str]) -> Column:
         for pattern in covered.POSITION_PATTERNS
     ]
     return F.coalesce(*found)
+
+
+def _source(columns: Sequence[str]) -> Column:
+    """An event's source (``connector:name``) from its ``metadata`` text, by the patterns
+    the core reads it with (:data:`replog.tables.coverage.SOURCE_PATTERNS`)."""
+    if "metadata" not in columns:
+        return F.lit(None).cast("string")
+    text = F.col("metadata").cast("string")
+    connector, name = (
+        F.nullif(F.regexp_extract(text, pattern, 1), F.lit(""))
+        for pattern in covered.SOURCE_PATTERNS
+    )
+    return F.when(connector.isNotNull() & name.isNotNull(), F.concat(connector, F.lit(":"), name))
 
 
 def _marks(columns: Sequence[str]) -> Column:
@@ -389,6 +405,7 @@ def _coverage(batch: pa.RecordBatch) -> covered.BatchCoverage:
         batch.column(rows.SEQUENCE),
         batch.column(_POSITION),
         covered.event_times(batch.column(rows.TIMESTAMP)),
+        batch.column(_SOURCE),
     )
 
 
@@ -463,8 +480,9 @@ def _flatten(picked: pa.RecordBatch, part: _TaskPart) -> pa.Table:
             *(picked.column(c) for c in part.columns),
             *(picked.column(c) for c in bookkeeping),
             unsent,
+            picked.column(_POSITION),
         ],
-        names=[*part.names, *bookkeeping, rows.UNSENT],
+        names=[*part.names, *bookkeeping, rows.UNSENT, rows.SOURCE_POSITION],
     )
 
 

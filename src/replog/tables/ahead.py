@@ -151,7 +151,7 @@ def write_ahead(changes: pa.Table, plan: Plan) -> tuple[pa.Table, Prewritten | N
     if not rows.keys_distinct(newest, keys):
         newest = rows.latest_per_key(newest, keys)
     data = rows.storable(newest)
-    bookkeeping = {OPERATION, TIMESTAMP, UNSENT, OLD_KEY, rows.COLLECTION}
+    bookkeeping = {OPERATION, TIMESTAMP, UNSENT, OLD_KEY, rows.COLLECTION, rows.SOURCE_POSITION}
     data = data.select([c for c in data.column_names if c not in bookkeeping])
     if plan.schema is None:  # as the driver creates a table: nullable, Delta's types
         nullable = pa.schema([f.with_nullable(True) for f in data.schema])

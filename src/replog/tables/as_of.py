@@ -39,8 +39,10 @@ from replog.tables.changes import (
     POSITION,
     SEQUENCE,
     SHARD,
+    SOURCE_POSITION,
     TIMESTAMP,
     VALID_TO,
+    VALID_TO_POSITION,
 )
 from replog.timeutil import iso, iso_instant_ms
 
@@ -126,7 +128,10 @@ class Plan:
     coverage: covered.Coverage
     events: pa.Table
     truncates: pa.Table
-    """The truncate events among them: shard, sequence, timestamp."""
+    """The truncate events among them: shard, sequence, timestamp, (source) position."""
+    cut: bool = False
+    """scd2: ``version`` holds every event up to the point (and later ones): its history
+    cut at the point (:func:`history_at`) is the table as of it, no log event needed."""
 
 
 def reachable(
@@ -154,8 +159,11 @@ def plan(
     at: Point,
     *,
     collection: str | None = None,
+    cut: bool = True,
 ) -> Plan:
-    """Which version and which of the log's events give the table as of ``at``.
+    """Which version and which of the log's events give the table as of ``at``. An scd2
+    table (unless not ``cut``) is read from the first version after the point that holds
+    every event up to it, when one does (:attr:`Plan.cut`): a read of that version alone.
 
     Raises:
         AsOfError: the table records no coverage, names another log, or ``at`` is outside
@@ -188,6 +196,11 @@ def plan(
             f"({at.shown(newest)}): the log cannot tell what happened after it. "
             f"Reachable: {_range_text(versions, at, lows, newest)}"
         )
+    if cut and last.mode == "scd2":
+        holding = _holding(versions, base, log, state, at)
+        if holding is not None:
+            empty = _empty_events().select(["shard", "sequence", "timestamp"])
+            return Plan(at, holding.version, last, _empty_events(), empty, cut=True)
     try:
         events = _tail(log, offsets, collection, state, at)
     except DataLossError as exc:
@@ -196,7 +209,10 @@ def plan(
             return Plan(at, base.version, last, _empty_events(), empty)
         raise _unreachable(versions, at, lows, log, newest) from exc
     is_truncate = pc.fill_null(pc.equal(events.column("operation"), TRUNCATE), False)
-    truncates = events.filter(is_truncate).select(["shard", "sequence", "timestamp"])
+    truncated = events.filter(is_truncate)
+    truncates = truncated.select(["shard", "sequence", "timestamp"]).append_column(
+        "position", covered.event_positions(truncated.column("metadata"))
+    )
     events = events.filter(pc.invert(is_truncate))
     return Plan(at, base.version if base is not None else None, last, events, truncates)
 
@@ -216,6 +232,76 @@ def _base(versions: Sequence[covered.VersionCoverage], at: Point) -> covered.Ver
         if reached <= at.value:
             base = entry
     return base
+
+
+def _holding(
+    versions: Sequence[covered.VersionCoverage],
+    base: covered.VersionCoverage | None,
+    log: LogReader,
+    state: Any,
+    at: Point,
+) -> covered.VersionCoverage | None:
+    """A version after ``base`` that holds every event at or before ``at`` (the first
+    one after it, else the newest): on each shard of the log, its next event (none: the
+    head) is past the point. None: neither does, or the log cannot tell."""
+    later = [v for v in versions if base is None or v.version > base.version]
+    for entry in later[:1] + later[-1:] if len(later) > 1 else later:
+        if all(_past(log, state, shard, entry, at) for shard in range(len(state.heads))):
+            return entry
+    return None
+
+
+def _past(
+    log: LogReader, state: Any, shard: int, entry: covered.VersionCoverage, at: Point
+) -> bool:
+    """Whether the shard's first event ``entry`` did not apply is past ``at`` (no such
+    event: the table applied the whole shard)."""
+    following = entry.coverage.offsets.get(shard, 0) + 1
+    if following > state.heads[shard]:
+        return True
+    try:
+        found = [b for b in log.read(shard, following, following) if b.num_rows]
+    except DataLossError:  # retention removed it: the log cannot tell
+        return False
+    if not found:
+        return False
+    newest = _newest(found[0].slice(0, 1), at)
+    return newest is not None and newest > at.value
+
+
+def history_at(table: pa.Table, at: Point) -> pa.Table | None:
+    """An scd2 table's rows (a version holding every event up to ``at``: :attr:`Plan.cut`)
+    as of ``at``: the versions opened at or before it, those closed after it open again
+    (current, no end). None when a row's opening is not known in ``at``'s kind (rows
+    written before the validity positions were)."""
+    opened = _in_kind(table, rows.VALID_FROM, rows.VALID_FROM_POSITION, at)
+    if opened is None or opened.null_count:
+        return None
+    closed = _in_kind(table, VALID_TO, VALID_TO_POSITION, at)
+    if closed is None:
+        return None
+    kept = table.filter(pc.less_equal(opened, at.value))
+    closed = closed.filter(pc.less_equal(opened, at.value))
+    reopen = pc.fill_null(pc.greater(closed, at.value), False)
+    for name in (VALID_TO, VALID_TO_POSITION):
+        column = kept.column(name)
+        ends = pc.if_else(reopen, pa.scalar(None, column.type), column)
+        kept = kept.set_column(kept.schema.get_field_index(name), name, ends)
+    still = pc.or_(pc.fill_null(kept.column(CURRENT), False), reopen)
+    kind = kept.schema.field(CURRENT).type
+    return kept.set_column(kept.schema.get_field_index(CURRENT), CURRENT, still.cast(kind))
+
+
+def _in_kind(table: pa.Table, time: str, position: str, at: Point) -> pa.Array | None:
+    """A validity column of ``table`` in ``at``'s kind: the position, or the time in ms
+    (None: the table has no such column)."""
+    if at.position is not None:
+        if position not in table.column_names:
+            return None
+        return table.column(position).combine_chunks().cast(pa.int64())
+    if time not in table.column_names:
+        return None
+    return covered.event_times(table.column(time))
 
 
 def _captured(state: Any, at: Point) -> int | None:
@@ -347,15 +433,20 @@ def rows_as_of(
     """The table's rows ``base`` (a version's) with ``changes`` (the log's events after
     it, typed as ``apply_changes`` types them: :mod:`replog.tables.changes`) applied as
     one micro-batch would apply them, in memory; ``truncates`` (shard, sequence,
-    timestamp of truncate events) end the rows of their shard's keys first."""
+    timestamp, and optionally the source position, of truncate events) end the rows of
+    their shard, as a micro-batch holding them does (:func:`_truncated`)."""
     keys = rows.check_keys(keys)
     rows.check_mode(mode)
+    cuts: rows.Cuts = {}
     if truncates is not None and truncates.num_rows:
-        base, changes = _truncated(base, changes, truncates, mode)
+        changes, cuts = _truncated(changes, truncates, keys, mode)
+        if mode == "scd1":
+            base = _without_cut(base, cuts)
     if changes.num_rows == 0:
-        return base
+        return _closed_by_cuts(base, cuts) if mode == "scd2" else base
     changes = rows.storable(changes)
-    changes = changes.drop_columns([c for c in (rows.COLLECTION,) if c in changes.column_names])
+    unkept = [rows.COLLECTION, *([SOURCE_POSITION] if mode == "scd1" else [])]
+    changes = changes.drop_columns([c for c in unkept if c in changes.column_names])
     if base.num_rows:
         changes = rows.keys_as(changes, base, keys)
         seen = _positions(_of_keys(base, changes, keys), keys)
@@ -368,7 +459,7 @@ def rows_as_of(
     )
     if mode == "scd1":
         return _scd1(base, changes, keys)
-    return _scd2(base, changes, keys)
+    return _scd2(base, changes, keys, cuts)
 
 
 def _of_keys(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -398,40 +489,55 @@ def _scd1(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
     return _stacked(kept, added)
 
 
-def _scd2(base: pa.Table, changes: pa.Table, keys: Sequence[str]) -> pa.Table:
-    history = rows.scd2_rows(changes, keys)
+def _scd2(base: pa.Table, changes: pa.Table, keys: Sequence[str], cuts: rows.Cuts) -> pa.Table:
+    """As the scd2 merge: a key's close row ends its current version (at a truncate of
+    its shard when that came first), the other current versions of a truncated shard end
+    at its first truncate, the new versions are added."""
+    history = rows.scd2_rows(changes, keys, cuts)
     closes = history.filter(pc.equal(history.column(ACTION), "close"))
     versions = history.filter(pc.equal(history.column(ACTION), "insert")).drop_columns([ACTION])
     if base.num_rows and closes.num_rows:
-        base = _closed(base, closes.select([*keys, VALID_TO]), keys)
-    return _stacked(base, versions)
+        base = _closed(base, closes.select([*keys, VALID_TO, VALID_TO_POSITION]), keys)
+    return _stacked(_closed_by_cuts(base, cuts), versions)
 
 
 def _closed(base: pa.Table, closes: pa.Table, keys: Sequence[str]) -> pa.Table:
     """``base`` with the current version of each key of ``closes`` ended at its
-    ``__valid_to``."""
+    ``__valid_to`` and ``__valid_to_position``."""
     closes = rows.keys_as(closes, base, keys)
     numbered = base.select(list(keys)).append_column(
         "__row", pa.array(np.arange(base.num_rows, dtype=np.int64))
     )
     numbered = numbered.filter(pc.fill_null(base.column(CURRENT), False))
     pairs = numbered.join(
-        closes.rename_columns([*keys, "__ends"]), list(keys), join_type="inner", use_threads=False
+        closes.rename_columns([*keys, "__ends", "__end_positions"]),
+        list(keys),
+        join_type="inner",
+        use_threads=False,
     )
     index = pairs.column("__row").to_numpy()
-    ends = base.column(VALID_TO).combine_chunks()
-    new_ends = pairs.column("__ends").combine_chunks().cast(ends.type)
     take = np.arange(base.num_rows, dtype=np.int64)
     take[index] = base.num_rows + np.arange(len(index))
-    valid_to = pa.concat_arrays([ends, new_ends]).take(pa.array(take))
+    for name, ended in ((VALID_TO, "__ends"), (VALID_TO_POSITION, "__end_positions")):
+        base = _set_at(base, name, pairs.column(ended), take)
     current = base.column(CURRENT).combine_chunks().to_numpy(zero_copy_only=False).copy()
     current[index] = False
-    base = base.set_column(base.schema.get_field_index(VALID_TO), VALID_TO, valid_to)
     return base.set_column(
         base.schema.get_field_index(CURRENT),
         CURRENT,
         pa.array(current, base.schema.field(CURRENT).type),
     )
+
+
+def _set_at(base: pa.Table, name: str, values: pa.ChunkedArray, take: np.ndarray) -> pa.Table:
+    """``base`` with column ``name`` taken from its own values and ``values`` appended
+    after them (``take``: per row, its index in the two; a column ``base`` lacks, as a
+    table written before it existed, is added)."""
+    if name not in base.column_names:
+        base = base.append_column(name, pa.nulls(base.num_rows, values.type))
+    have = base.column(name).combine_chunks()
+    joined = pa.concat_arrays([have, values.combine_chunks().cast(have.type)])
+    return base.set_column(base.schema.get_field_index(name), name, joined.take(pa.array(take)))
 
 
 def _without_keys(base: pa.Table, latest: pa.Table, keys: Sequence[str]) -> pa.Table:
@@ -464,44 +570,66 @@ def _stacked(base: pa.Table, added: pa.Table) -> pa.Table:
 
 
 def _truncated(
-    base: pa.Table, changes: pa.Table, truncates: pa.Table, mode: str
-) -> tuple[pa.Table, pa.Table]:
-    """A truncate ends every row of its shard's keys (a truncate event is written on each
-    shard): the rows of keys of that shard go (scd2: their current versions end at the
-    truncate's time), and the changes of that shard before it with them.
-
-    The hook where a partition's truncate (``metadata.truncate``) would narrow this to
-    that partition's rows, once ``apply_changes`` applies truncates the same way."""
-    last = truncates.group_by("shard", use_threads=False).aggregate(
-        [("sequence", "max"), ("timestamp", "max")]
-    )
-    shards = last.column("shard").to_pylist()
-    ends = dict(zip(shards, last.column("sequence_max").to_pylist(), strict=True))
-    times = dict(zip(shards, last.column("timestamp_max").to_pylist(), strict=True))
-    if changes.num_rows:
-        limit = pa.array([ends.get(s, 0) for s in changes.column(SHARD).to_pylist()], pa.int64())
-        changes = changes.filter(pc.greater(changes.column(SEQUENCE), limit))
-    if base.num_rows and SHARD in base.column_names:
-        hit = pc.is_in(base.column(SHARD), pa.array(list(ends), base.schema.field(SHARD).type))
-        if mode == "scd1":
-            base = base.filter(pc.invert(hit))
-        else:
-            base = _closed_by_truncate(base, hit, times)
-    return base, changes
+    changes: pa.Table, truncates: pa.Table, keys: Sequence[str], mode: str
+) -> tuple[pa.Table, rows.Cuts]:
+    """``changes`` with the truncate events among them, split as a micro-batch splits
+    them (:func:`replog.tables.changes.split_truncates`): scd1 drops the changes of a
+    shard before its last truncate, scd2 keeps them and ends, at each truncate, the keys
+    its shard holds live then; and the cuts, per shard. A partition's TRUNCATE needs
+    nothing here: capture writes it as a delete of each row the partition held."""
+    marks = {
+        SHARD: truncates.column("shard"),
+        SEQUENCE: truncates.column("sequence"),
+        OPERATION: pa.array([TRUNCATE] * truncates.num_rows, pa.string()),
+        TIMESTAMP: truncates.column("timestamp"),
+    }
+    if "position" in truncates.column_names:
+        marks[SOURCE_POSITION] = truncates.column("position")
+    events = pa.table(marks)
+    if changes.num_columns:
+        like = [changes.schema.field(n) for n in events.column_names if n in changes.schema.names]
+        events = rows.align(events, pa.schema(like))
+        events = pa.concat_tables([changes, events], promote_options="permissive")
+    return rows.split_truncates(events, keys, history=mode == "scd2")
 
 
-def _closed_by_truncate(base: pa.Table, hit: pa.Array, times: Mapping[int, Any]) -> pa.Table:
+def _without_cut(base: pa.Table, cuts: rows.Cuts) -> pa.Table:
+    """scd1: ``base`` without the rows a truncate of their shard removed."""
+    if not cuts or base.num_rows == 0 or SHARD not in base.column_names:
+        return base
+    return base.filter(pc.invert(_cut_rows(base, cuts)))
+
+
+def _cut_rows(base: pa.Table, cuts: rows.Cuts) -> pa.Array:
+    """Per row of ``base``, whether a truncate of ``cuts`` is after it on its shard."""
+    shard = base.column(SHARD).to_numpy(zero_copy_only=False)
+    sequence = base.column(SEQUENCE).to_numpy(zero_copy_only=False)
+    hit = np.zeros(base.num_rows, dtype=bool)
+    for number, cut in cuts.items():
+        hit |= (shard == number) & (sequence < cut.last)
+    return pa.array(hit)
+
+
+def _closed_by_cuts(base: pa.Table, cuts: rows.Cuts) -> pa.Table:
+    """scd2: ``base``'s current versions that a truncate of their shard ended, ended at
+    the shard's first truncate in ``cuts`` (its time and source position)."""
+    if not cuts or base.num_rows == 0 or SHARD not in base.column_names:
+        return base
     current = pc.fill_null(base.column(CURRENT), False)
-    ending = pc.and_(hit, current).to_numpy(zero_copy_only=False)
+    ending = pc.and_(_cut_rows(base, cuts), current).to_numpy(zero_copy_only=False)
+    if not ending.any():
+        return base
     shards = base.column(SHARD).to_pylist()
-    valid_to = base.column(VALID_TO).to_pylist()
-    for index in np.flatnonzero(ending):
-        valid_to[index] = times[shards[index]]
-    kind = base.schema.field(VALID_TO).type
-    base = base.set_column(
-        base.schema.get_field_index(VALID_TO), VALID_TO, pa.array(valid_to).cast(kind)
-    )
-    still = pc.and_(current, pc.invert(hit))
+    if VALID_TO_POSITION not in base.column_names:
+        base = base.append_column(VALID_TO_POSITION, pa.nulls(base.num_rows, pa.int64()))
+    for name in (VALID_TO, VALID_TO_POSITION):
+        values = base.column(name).to_pylist()
+        for index in np.flatnonzero(ending):
+            cut = cuts[shards[index]]
+            values[index] = cut.timestamp if name == VALID_TO else cut.source
+        kind = base.schema.field(name).type
+        base = base.set_column(base.schema.get_field_index(name), name, pa.array(values, kind))
+    still = pc.and_(current, pa.array(~ending))
     return base.set_column(base.schema.get_field_index(CURRENT), CURRENT, still)
 
 

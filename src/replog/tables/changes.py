@@ -33,6 +33,14 @@ VALID_TO = "__valid_to"
 CURRENT = "__current"
 ACTION = "__action"
 """SCD2 merge source only: ``close`` (ends the table's current version) or ``insert``."""
+SOURCE_POSITION = "__source_position"
+"""Optional bookkeeping column: each change's source position (its transaction's commit
+LSN as a number: :func:`replog.tables.coverage.event_positions`; null: none known)."""
+VALID_FROM_POSITION = "__valid_from_position"
+VALID_TO_POSITION = "__valid_to_position"
+"""SCD2: the source positions of the transactions that opened and closed a version, beside
+``__valid_from`` and ``__valid_to`` (a time alone does not order two transactions of one
+millisecond; the position does, and a reader can cut the history at any position)."""
 
 CHANGE_COLUMNS = (SHARD, SEQUENCE, OPERATION, TIMESTAMP)
 """The bookkeeping columns every batch of changes carries."""
@@ -74,7 +82,7 @@ def check_columns(columns: Sequence[str], keys: Sequence[str]) -> None:
             f"apply_changes: keys {missing} are not columns of the changes' rows "
             f"(columns: {[c for c in columns if c not in CHANGE_COLUMNS]})"
         )
-    bookkeeping = (*CHANGE_COLUMNS, UNSENT, COLLECTION, OLD_KEY)
+    bookkeeping = (*CHANGE_COLUMNS, UNSENT, COLLECTION, OLD_KEY, SOURCE_POSITION)
     clashing = [c for c in columns if c.startswith("__") and c not in bookkeeping]
     if clashing:
         raise InvalidOptionError(
@@ -224,11 +232,13 @@ def after_positions(
 class Cut:
     """The truncates of one shard in a batch: every row of the shard at a position before
     ``last`` (its newest) is gone; the rows the table held before the batch ended at the
-    first (``first``, at ``timestamp``: that truncate's time)."""
+    first (``first``, at ``timestamp``: that truncate's time, and ``source``: its source
+    position, None when unknown)."""
 
     first: int
     last: int
     timestamp: Any
+    source: int | None = None
 
 
 Cuts = dict[int, Cut]
@@ -252,32 +262,40 @@ def split_truncates(
     events = changes.filter(truncate)
     if TIMESTAMP not in events.column_names:
         events = events.append_column(TIMESTAMP, pa.nulls(events.num_rows, pa.timestamp("us")))
-    events = events.select([SHARD, SEQUENCE, TIMESTAMP]).sort_by([(SEQUENCE, "ascending")])
+    if SOURCE_POSITION not in events.column_names:
+        events = events.append_column(SOURCE_POSITION, pa.nulls(events.num_rows, pa.int64()))
+    events = events.select([SHARD, SEQUENCE, TIMESTAMP, SOURCE_POSITION])
+    events = events.sort_by([(SEQUENCE, "ascending")])
     cuts: Cuts = {}
     made: list[pa.Table] = []
     rest = changes.filter(pc.invert(truncate))
-    for shard, sequence, timestamp in zip(
-        *(events.column(c).to_pylist() for c in (SHARD, SEQUENCE, TIMESTAMP)), strict=True
+    for shard, sequence, timestamp, source in zip(
+        *(events.column(c).to_pylist() for c in (SHARD, SEQUENCE, TIMESTAMP, SOURCE_POSITION)),
+        strict=True,
     ):
         before = cuts.get(shard)
         if history:
-            made.append(_truncate_deletes(rest, keys, shard, sequence, timestamp, before))
+            made.append(_truncate_deletes(rest, keys, shard, (sequence, timestamp, source), before))
         if before is None:
-            cuts[int(shard)] = Cut(int(sequence), int(sequence), timestamp)
+            cuts[int(shard)] = Cut(int(sequence), int(sequence), timestamp, source)
         else:
-            cuts[int(shard)] = Cut(before.first, int(sequence), before.timestamp)
+            cuts[int(shard)] = Cut(before.first, int(sequence), before.timestamp, before.source)
     if history:
         return pa.concat_tables([rest, *made]), cuts
     return after_cuts(rest, cuts), cuts
 
 
-def _truncate_deletes(  # noqa: PLR0917 - one truncate's place
-    changes: pa.Table, keys: Sequence[str], shard: int, sequence: int, timestamp: Any,
+def _truncate_deletes(
+    changes: pa.Table,
+    keys: Sequence[str],
+    shard: int,
+    place: tuple[int, Any, int | None],
     before: Cut | None,
-) -> pa.Table:  # fmt: skip
-    """A delete, at a truncate's position and time, of each key whose newest change on
-    the truncate's shard between the shard's previous truncate (``before``) and it is no
-    delete (its last image kept as the delete's row)."""
+) -> pa.Table:
+    """A delete, at a truncate's ``place`` (its sequence, time and source position), of
+    each key whose newest change on the truncate's shard between the shard's previous
+    truncate (``before``) and it is no delete (its last image kept as the delete's row)."""
+    sequence, timestamp, source = place
     at = changes.column(SHARD).to_numpy(zero_copy_only=False)
     position = changes.column(SEQUENCE).to_numpy(zero_copy_only=False)
     since = -1 if before is None else before.last
@@ -298,6 +316,8 @@ def _truncate_deletes(  # noqa: PLR0917 - one truncate's place
     }
     if TIMESTAMP in changes.column_names:
         values[TIMESTAMP] = pa.array([timestamp] * count, changes.schema.field(TIMESTAMP).type)
+    if SOURCE_POSITION in changes.column_names:
+        values[SOURCE_POSITION] = pa.array([source] * count, pa.int64())
     for name, column in values.items():
         if name in alive.column_names:
             index = alive.schema.get_field_index(name)
@@ -536,56 +556,73 @@ def _same_key_as_next(ordered: pa.Table, keys: Sequence[str]) -> pa.Array:
 
 def scd2_rows(changes: pa.Table, keys: Sequence[str], cuts: Cuts | None = None) -> pa.Table:
     """SCD type 2 merge source for a batch: one ``insert`` row per non-delete change (a
-    version valid from its change's timestamp until the key's next change, current if
-    there is none) and one ``close`` row per key (ending the table's current version at
-    the key's first change, or at its shard's first truncate in ``cuts`` if that came
-    first). Bookkeeping columns other than the position are dropped."""
+    version valid from its change's timestamp and source position until the key's next
+    change, current if there is none) and one ``close`` row per key (ending the table's
+    current version at the key's first change, or at its shard's first truncate in
+    ``cuts`` if that came first). Bookkeeping columns other than the position are
+    dropped; the source positions (:data:`SOURCE_POSITION`, null where not given) become
+    :data:`VALID_FROM_POSITION` and :data:`VALID_TO_POSITION`."""
+    if SOURCE_POSITION not in changes.column_names:
+        changes = changes.append_column(SOURCE_POSITION, pa.nulls(changes.num_rows, pa.int64()))
+    elif changes.schema.field(SOURCE_POSITION).type != pa.int64():
+        index = changes.schema.get_field_index(SOURCE_POSITION)
+        column = changes.column(SOURCE_POSITION).cast(pa.int64())
+        changes = changes.set_column(index, SOURCE_POSITION, column)
+    dropped = [OPERATION, TIMESTAMP, SOURCE_POSITION]
     if changes.num_rows == 0:  # a batch of truncates only: the rules still read ACTION
         kind = changes.schema.field(TIMESTAMP).type
         return (
             changes.append_column(VALID_FROM, pa.nulls(0, kind))
             .append_column(VALID_TO, pa.nulls(0, kind))
             .append_column(CURRENT, pa.array([], pa.bool_()))
+            .append_column(VALID_FROM_POSITION, pa.nulls(0, pa.int64()))
+            .append_column(VALID_TO_POSITION, pa.nulls(0, pa.int64()))
             .append_column(ACTION, pa.array([], pa.string()))
-            .drop_columns([OPERATION, TIMESTAMP])
+            .drop_columns(dropped)
         )
     ordered = changes.sort_by(
         [*((k, "ascending") for k in keys), (SHARD, "ascending"), (SEQUENCE, "ascending")]
     )
     same_next = _same_key_as_next(ordered, keys)
     timestamps = ordered.column(TIMESTAMP).combine_chunks()
-    following = pa.concat_arrays([timestamps.slice(1), pa.nulls(1, timestamps.type)])
-    valid_to = pc.if_else(same_next, following, pa.scalar(None, timestamps.type))
+    positions = ordered.column(SOURCE_POSITION).combine_chunks()
     is_delete = pc.equal(ordered.column(OPERATION), DELETE)
     versions = (
         ordered.append_column(VALID_FROM, timestamps)
-        .append_column(VALID_TO, valid_to)
+        .append_column(VALID_TO, _of_next(timestamps, same_next))
         .append_column(CURRENT, pc.invert(same_next))
+        .append_column(VALID_FROM_POSITION, positions)
+        .append_column(VALID_TO_POSITION, _of_next(positions, same_next))
         .append_column(ACTION, pa.array(["insert"] * ordered.num_rows, pa.string()))
         .filter(pc.invert(is_delete))
     )
     same_previous = pa.concat_arrays([pa.array([False]), same_next.slice(0, len(same_next) - 1)])
     firsts = ordered.filter(pc.invert(same_previous))
-    ends = firsts.column(TIMESTAMP)
+    ends, end_positions = firsts.column(TIMESTAMP), firsts.column(SOURCE_POSITION)
     if cuts:  # a version the table held ended at its shard's first truncate, if before
-        ends = pa.array(
-            [
-                cuts[shard].timestamp if shard in cuts and sequence > cuts[shard].first else end
-                for shard, sequence, end in zip(
-                    *(firsts.column(c).to_pylist() for c in (SHARD, SEQUENCE)),
-                    ends.to_pylist(),
-                    strict=True,
-                )
-            ],
-            timestamps.type,
-        )
+        times, places = ends.to_pylist(), end_positions.to_pylist()
+        for row, (shard, sequence) in enumerate(
+            zip(*(firsts.column(c).to_pylist() for c in (SHARD, SEQUENCE)), strict=True)
+        ):
+            if shard in cuts and sequence > cuts[shard].first:
+                times[row], places[row] = cuts[shard].timestamp, cuts[shard].source
+        ends, end_positions = pa.array(times, timestamps.type), pa.array(places, pa.int64())
     closes = (
         firsts.append_column(VALID_FROM, pa.nulls(firsts.num_rows, timestamps.type))
         .append_column(VALID_TO, ends)
         .append_column(CURRENT, pa.array([False] * firsts.num_rows, pa.bool_()))
+        .append_column(VALID_FROM_POSITION, pa.nulls(firsts.num_rows, pa.int64()))
+        .append_column(VALID_TO_POSITION, end_positions)
         .append_column(ACTION, pa.array(["close"] * firsts.num_rows, pa.string()))
     )
-    return pa.concat_tables([closes, versions]).drop_columns([OPERATION, TIMESTAMP])
+    return pa.concat_tables([closes, versions]).drop_columns(dropped)
+
+
+def _of_next(values: pa.Array, same_next: pa.Array) -> pa.Array:
+    """Per row (sorted by key and position), the next row's value when it is a change of
+    the same key, else null."""
+    following = pa.concat_arrays([values.slice(1), pa.nulls(1, values.type)])
+    return pc.if_else(same_next, following, pa.scalar(None, values.type))
 
 
 def _compatible(source: pa.DataType, target: pa.DataType) -> bool:

@@ -36,6 +36,14 @@ transaction, else the source's LSN. One group (named ``p``; Java's and RE2's syn
 the Spark layer extracts the same with ``regexp_extract``)."""
 POSITION_PATTERNS = (TRANSACTION_POSITION, SOURCE_POSITION)
 
+SOURCE_CONNECTOR = r'"source"\s*:\s*\{[^{}]*?"connector"\s*:\s*"(?<p>[^"]*)"'
+SOURCE_NAME = r'"source"\s*:\s*\{[^{}]*?"name"\s*:\s*"(?<p>[^"]*)"'
+"""Where an event's ``metadata`` text names its source: Debezium's ``source`` block (as
+capture writes it too) names the connector (``postgresql``, ``mysql``) and the logical
+server (``name``: capture's slot or server name, a Debezium connector's topic prefix).
+An event's source is ``connector:name`` (:func:`event_sources`)."""
+SOURCE_PATTERNS = (SOURCE_CONNECTOR, SOURCE_NAME)
+
 MAX_LSN = (1 << 64) - 1
 
 
@@ -72,6 +80,23 @@ def event_positions(metadata: pa.Array | pa.ChunkedArray) -> pa.Array:
     return found
 
 
+def event_sources(metadata: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Per event (its ``metadata`` text), its source ``connector:name`` (string; null:
+    its metadata names none)."""
+    column = metadata.combine_chunks() if isinstance(metadata, pa.ChunkedArray) else metadata
+    if pa.types.is_binary(column.type) or pa.types.is_large_binary(column.type):
+        column = column.cast(pa.string())
+    parts = []
+    for pattern in SOURCE_PATTERNS:
+        extracted = pc.extract_regex(column, pattern)
+        valid = pc.is_valid(extracted)
+        parts.append(
+            pc.if_else(valid, pc.struct_field(extracted, "p"), pa.scalar(None, pa.string()))
+        )
+    joined: pa.Array = pc.binary_join_element_wise(*parts, ":")  # null when one is
+    return joined
+
+
 def event_times(timestamps: pa.Array | pa.ChunkedArray) -> pa.Array:
     """Per event (its ``timestamp``), its time in ms since the epoch (int64)."""
     column = timestamps.combine_chunks() if isinstance(timestamps, pa.ChunkedArray) else timestamps
@@ -97,6 +122,28 @@ class Span:
         low, high = pc.min_max(positions).values()
         first, last = pc.min_max(times).values()
         return cls(low.as_py(), high.as_py(), first.as_py(), last.as_py())
+
+    @classmethod
+    def per_source(
+        cls, sources: pa.Array, positions: pa.Array, times: pa.Array
+    ) -> dict[str, Span]:
+        """The span of each source's events (``sources``: :func:`event_sources`; events
+        of no known source are left out)."""
+        grouped = (
+            pa.table({"source": sources, "position": positions, "time": times})
+            .filter(pc.is_valid(sources))
+            .group_by("source", use_threads=False)
+            .aggregate([("position", "min"), ("position", "max"), ("time", "min"), ("time", "max")])
+        )
+        columns = ("position_min", "position_max", "time_min", "time_max")
+        return {
+            source: cls(*values)
+            for source, *values in zip(
+                grouped.column("source").to_pylist(),
+                *(grouped.column(c).to_pylist() for c in columns),
+                strict=True,
+            )
+        }
 
     def joined(self, other: Span) -> Span:
         return Span(
@@ -140,12 +187,35 @@ def _int_or_none(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+Sources = Mapping[str, Span]
+"""Per source (``connector:name``), the span of its events."""
+
+
+def joined_sources(first: Sources, second: Sources) -> dict[str, Span]:
+    found = dict(first)
+    for source, span in second.items():
+        found[source] = found[source].joined(span) if source in found else span
+    return found
+
+
+def sources_json(sources: Sources) -> dict[str, Any]:
+    return {source: span.to_json() for source, span in sorted(sources.items())}
+
+
+def sources_from_json(data: Any) -> dict[str, Span]:
+    if not isinstance(data, Mapping):
+        return {}
+    return {str(s): Span.from_json(v) for s, v in data.items() if isinstance(v, Mapping)}
+
+
 @dataclass(frozen=True)
 class Coverage:
     """A commit's ``replog`` commit info: what of the log and the source it covers.
 
     ``offsets`` are cumulative (the table holds every event at or before them); ``batch``
-    is the span of the micro-batch this commit applied; ``collection``, ``keys``, ``mode``
+    is the span of the micro-batch this commit applied, ``sources`` the span of each
+    source's events in it (a log may carry several PostgreSQL servers, Debezium
+    connectors, MySQL servers, whose positions do not compare); ``collection``, ``keys``, ``mode``
     and ``schema`` (a DDL or Spark JSON schema, when ``apply_changes`` was given one) say
     how the table is built from the log's events, so that a reader can build it further."""
 
@@ -156,12 +226,14 @@ class Coverage:
     keys: tuple[str, ...] = ()
     mode: str = "scd1"
     schema: str | None = None
+    sources: Sources = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         document: dict[str, Any] = {
             **({"log_id": self.log_id} if self.log_id is not None else {}),
             "offsets": {str(shard): seq for shard, seq in sorted(self.offsets.items())},
             "batch": self.batch.to_json(),
+            "sources": sources_json(self.sources),
             "collection": self.collection,
             "keys": list(self.keys),
             "mode": self.mode,
@@ -183,6 +255,7 @@ class Coverage:
             tuple(str(k) for k in data.get("keys") or ()),
             str(data.get("mode") or "scd1"),
             schema if isinstance(schema, str) else None,
+            sources_from_json(data.get("sources")),
         )
 
     def after(self, previous: Coverage | None) -> Coverage:
@@ -202,17 +275,24 @@ class Coverage:
 
 @dataclass(frozen=True)
 class BatchCoverage:
-    """What a micro-batch holds, gathered from its events: the last sequence per shard
-    and the span of positions and times."""
+    """What a micro-batch holds, gathered from its events: the last sequence per shard,
+    the span of positions and times, and each source's."""
 
     offsets: Mapping[int, int] = field(default_factory=dict)
     span: Span = field(default_factory=Span)
+    sources: Sources = field(default_factory=dict)
 
     @classmethod
     def of_events(
-        cls, shards: pa.Array, sequences: pa.Array, positions: pa.Array, times: pa.Array
+        cls,
+        shards: pa.Array,
+        sequences: pa.Array,
+        positions: pa.Array,
+        times: pa.Array,
+        sources: pa.Array | None = None,
     ) -> BatchCoverage:
-        """The coverage of events given column by column."""
+        """The coverage of events given column by column (``sources``: each event's,
+        :func:`event_sources`; None: not known)."""
         if len(shards) == 0:
             return cls()
         grouped = (
@@ -227,24 +307,28 @@ class BatchCoverage:
                 strict=True,
             )
         )
-        return cls(offsets, Span.of(positions, times))
+        per_source = {} if sources is None else Span.per_source(sources, positions, times)
+        return cls(offsets, Span.of(positions, times), per_source)
 
     def joined(self, other: BatchCoverage) -> BatchCoverage:
         offsets = dict(self.offsets)
         for shard, sequence in other.offsets.items():
             offsets[shard] = max(sequence, offsets.get(shard, 0))
-        return BatchCoverage(offsets, self.span.joined(other.span))
+        sources = joined_sources(self.sources, other.sources)
+        return BatchCoverage(offsets, self.span.joined(other.span), sources)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "offsets": {str(s): q for s, q in sorted(self.offsets.items())},
             "span": self.span.to_json(),
+            "sources": sources_json(self.sources),
         }
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> BatchCoverage:
         offsets = {int(s): int(q) for s, q in (data.get("offsets") or {}).items()}
-        return cls(offsets, Span.from_json(data.get("span") or {}))
+        span = Span.from_json(data.get("span") or {})
+        return cls(offsets, span, sources_from_json(data.get("sources")))
 
     @classmethod
     def union(cls, parts: Iterable[BatchCoverage]) -> BatchCoverage:

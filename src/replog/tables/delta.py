@@ -39,6 +39,7 @@ from replog.tables.changes import (
     POSITION,
     TIMESTAMP,
     VALID_TO,
+    VALID_TO_POSITION,
     quoted,
 )
 
@@ -246,8 +247,8 @@ def apply_batch(
     changes, cuts = rows.split_truncates(changes, keys, history=mode == "scd2")
     keys = _checked(changes, keys, mode, app_id, batch_id)
     changes = rows.storable(changes)
-    if rows.COLLECTION in changes.column_names:
-        changes = changes.drop_columns([rows.COLLECTION])
+    unkept = [rows.COLLECTION, *([rows.SOURCE_POSITION] if mode == "scd1" else [])]
+    changes = changes.drop_columns([c for c in unkept if c in changes.column_names])
     if table is None:
         table = open_table(target, storage_options)
     if replayed(table, app_id, batch_id, writer):
@@ -941,12 +942,13 @@ def _scd2_source(
 def _scd2_rules(
     on: str, values: Mapping[str, str], fill: Mapping[str, str], cuts: rows.Cuts
 ) -> tuple[str, list[Clause]]:
-    """A ``close`` row ends its key's current version; ``insert`` rows add versions; a
-    current version older than its shard's truncate (``cuts``) that no change closes ends
-    at the truncate; ``fill`` sets a new column's default in the current versions (a
-    closed one ended before the column existed)."""
+    """A ``close`` row ends its key's current version (its time and source position);
+    ``insert`` rows add versions; a current version older than its shard's truncate
+    (``cuts``) that no change closes ends at the truncate; ``fill`` sets a new column's
+    default in the current versions (a closed one ended before the column existed)."""
+    ended = {VALID_TO: f"s.{VALID_TO}", VALID_TO_POSITION: f"s.{VALID_TO_POSITION}"}
     clauses = [
-        Clause("update", None, {VALID_TO: f"s.{VALID_TO}", CURRENT: "false", **fill}),
+        Clause("update", None, {**ended, CURRENT: "false", **fill}),
         Clause("insert", f"s.{ACTION} = 'insert'", values),
     ]
     if cuts:
@@ -955,7 +957,15 @@ def _scd2_rules(
             f"WHEN {shard} THEN {rows.sql_literal(cut.timestamp, kind)}"
             for shard, cut in sorted(cuts.items())
         )
-        closed = {VALID_TO: f"CASE t.{rows.SHARD} {ends} END", CURRENT: "false"}
+        positions = " ".join(
+            f"WHEN {shard} THEN CAST({'NULL' if cut.source is None else cut.source} AS BIGINT)"
+            for shard, cut in sorted(cuts.items())
+        )
+        closed = {
+            VALID_TO: f"CASE t.{rows.SHARD} {ends} END",
+            VALID_TO_POSITION: f"CASE t.{rows.SHARD} {positions} END",
+            CURRENT: "false",
+        }
         clauses.append(Clause("unmatched", f"t.{CURRENT} AND ({rows.cut_sql(cuts)})", closed))
     if fill:
         clauses.append(Clause("unmatched", f"t.{CURRENT}", fill))
