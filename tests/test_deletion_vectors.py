@@ -375,3 +375,31 @@ def test_a_timestamp_without_time_zone_gets_its_table_feature(tmp_path: Path) ->
     assert sorted(table.protocol().reader_features or []) == ["deletionVectors", "timestampNtz"]
     for name, found in readers(target).items():
         assert found == model.rows, name
+
+
+# -- found by the adversarial review (issue 41) ----------------------------------------------
+
+
+def test_a_toast_fill_and_a_key_change_read_rows_of_files_delta_rs_merged(tmp_path: Path) -> None:
+    """A column added with a default is filled by a delta-rs merge, which writes the
+    table's strings as Arrow ``string_view``; a later unchanged TOASTed value (and a key
+    change) of a row in such a file is filled from it, and must not fail on the view type
+    (pyarrow has no ``take`` for views)."""
+    target = str(tmp_path / "t")
+    first = [{"id": i, "name": f"n{i}", "body": f"b{i}", "seq": i, "op": "insert"}
+             for i in range(1, 4)]  # fmt: skip
+    apply(target, batch_of(first), 0)
+    added = batch_of([{"id": 1, "name": "a", "body": "b", "seq": 4, "op": "update"}])
+    added = added.append_column("extra", pa.array([7], pa.int64()))
+    apply_batch(target, added, ["id"], app_id="a", batch_id=1, defaults={"extra": 5})
+    assert deltalake.DeltaTable(target).history(1)[0]["operation"] == "MERGE"
+    done = apply(target, batch_of([
+        {"id": 2, "name": "c2", "body": TOASTED, "seq": 5, "op": "update"},
+        {"id": 3, "seq": 6, "op": "delete"},
+        {"id": 4, "name": "m", "body": TOASTED, "seq": 7, "op": "insert",
+         "old": json.dumps({"id": 3})},
+    ]), 2)  # fmt: skip
+    assert done.metrics.get("merge_on_read")
+    expected = {1: ("a", "b"), 2: ("c2", "b2"), 4: ("m", "b3")}
+    for name, found in readers(target).items():
+        assert found == expected, name

@@ -100,8 +100,10 @@ class Table:
         self.purging: threading.Thread | None = None
 
     def read_file(self, path: str, columns: Sequence[str]) -> pa.Table:
+        """Columns of a file, in the types a Delta table reads back (a file delta-rs's
+        merge wrote holds ``string_view``, which pyarrow can neither take nor join)."""
         with self.storage.fs.open(self.storage.path(path), "rb") as handle:
-            return pq.read_table(handle, columns=list(columns))
+            return delta_types(pq.read_table(handle, columns=list(columns)))
 
     def read_rows(self, path: str, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """Rows ``rows`` (ascending) of a file: only the row groups holding them are read."""
@@ -110,7 +112,7 @@ class Table:
             sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
             starts = np.concatenate([[0], np.cumsum(sizes)])
             groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
-            read = parquet.read_row_groups(groups.tolist(), columns=list(columns))
+            read = delta_types(parquet.read_row_groups(groups.tolist(), columns=list(columns)))
         offsets = np.concatenate([[0], np.cumsum([sizes[g] for g in groups])])
         within = np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)
         local = offsets[within] + rows - starts[groups[within]]
