@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import threading
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -403,3 +404,23 @@ def test_a_toast_fill_and_a_key_change_read_rows_of_files_delta_rs_merged(tmp_pa
     expected = {1: ("a", "b"), 2: ("c2", "b2"), 4: ("m", "b3")}
     for name, found in readers(target).items():
         assert found == expected, name
+
+
+def test_a_table_dropped_and_created_again_in_the_same_process_is_read_anew(
+    tmp_path: Path,
+) -> None:
+    """A process keeps each table's log state between batches; a table deleted and
+    created again at the same path (a notebook's rerun) must be read anew, not written
+    from the dropped table's files and versions (a commit after the old version would
+    leave a gap in the new table's log)."""
+    target = str(tmp_path / "t")
+    old = Model(seed=23)
+    for batch_id in range(4):
+        apply(target, old.batch(30, inserts=1 if batch_id == 0 else 0.25), batch_id)
+    shutil.rmtree(target)
+    model = Model(seed=29)
+    for batch_id in range(3):
+        done = apply(target, model.batch(30, inserts=1 if batch_id == 0 else 0.25), batch_id)
+        assert done.table_version == batch_id
+    for name, found in readers(target).items():
+        assert found == model.rows, name
