@@ -353,7 +353,7 @@ def test_rows_deleted_while_a_purge_rewrites_are_deleted_in_its_files(
 
     monkeypatch.setattr(merge_on_read, "read_all", read_then_apply)
     done = merge_on_read.purge(merge_on_read.table(str(Path(target).resolve())), small_file=1 << 30)
-    assert done.version == 4  # after the batch's commit (3)
+    assert done.version == 3  # after the batch's commit (2)
     state = merge_on_read.table(str(Path(target).resolve())).log.state()
     assert any(add.get("deletionVector") for add in state.files.values())
     for name, found in readers(target).items():
@@ -422,5 +422,37 @@ def test_a_table_dropped_and_created_again_in_the_same_process_is_read_anew(
     for batch_id in range(3):
         done = apply(target, model.batch(30, inserts=1 if batch_id == 0 else 0.25), batch_id)
         assert done.table_version == batch_id
+    for name, found in readers(target).items():
+        assert found == model.rows, name
+
+
+def test_a_purge_killed_before_its_commit_leaves_every_reader_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge dies between its files and its commit, while a reader holds the table at an
+    older version: no reader (that one included) sees a change, the next batch applies,
+    and the next purge folds the files the dead one meant to."""
+    target = str(tmp_path / "t")
+    root = str(Path(target).resolve())
+    model = Model(seed=37)
+    apply(target, model.batch(60, inserts=1), 0)
+    apply(target, model.batch(30), 1)
+    before = dict(model.rows)
+    older = deltalake.DeltaTable(target)  # a reader's handle, at version 1
+
+    def killed(self: DeltaLog, version: int, actions: Any) -> None:
+        raise KeyboardInterrupt("killed before the purge's commit")
+
+    monkeypatch.setattr(DeltaLog, "commit", killed)
+    with pytest.raises(KeyboardInterrupt):
+        merge_on_read.purge(merge_on_read.table(root), small_file=1 << 30)
+    monkeypatch.undo()
+    for name, found in readers(target).items():
+        assert found == before, name
+    apply(target, model.batch(30), 2)
+    done = merge_on_read.purge(merge_on_read.table(root), small_file=1 << 30)
+    assert done.version == 3 == deltalake.DeltaTable(target).version()
+    assert done.files_removed >= 3
+    assert {r["id"]: (r["name"], r["body"]) for r in read_table(older).to_pylist()} == before
     for name, found in readers(target).items():
         assert found == model.rows, name

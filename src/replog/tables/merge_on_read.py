@@ -590,17 +590,18 @@ def apply_scd1(
                 {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
                 *actions,
             ]
+            version = state.version + 1  # the commit advances ``state`` itself
             try:
-                target.log.commit(state.version + 1, actions)
+                target.log.commit(version, actions)
             except CommitConflictError:
                 logger.info(
                     "%s: version %d taken by another writer; the batch starts over (%d)",
-                    target.root, state.version + 1, attempt + 1,
+                    target.root, version, attempt + 1,
                 )  # fmt: skip
                 target.storage.delete_many(written)  # never referenced
                 continue
             _delete_unused(target, ahead, actions)
-            return Written(state.version + 1, metrics)
+            return Written(version, metrics)
     raise CommitConflictError(
         f"{target.root}: lost the commit race {COMMIT_ATTEMPTS} times in a row"
     )
@@ -871,11 +872,12 @@ def purge(
                    and not _fully_deleted(newest, f) for f in folded):  # fmt: skip
                 break
             actions = _purge_actions(target, newest, folded, written)
+            version = newest.version + 1  # the commit advances ``newest`` itself
             try:
-                target.log.commit(newest.version + 1, actions)
+                target.log.commit(version, actions)
             except CommitConflictError:
                 continue
-            return Purged(newest.version + 1, len(folded), len(written), rows_dropped)
+            return Purged(version, len(folded), len(written), rows_dropped)
     logger.info("%s: purge gave up: a file it rewrote was removed by another writer", target.root)
     target.storage.delete_many(names)
     return Purged(None, 0, 0, 0)
