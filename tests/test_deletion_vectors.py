@@ -456,3 +456,36 @@ def test_a_purge_killed_before_its_commit_leaves_every_reader_as_it_was(
     assert {r["id"]: (r["name"], r["body"]) for r in read_table(older).to_pylist()} == before
     for name, found in readers(target).items():
         assert found == model.rows, name
+
+
+def test_a_purge_writes_each_output_file_before_reading_the_files_of_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A background purge folds a table's every file with deletion vectors (random
+    updates reach all of them): it holds one output file's rows at a time, not the whole
+    table's, and what it folds reads the same."""
+    target = str(tmp_path / "t")
+    model = Model(seed=41)
+    apply(target, model.batch(60, inserts=1), 0)
+    for batch_id in range(1, 5):
+        apply(target, model.batch(20), batch_id)
+    events: list[str] = []
+    read, write = merge_on_read.read_all, merge_on_read.write_file
+
+    def reading(*args: Any) -> pa.Table:
+        events.append("read")
+        return read(*args)
+
+    def writing(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        events.append("write")
+        return write(*args, **kwargs)
+
+    monkeypatch.setattr(merge_on_read, "read_all", reading)
+    monkeypatch.setattr(merge_on_read, "write_file", writing)
+    root = str(Path(target).resolve())
+    done = merge_on_read.purge(merge_on_read.table(root), small_file=1 << 30, target_size=1)
+    assert done.files_removed == events.count("read") >= 4
+    assert done.files_added == events.count("write") == done.files_removed
+    assert events[:3] == ["read", "read", "write"], events  # the first file out, then on
+    for name, found in readers(target).items():
+        assert found == model.rows, name

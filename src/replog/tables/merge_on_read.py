@@ -848,21 +848,26 @@ def purge(
     if len(chosen) < 2 and not any(len(d) for _, _, d in chosen):
         return Purged(None, 0, 0, 0)
     schema = table_schema(state)
-    outputs: list[list[pa.Table]] = [[]]
     folded: list[_Folded] = []
-    sizes = [0]
-    for path, add, deleted in chosen:
-        data = read_all(target, path, schema)
-        keep = dvs.keep_mask(deleted, data.num_rows)
-        live = data.filter(pa.array(keep))
-        if sizes[-1] >= target_size:
-            outputs.append([])
-            sizes.append(0)
-        start = sum(t.num_rows for t in outputs[-1])
-        outputs[-1].append(live)
-        sizes[-1] += int(add["size"]) * live.num_rows // max(1, data.num_rows)
-        folded.append(_Folded(path, add, deleted, len(outputs) - 1, start, np.cumsum(keep)))
-    written = [write_file(target.storage, pa.concat_tables(parts)) for parts in outputs if parts]
+    written: list[dict[str, Any]] = []
+    output: list[pa.Table] = []  # the rows of the next file: one file's held at a time
+    size = 0
+    try:
+        for path, add, deleted in chosen:
+            data = read_all(target, path, schema)
+            keep = dvs.keep_mask(deleted, data.num_rows)
+            live = data.filter(pa.array(keep))
+            if size >= target_size:
+                written.append(write_file(target.storage, pa.concat_tables(output)))
+                output, size = [], 0
+            start = sum(t.num_rows for t in output)
+            output.append(live)
+            size += int(add["size"]) * live.num_rows // max(1, data.num_rows)
+            folded.append(_Folded(path, add, deleted, len(written), start, np.cumsum(keep)))
+        written.append(write_file(target.storage, pa.concat_tables(output)))
+    except BaseException:
+        target.storage.delete_many([a["path"] for a in written])  # in no commit
+        raise
     names = [a["path"] for a in written]
     rows_dropped = sum(len(f.deleted) for f in folded)
     with target.lock:
