@@ -489,3 +489,40 @@ def test_a_purge_writes_each_output_file_before_reading_the_files_of_the_next(
     assert events[:3] == ["read", "read", "write"], events  # the first file out, then on
     for name, found in readers(target).items():
         assert found == model.rows, name
+
+
+def test_a_purge_that_loses_its_commit_race_leaves_no_file_behind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A purge in another process (its own log) carries rows deleted since its read in a
+    new DV file, then loses the version to a batch: it tries again, and the DV file of the
+    lost attempt is deleted (no commit names it; only a full VACUUM, which deltalake 1.6
+    must not run on these tables, would find it)."""
+    target = str(tmp_path / "t")
+    model = Model(seed=43)
+    apply(target, model.batch(60, inserts=1), 0)
+    apply(target, model.batch(20), 1)
+    purging = merge_on_read.Table(str(Path(target).resolve()))  # another process's
+    pending = [model.batch(20, inserts=0), model.batch(20, inserts=0)]
+    read, commit = merge_on_read.read_all, DeltaLog.commit
+
+    def read_then_apply(*args: Any) -> pa.Table:
+        if len(pending) == 2:
+            apply(target, pending.pop(0), 2)  # rows deleted after the purge read them
+        return read(*args)
+
+    def race(self: DeltaLog, version: int, actions: Any) -> None:
+        if self is purging.log and pending:
+            apply(target, pending.pop(0), 3)  # takes the version the purge wanted
+        commit(self, version, actions)
+
+    monkeypatch.setattr(merge_on_read, "read_all", read_then_apply)
+    monkeypatch.setattr(DeltaLog, "commit", race)
+    done = merge_on_read.purge(purging, small_file=1 << 30)
+    assert done.version == 4 and not pending
+    named = "".join(p.read_text() for p in (tmp_path / "t" / "_delta_log").glob("*.json"))
+    for found in (tmp_path / "t").glob("deletion_vector_*.bin"):
+        encoded = dvs.z85encode(uuid.UUID(found.stem.split("_")[-1]).bytes)
+        assert encoded in named, f"{found.name}: in no commit"
+    for name, rows_found in readers(target).items():
+        assert rows_found == model.rows, name

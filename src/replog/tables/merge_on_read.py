@@ -880,7 +880,8 @@ def purge(
             version = newest.version + 1  # the commit advances ``newest`` itself
             try:
                 target.log.commit(version, actions)
-            except CommitConflictError:
+            except CommitConflictError:  # the attempt's DV file: in no commit
+                target.storage.delete_many(_deletion_vector_files(actions))
                 continue
             return Purged(version, len(folded), len(written), rows_dropped)
     logger.info("%s: purge gave up: a file it rewrote was removed by another writer", target.root)
@@ -972,6 +973,12 @@ def _purge_actions(
             entry["deletionVector"] = descriptor.to_json()
     info = commit_info("OPTIMIZE", newest.version, operationParameters={"purge": "true"})
     return [info, *removes, *({"add": a} for a in adds)]
+
+
+def _deletion_vector_files(actions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The DV files the ``add`` actions of ``actions`` name."""
+    found = {deletion_vector(a["add"]) for a in actions if "add" in a}
+    return sorted(d.relative_file() for d in found if d is not None and d.storage_type == "u")
 
 
 def table_schema(state: LogState) -> pa.Schema:
