@@ -146,23 +146,42 @@ class DeltaLog:
     def __init__(self, storage: Storage) -> None:
         self.storage = storage
         self._state: LogState | None = None
+        self._tip: int | None = None
+        """The modification time of the commit file of the state's version, as read."""
 
     def state(self) -> LogState:
         """The newest state: the last one read, advanced by the commits after it (the whole
-        log from the newest checkpoint the first time)."""
+        log from the newest checkpoint the first time, and when the table was replaced)."""
+        if self._state is not None and self._replaced(self._state.version):
+            logger.warning(
+                "%s: the table was replaced (deleted and created again); its log is read anew",
+                self.storage.url,
+            )
+            self.forget()
         if self._state is None:
             self._state = self._from_checkpoint()
+        start = self._state.version
         while True:
             data = self.storage.read_optional(commit_name(self._state.version + 1))
             if data is None:
-                return self._state
+                break
             self._state.apply(_actions(data))
             self._state.version += 1
+        if self._state.version != start or self._tip is None:
+            self._tip = self.storage.modified_ms(commit_name(self._state.version))
+        return self._state
+
+    def _replaced(self, version: int) -> bool:
+        """Whether the commit file of ``version`` is gone or another than the one read: the
+        table at this path is not the one the state describes (a state kept by a long-lived
+        process outlives a table dropped and created again)."""
+        return self.storage.modified_ms(commit_name(version)) != self._tip
 
     def forget(self) -> None:
         """Read the log again from its newest checkpoint next time (another writer's
         checkpoint, or a commit of ours whose outcome is unknown)."""
         self._state = None
+        self._tip = None
 
     def _from_checkpoint(self) -> LogState:
         pointer = self.storage.read_optional(f"{LOG}/_last_checkpoint")
@@ -210,6 +229,9 @@ class DeltaLog:
         if self._state is not None and self._state.version == version - 1:
             self._state.apply(actions)
             self._state.version = version
+            self._tip = self.storage.modified_ms(commit_name(version))
+        else:  # a state of another table (one created here since): read anew
+            self.forget()
 
 
 def _actions(data: bytes) -> list[dict[str, Any]]:

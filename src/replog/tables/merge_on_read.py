@@ -100,8 +100,10 @@ class Table:
         self.purging: threading.Thread | None = None
 
     def read_file(self, path: str, columns: Sequence[str]) -> pa.Table:
+        """Columns of a file, in the types a Delta table reads back (a file delta-rs's
+        merge wrote holds ``string_view``, which pyarrow can neither take nor join)."""
         with self.storage.fs.open(self.storage.path(path), "rb") as handle:
-            return pq.read_table(handle, columns=list(columns))
+            return delta_types(pq.read_table(handle, columns=list(columns)))
 
     def read_rows(self, path: str, rows: np.ndarray, columns: Sequence[str]) -> pa.Table:
         """Rows ``rows`` (ascending) of a file: only the row groups holding them are read."""
@@ -110,7 +112,7 @@ class Table:
             sizes = [parquet.metadata.row_group(i).num_rows for i in range(parquet.num_row_groups)]
             starts = np.concatenate([[0], np.cumsum(sizes)])
             groups = np.unique(np.searchsorted(starts, rows, side="right") - 1)
-            read = parquet.read_row_groups(groups.tolist(), columns=list(columns))
+            read = delta_types(parquet.read_row_groups(groups.tolist(), columns=list(columns)))
         offsets = np.concatenate([[0], np.cumsum([sizes[g] for g in groups])])
         within = np.searchsorted(groups, np.searchsorted(starts, rows, side="right") - 1)
         local = offsets[within] + rows - starts[groups[within]]
@@ -588,17 +590,18 @@ def apply_scd1(
                 {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
                 *actions,
             ]
+            version = state.version + 1  # the commit advances ``state`` itself
             try:
-                target.log.commit(state.version + 1, actions)
+                target.log.commit(version, actions)
             except CommitConflictError:
                 logger.info(
                     "%s: version %d taken by another writer; the batch starts over (%d)",
-                    target.root, state.version + 1, attempt + 1,
+                    target.root, version, attempt + 1,
                 )  # fmt: skip
                 target.storage.delete_many(written)  # never referenced
                 continue
             _delete_unused(target, ahead, actions)
-            return Written(state.version + 1, metrics)
+            return Written(version, metrics)
     raise CommitConflictError(
         f"{target.root}: lost the commit race {COMMIT_ATTEMPTS} times in a row"
     )
@@ -845,21 +848,26 @@ def purge(
     if len(chosen) < 2 and not any(len(d) for _, _, d in chosen):
         return Purged(None, 0, 0, 0)
     schema = table_schema(state)
-    outputs: list[list[pa.Table]] = [[]]
     folded: list[_Folded] = []
-    sizes = [0]
-    for path, add, deleted in chosen:
-        data = read_all(target, path, schema)
-        keep = dvs.keep_mask(deleted, data.num_rows)
-        live = data.filter(pa.array(keep))
-        if sizes[-1] >= target_size:
-            outputs.append([])
-            sizes.append(0)
-        start = sum(t.num_rows for t in outputs[-1])
-        outputs[-1].append(live)
-        sizes[-1] += int(add["size"]) * live.num_rows // max(1, data.num_rows)
-        folded.append(_Folded(path, add, deleted, len(outputs) - 1, start, np.cumsum(keep)))
-    written = [write_file(target.storage, pa.concat_tables(parts)) for parts in outputs if parts]
+    written: list[dict[str, Any]] = []
+    output: list[pa.Table] = []  # the rows of the next file: one file's held at a time
+    size = 0
+    try:
+        for path, add, deleted in chosen:
+            data = read_all(target, path, schema)
+            keep = dvs.keep_mask(deleted, data.num_rows)
+            live = data.filter(pa.array(keep))
+            if size >= target_size:
+                written.append(write_file(target.storage, pa.concat_tables(output)))
+                output, size = [], 0
+            start = sum(t.num_rows for t in output)
+            output.append(live)
+            size += int(add["size"]) * live.num_rows // max(1, data.num_rows)
+            folded.append(_Folded(path, add, deleted, len(written), start, np.cumsum(keep)))
+        written.append(write_file(target.storage, pa.concat_tables(output)))
+    except BaseException:
+        target.storage.delete_many([a["path"] for a in written])  # in no commit
+        raise
     names = [a["path"] for a in written]
     rows_dropped = sum(len(f.deleted) for f in folded)
     with target.lock:
@@ -869,11 +877,13 @@ def purge(
                    and not _fully_deleted(newest, f) for f in folded):  # fmt: skip
                 break
             actions = _purge_actions(target, newest, folded, written)
+            version = newest.version + 1  # the commit advances ``newest`` itself
             try:
-                target.log.commit(newest.version + 1, actions)
-            except CommitConflictError:
+                target.log.commit(version, actions)
+            except CommitConflictError:  # the attempt's DV file: in no commit
+                target.storage.delete_many(_deletion_vector_files(actions))
                 continue
-            return Purged(newest.version + 1, len(folded), len(written), rows_dropped)
+            return Purged(version, len(folded), len(written), rows_dropped)
     logger.info("%s: purge gave up: a file it rewrote was removed by another writer", target.root)
     target.storage.delete_many(names)
     return Purged(None, 0, 0, 0)
@@ -963,6 +973,12 @@ def _purge_actions(
             entry["deletionVector"] = descriptor.to_json()
     info = commit_info("OPTIMIZE", newest.version, operationParameters={"purge": "true"})
     return [info, *removes, *({"add": a} for a in adds)]
+
+
+def _deletion_vector_files(actions: Sequence[Mapping[str, Any]]) -> list[str]:
+    """The DV files the ``add`` actions of ``actions`` name."""
+    found = {deletion_vector(a["add"]) for a in actions if "add" in a}
+    return sorted(d.relative_file() for d in found if d is not None and d.storage_type == "u")
 
 
 def table_schema(state: LogState) -> pa.Schema:
