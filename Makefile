@@ -71,7 +71,7 @@ demo-throughput: $(STAMP) ## 1M synthetic CDC events -> replog -> mask -> replog
 # Plain `pytest` deselects the spark and slow tiers (pyproject's addopts); -m "" selects all.
 test: $(STAMP) $(JARS_STAMP) mariadb ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
 	$(BYTECODE)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" -n $(TEST_WORKERS) --dist loadgroup --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## run the tests that need neither Spark, Spark Connect nor subprocesses (= plain pytest)
 	$(PY) -m pytest -m "not spark and not slow and not connect" $(PYTEST_ARGS)

@@ -268,33 +268,12 @@ _SHARED_SERVERS = {
 worker starts each, not both."""
 
 
-_HEAVY = (
-    "integration/test_sink_crash.py",
-    "integration/test_chaos_pipeline.py",
-    "integration/test_apply_changes_crash.py",
-)
-"""The longest modules (minutes each), run first: ``--dist loadgroup
---no-loadscope-reorder`` hands modules out in collection order (xdist's own order puts
-the modules of most tests first, so these came last and one worker waited for them)."""
-
-
-def _heavy_first(item: pytest.Item) -> int:
-    """Where an item's module runs: the heavy ones, the other integration tests, the rest
-    (a stable sort: each module's tests stay together and in order)."""
-    path = item.nodeid.split("::", 1)[0]
-    if path in _HEAVY:
-        return _HEAVY.index(path)
-    return len(_HEAVY) + (0 if path.startswith("integration/") else 1)
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Heavy modules first (:func:`_heavy_first`). Each test that needs one of
-    :data:`_SHARED_SERVERS` joins that server's group
+    """Each test that needs one of :data:`_SHARED_SERVERS` joins that server's group
     (the first it needs, in the mapping's order); the others run by module, as
     ``--dist loadgroup`` schedules tests without a group. Without pytest-xdist (a venv
     made before it was a dev dependency) there are no groups to join."""
-    items.sort(key=_heavy_first)
     if not config.pluginmanager.hasplugin("xdist"):
         return
     for item in items:
