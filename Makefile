@@ -4,7 +4,7 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 0
 
 .DEFAULT_GOAL := help
 .PHONY: help install jars mariadb demo demo-mysql demo-throughput test test-fast lint dist bench clean
@@ -71,7 +71,7 @@ demo-throughput: $(STAMP) ## 1M synthetic CDC events -> replog -> mask -> replog
 # Plain `pytest` deselects the spark and slow tiers (pyproject's addopts); -m "" selects all.
 test: $(STAMP) $(JARS_STAMP) mariadb ## run every test (unit, Spark, S3 via moto, crash, spark-submit)
 	$(BYTECODE)
-	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" -n $(TEST_WORKERS) --dist loadgroup --durations=20 $(PYTEST_ARGS)
+	PYSPARK_PYTHON=$(abspath $(PY)) $(PY) -m pytest -m "" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=20 $(PYTEST_ARGS)
 
 test-fast: $(STAMP) ## run the tests that need neither Spark, Spark Connect nor subprocesses (= plain pytest)
 	$(PY) -m pytest -m "not spark and not slow and not connect" $(PYTEST_ARGS)

@@ -255,30 +255,3 @@ def virtual_time() -> Iterator[None]:
     Virtual.reset()
     yield
     Virtual.reset()
-
-
-_SHARED_SERVERS = {
-    "peer_run": "debezium",
-    "kafka_broker": "kafka",
-    "mariadb_server": "mariadb",
-    "connect_url": "connect",
-}
-"""Session fixtures that start a server (or run Debezium) per test process, and the
-``xdist_group`` their tests share: under ``make test``'s ``-n 2 --dist loadgroup`` one
-worker starts each, not both."""
-
-
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Each test that needs one of :data:`_SHARED_SERVERS` joins that server's group
-    (the first it needs, in the mapping's order); the others run by module, as
-    ``--dist loadgroup`` schedules tests without a group. Without pytest-xdist (a venv
-    made before it was a dev dependency) there are no groups to join."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        names = getattr(item, "fixturenames", ())
-        for fixture, group in _SHARED_SERVERS.items():
-            if fixture in names:
-                item.add_marker(pytest.mark.xdist_group(group))
-                break
