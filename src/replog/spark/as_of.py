@@ -23,6 +23,7 @@ from replog.log import ReplicationLog
 from replog.schemas import registry
 from replog.spark.apply import registered_keys
 from replog.spark.changes import Part, changes_frame, gather
+from replog.spark.conf import setting
 from replog.tables import as_of, delta
 from replog.tables import coverage as covered
 
@@ -129,15 +130,8 @@ def frame_of(spark: SparkSession, table: pa.Table) -> DataFrame:
     cores = max(spark.sparkContext.defaultParallelism, 1)
     per_row = max(table.nbytes // max(table.num_rows, 1), 1)
     rows = min(-(-table.num_rows // cores), max(MAX_PARTITION_BYTES // per_row, 1))
-    given = spark.conf.get(ARROW_BATCH, None)
-    spark.conf.set(ARROW_BATCH, str(max(rows, int(given or 10_000))))
-    try:
+    with setting(spark, ARROW_BATCH, lambda given: str(max(rows, int(given or 10_000)))):
         return spark.createDataFrame(table)
-    finally:
-        if given is None:
-            spark.conf.unset(ARROW_BATCH)
-        else:
-            spark.conf.set(ARROW_BATCH, given)
 
 
 def read_rows(  # noqa: PLR0917 - one table's read

@@ -27,6 +27,7 @@ from replog.errors import InvalidOptionError
 from replog.format.events import TRUNCATE
 from replog.processlocal import ProcessDict
 from replog.schemas import registry
+from replog.spark.conf import setting
 from replog.spark.typed import VERSION, Typing, schema_version
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
@@ -319,19 +320,11 @@ def gather(frame: DataFrame, rows_of: Mapping[int, StructType], parts: Sequence[
         names = tuple(rows_of[part.index].names)
         columns = tuple(part.column(j) for j in range(len(names)))
         tasks.append(_TaskPart(part.index, columns, names, part.keys, part.ahead))
-    session = frame.sparkSession
-    limit = session.conf.get(_MAX_BYTES, None)
     # Arrow's per-row size check (it walks every column's buffers for each row) cost a
     # quarter of a load's pass; batches stay bounded by their 10,000 rows. Set on the
     # streaming query's own session (a clone of the user's) for this job only.
-    session.conf.set(_MAX_BYTES, str(2**31 - 1))
-    try:
+    with setting(frame.sparkSession, _MAX_BYTES, lambda _: str(2**31 - 1)):
         result = frame.mapInArrow(_task(tasks), _RESULT).toArrow()
-    finally:
-        if limit is None:
-            session.conf.unset(_MAX_BYTES)
-        else:
-            session.conf.set(_MAX_BYTES, limit)
     found = Batch({p.index: Gathered() for p in parts}, {}, None)
     kinds = result.column("kind").to_pylist()
     indexes = result.column("part").to_pylist()
