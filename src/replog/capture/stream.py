@@ -26,7 +26,7 @@ from replog.capture.events import Event
 from replog.capture.options import CaptureOptions
 from replog.capture.pgoutput import Column, Relation, RowChange, SourceTransaction, lsn_to_text
 from replog.capture.progress import CaptureProgress
-from replog.capture.source import PostgresSource, Table
+from replog.capture.source import Columns, PostgresSource, Table
 from replog.errors import CaptureError
 
 logger = logging.getLogger(__name__)
@@ -64,8 +64,9 @@ class Relations:
         self._renames_noted: set[tuple[int, str]] = set()
         self._keys_followed: dict[int, Relation] = {}
         """Table id -> the relation description its key was last checked against."""
-        self._translated: dict[int, tuple[Relation, Relation, tuple[int, ...]]] = {}
-        """Partition id -> (its relation, as the root's relation, value positions)."""
+        self._translated: dict[int, tuple[Relation, Columns, Relation, tuple[int, ...]]] = {}
+        """Partition id -> (its relation, the root's columns then known, as the root's relation,
+        value positions)."""
         self._skips_noted: set[tuple[int, int]] = set()
         self._columns_followed: dict[int, Relation] = {}
         self.gone: dict[int, str] = {}
@@ -168,18 +169,25 @@ class Relations:
         )
 
     def _as_root(self, change: RowChange, table: Table) -> RowChange:
-        """A partition's change with its values in the partitioned table's column order."""
+        """A partition's change with its values in the partitioned table's column order;
+        a column the partition sends that capture does not know the table to have (added
+        since it last looked) follows them, so that :meth:`_follow_columns` sees it: left
+        out, it was never captured (nor were its values)."""
         cached = self._translated.get(change.relation.oid)
-        if cached is None or cached[0] is not change.relation:
-            by_name = {column.name: (i, column) for i, column in enumerate(change.relation.columns)}
-            order = tuple(by_name[name][0] for name, _, _ in table.columns if name in by_name)
+        if cached is None or cached[0] is not change.relation or cached[1] is not table.columns:
+            sent = [column.name for column in change.relation.columns]
+            known = [name for name, _, _ in table.columns]
+            order = (
+                *(sent.index(name) for name in known if name in sent),
+                *(i for i, name in enumerate(sent) if name not in known),
+            )
             columns: tuple[Column, ...] = tuple(change.relation.columns[i] for i in order)
             relation = Relation(
                 table.oid, table.schema, table.name, change.relation.replica_identity, columns
             )
-            cached = (change.relation, relation, order)
+            cached = (change.relation, table.columns, relation, order)
             self._translated[change.relation.oid] = cached
-        _, relation, order = cached
+        _, _, relation, order = cached
 
         def reordered(values: Any) -> Any:
             return None if values is None else tuple(values[i] for i in order)
