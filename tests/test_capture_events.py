@@ -41,7 +41,7 @@ def test_column_wise_json_and_ids_are_the_per_value_ones() -> None:
     assert json_strings(pa.array(plain, pa.string())).to_pylist() == [
         None if t is None else json.encoder.encode_basestring(t) for t in plain
     ]
-    keys = ['{"id":1}', '{"id":"x"}', '{"a":1,"b":null}']
+    keys = ['{"id":1}', '{"id":"x"}', '{"a":1,"b":null}', '{"id":"zoë 🎉"}']
     assert event_ids(
         EVENT_ID_NAMESPACE.bytes, "s:snapshot:9:public.t:", pa.array(keys)
     ).to_pylist() == [event_id("s:snapshot:9:public.t:" + key) for key in keys]

@@ -323,15 +323,13 @@ class ChunkRows:
         return pa.table(
             {
                 "event_id": ids,
-                "timestamp": pa.array([ts_ms * 1000] * count, pa.int64()).cast(
-                    pa.timestamp("us", tz="UTC")
-                ),
-                "operation": pa.array(["insert"] * count, pa.string()),
-                "collection": pa.array([collection] * count, pa.string()),
+                "timestamp": pa.repeat(pa.scalar(ts_ms * 1000, pa.timestamp("us", "UTC")), count),
+                "operation": pa.repeat(pa.scalar("insert", pa.string()), count),
+                "collection": pa.repeat(pa.scalar(collection, pa.string()), count),
                 "key": keys,
                 "data": data.cast(pa.binary()),
                 "before": pa.nulls(count, pa.binary()),
-                "metadata": pa.array([metadata] * count, pa.string()),
+                "metadata": pa.repeat(pa.scalar(metadata, pa.string()), count),
             },
             schema=STORED_SCHEMA,
         )

@@ -16,6 +16,7 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -32,11 +33,14 @@ character varying, uuid, jsonb)."""
 _ESCAPES = (("\\", "\\\\"), ('"', '\\"'), ("\n", "\\n"), ("\r", "\\r"), ("\t", "\\t"),
             ("\b", "\\b"), ("\f", "\\f"))  # fmt: skip
 _OTHER_CONTROL = "[\\x00-\\x07\\x0b\\x0e-\\x1f]"
+"""Control characters ``encode_basestring`` writes as ``\\u00XX`` (rare in text)."""
 _TO_ESCAPE = '[\\\\"\\x00-\\x1f]'
 """A character some JSON escape stands for (most texts have none)."""
-"""Control characters ``encode_basestring`` writes as ``\\u00XX`` (rare in text)."""
 _quoted: Callable[[str], str] = json.encoder.encode_basestring
-_VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}
+_HEX = np.frombuffer(b"".join(b"%02x" % byte for byte in range(256)), np.uint16)
+"""Each byte's two lowercase hex digits, as ASCII (one 16-bit item per byte value)."""
+_UUID_GROUPS = ((0, 8), (9, 13), (14, 18), (19, 23), (24, 36))
+"""A UUID's groups of hex digits, as slices of its 36 characters (dashes between)."""
 
 
 def json_strings(texts: pa.Array) -> pa.Array:
@@ -92,12 +96,23 @@ def json_objects(members: Sequence[tuple[str, pa.Array]]) -> pa.Array:
 
 def event_ids(namespace: bytes, prefix: str, names: pa.Array) -> pa.Array:
     """The UUID (version 5) of ``prefix + name`` for each name: what
-    :func:`replog.capture.events.event_id` gives each, the prefix hashed once."""
+    :func:`replog.capture.events.event_id` gives each, the prefix hashed once and the
+    digests formatted as text all at once (per row, only the SHA-1 is Python's)."""
     base = hashlib.sha1(namespace + prefix.encode(), usedforsecurity=False)
-    found = []
-    for name in names.to_pylist():
+    digests = bytearray()
+    for name in pc.cast(names, pa.binary()).to_pylist():
         digest = base.copy()
-        digest.update(name.encode())
-        t = digest.hexdigest()
-        found.append(f"{t[:8]}-{t[8:12]}-5{t[13:16]}-{_VARIANT[t[16]]}{t[17:20]}-{t[20:32]}")
-    return pa.array(found, pa.string())
+        digest.update(name)
+        digests += digest.digest()
+    count = len(names)
+    raw = np.frombuffer(bytes(digests), np.uint8).reshape(count, 20)[:, :16].copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x50
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80
+    digits = _HEX[raw].view(np.uint8)  # (count, 32)
+    text = np.full((count, 36), ord("-"), np.uint8)
+    done = 0
+    for start, end in _UUID_GROUPS:
+        text[:, start:end] = digits[:, done : done + end - start]
+        done += end - start
+    offsets = np.arange(0, 36 * (count + 1), 36, dtype=np.int32)
+    return pa.StringArray.from_buffers(count, pa.py_buffer(offsets), pa.py_buffer(text))
