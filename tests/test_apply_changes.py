@@ -1099,3 +1099,47 @@ def test_a_default_of_a_type_no_literal_holds_leaves_the_rows_null(
     found = {r["id"]: r["tags"] for r in read_table(open_table(target, None)).to_pylist()}  # type: ignore[arg-type]
     assert found == {1: None, 2: ["x"]}
     assert "column 'tags'" in caplog.text
+
+
+METADATA_TEXTS = [
+    None,
+    "{}",
+    '{"source":{"version":"0.5.0","connector":"postgresql","name":"cap","lsn":157114144}}',
+    '{"op":"u","source":{"connector":"mysql","name":"srv","pos":4},"transaction":'
+    '{"id":"file.000001:1234","total_order":1}}',
+    '{"transaction":{"id":"571:28753648","total_order":3},"source":{"lsn":28753000}}',
+    '{"source" : { "connector" : "postgresql", "name" : "spaced" }}',  # only the patterns
+    '{"source":{"connector":"a}b","name":"x"}}',  # a brace in a value ends the quick block
+    '{"source":{"name":"x","connector":"a}b"}}',
+    '{"source":{"name":"x","connector":"a{b"}}',
+    '{"source":{"connector":"","name":"x"}}',
+    '{"source":{"name":"x","connector":"sqlserver"},"lsn":7}',
+    '{"source":{"connector":"postgresql"},"name":"outside"}',
+    '{"source":{"nested":{"connector":"x"},"connector":"pg","name":"n"}}',
+    '{"source":{"connector":"pg","name":"first"},"source":{"connector":"my","name":"2"}}',
+    '{"source":{"name":"esc\\"aped","connector":"pg"}}',
+    '{"lsn":null,"x":{"lsn":12}}',
+    '{"transaction":null,"source":{"lsn":5}}',
+]
+
+
+@pytest.mark.spark
+def test_a_events_source_and_position_are_read_as_the_core_reads_them(spark: Any) -> None:
+    """The Spark layer reads each event's source and position from its metadata text
+    with Java's regular expressions, the core with RE2's: the same patterns must give the
+    same values, for every form of the text."""
+    from replog.spark import changes
+    from replog.tables.coverage import event_positions, event_sources
+
+    frame = spark.createDataFrame([(t,) for t in METADATA_TEXTS], "metadata string")
+    found = frame.select(
+        changes._source(["metadata"]).alias("source"),
+        changes._position(["metadata"]).alias("position"),
+    ).collect()
+    texts = pa.array(METADATA_TEXTS, pa.string())
+    # the core keeps an empty connector or name (":x"); the Spark layer has none there
+    core_sources = [None if s is None or s.startswith(":") or s.endswith(":") else s
+                    for s in event_sources(texts).to_pylist()]  # fmt: skip
+    assert [r.source for r in found] == core_sources
+    assert [r.position for r in found] == event_positions(texts).to_pylist()
+    assert found[2].source == "postgresql:cap" and found[3].position == 1234
