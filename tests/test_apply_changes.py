@@ -1120,26 +1120,28 @@ METADATA_TEXTS = [
     '{"source":{"name":"esc\\"aped","connector":"pg"}}',
     '{"lsn":null,"x":{"lsn":12}}',
     '{"transaction":null,"source":{"lsn":5}}',
+    '{"transaction":{"id":"a}b:12"},"lsn":3}',
+    '{"transaction":{"x":{"id":"n:1"}},"transaction":{"id":"t:9"}}',
+    '{"transaction" : {"total_order":1, "id" : "571:44"}}',
+    '{"transaction":{"id":"a:b:77","n":1}}',
 ]
 
 
-@pytest.mark.spark
-def test_a_events_source_and_position_are_read_as_the_core_reads_them(spark: Any) -> None:
-    """The Spark layer reads each event's source and position from its metadata text
-    with Java's regular expressions, the core with RE2's: the same patterns must give the
-    same values, for every form of the text."""
+def test_a_task_reads_each_events_source_and_position_as_the_core_does() -> None:
+    """A task reads its events' sources and positions from each distinct metadata text
+    once: per event, what the core reads from its own text (nulls, repeats, every form)."""
     from replog.spark import changes
     from replog.tables.coverage import event_positions, event_sources
 
-    frame = spark.createDataFrame([(t,) for t in METADATA_TEXTS], "metadata string")
-    found = frame.select(
-        changes._source(["metadata"]).alias("source"),
-        changes._position(["metadata"]).alias("position"),
-    ).collect()
-    texts = pa.array(METADATA_TEXTS, pa.string())
-    # the core keeps an empty connector or name (":x"); the Spark layer has none there
-    core_sources = [None if s is None or s.startswith(":") or s.endswith(":") else s
-                    for s in event_sources(texts).to_pylist()]  # fmt: skip
-    assert [r.source for r in found] == core_sources
-    assert [r.position for r in found] == event_positions(texts).to_pylist()
-    assert found[2].source == "postgresql:cap" and found[3].position == 1234
+    texts = pa.array(METADATA_TEXTS * 3, pa.string())
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(range(len(texts))), texts], names=["n", changes._METADATA]
+    )
+    found = changes._with_positions(batch)
+    assert found.schema.names == ["n", changes._POSITION, changes._SOURCE]
+    assert found.column(changes._POSITION).to_pylist() == event_positions(texts).to_pylist()
+    assert found.column(changes._SOURCE).to_pylist() == event_sources(texts).to_pylist()
+    assert found.column(changes._POSITION)[3].as_py() == 1234
+    assert found.column(changes._SOURCE)[2].as_py() == "postgresql:cap"
+    empty = changes._with_positions(batch.slice(0, 0))
+    assert empty.num_rows == 0 and empty.schema.names == found.schema.names
