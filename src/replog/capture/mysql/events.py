@@ -51,8 +51,10 @@ from replog.schemas import connect as connect_schemas
 
 _VERSION = importlib.metadata.version("pyspark-replog")
 _NUMERIC_KEYS = frozenset((*INTEGERS, "decimal"))
+"""Kinds whose values are numbers: a key of them is written in its shortest form."""
 _AS_TEXT = _NUMERIC_KEYS
-"""Kinds whose text output (as the snapshot selects it) is their JSON."""
+"""Kinds whose text output (as the snapshot selects it) is their JSON: the same kinds,
+for another reason."""
 _AS_STRING = frozenset((*TEXTS, "enum", "set", "json"))
 """Kinds whose text output is their JSON string (escaped as ``quoted`` escapes it)."""
 _SHORTEST_INTEGER = "^(-?[1-9][0-9]*|0)$"
