@@ -126,11 +126,17 @@ def run_capture(
                 metrics.update(state)
                 shown(state)
 
+            def stop_now() -> None:
+                stop.set()
+                shown.stopping()
+
             def stopping(signum: int, frame: object) -> None:
-                if not stop.is_set():
-                    stop.set()
-                    # said from a thread: the handler may interrupt the display mid-draw
-                    saying.append(threading.Thread(target=shown.stopping, daemon=True))
+                if not saying:
+                    # set from a thread: the handler runs in the main thread, which may
+                    # be inside stop.wait() holding the event's lock (set() here then
+                    # waited on it for ever: a followed capture's SIGTERM hung it), or
+                    # drawing the display
+                    saying.append(threading.Thread(target=stop_now, daemon=True))
                     saying[-1].start()
                     signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
 
