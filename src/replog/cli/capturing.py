@@ -7,6 +7,7 @@ metrics."""
 from __future__ import annotations
 
 import argparse
+import queue
 import signal
 import socket
 import sys
@@ -120,26 +121,28 @@ def run_capture(
     try:
         with display_for(out.json) as display:
             shown = CaptureDisplay(display, log_name)
-            saying: list[threading.Thread] = []
+            signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
 
             def progress(state: CaptureProgress) -> None:
                 metrics.update(state)
                 shown(state)
 
-            def stop_now() -> None:
-                stop.set()
-                shown.stopping()
+            def stopper() -> None:
+                """Sets ``stop`` once a signal arrives (None: the run ended first)."""
+                if signals.get() is not None:
+                    stop.set()
+                    shown.stopping()
 
             def stopping(signum: int, frame: object) -> None:
-                if not saying:
-                    # set from a thread: the handler runs in the main thread, which may
-                    # be inside stop.wait() holding the event's lock (set() here then
-                    # waited on it for ever: a followed capture's SIGTERM hung it), or
-                    # drawing the display
-                    saying.append(threading.Thread(target=stop_now, daemon=True))
-                    saying[-1].start()
-                    signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
+                # only SimpleQueue.put, which is reentrant: the handler runs in the main
+                # thread, which may be inside stop.wait() holding the event's lock (a
+                # set() here waited on it for ever: a followed capture's SIGTERM hung
+                # it), starting a thread, or drawing the display
+                signals.put(signum)
+                signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
 
+            watcher = threading.Thread(target=stopper, name="replog-stop", daemon=True)
+            watcher.start()
             previous = {sig: signal.signal(sig, stopping) for sig in STOP_SIGNALS}
             try:
                 ran = work(stop, progress)
@@ -149,8 +152,8 @@ def run_capture(
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
-                for thread in saying:
-                    thread.join()
+                signals.put(None)
+                watcher.join()
                 shown.close()
     finally:
         if server is not None:
