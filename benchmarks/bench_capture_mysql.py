@@ -83,7 +83,14 @@ class Postgres:
         self.dsn = dsn
 
     def load(self, rows: int) -> None:
+        """A table of ``rows`` rows, and no slot: an earlier size's capture made one,
+        which belongs to that size's log (capture refuses it to another)."""
         with psycopg.connect(self.dsn, autocommit=True) as connection:
+            connection.execute(
+                "SELECT pg_drop_replication_slot(slot_name) FROM pg_replication_slots "
+                "WHERE slot_name = %s",
+                (SLOT,),
+            )
             connection.execute(f"DROP TABLE IF EXISTS {TABLE}")
             connection.execute(f"CREATE TABLE {TABLE} (aid int PRIMARY KEY, bid int, "
                                "abalance int, filler char(84))")  # fmt: skip
