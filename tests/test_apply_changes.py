@@ -1108,8 +1108,8 @@ METADATA_TEXTS = [
     '{"op":"u","source":{"connector":"mysql","name":"srv","pos":4},"transaction":'
     '{"id":"file.000001:1234","total_order":1}}',
     '{"transaction":{"id":"571:28753648","total_order":3},"source":{"lsn":28753000}}',
-    '{"source" : { "connector" : "postgresql", "name" : "spaced" }}',  # only the patterns
-    '{"source":{"connector":"a}b","name":"x"}}',  # a brace in a value ends the quick block
+    '{"source" : { "connector" : "postgresql", "name" : "spaced" }}',
+    '{"source":{"connector":"a}b","name":"x"}}',  # a brace inside a value
     '{"source":{"name":"x","connector":"a}b"}}',
     '{"source":{"name":"x","connector":"a{b"}}',
     '{"source":{"connector":"","name":"x"}}',

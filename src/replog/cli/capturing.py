@@ -7,7 +7,6 @@ metrics."""
 from __future__ import annotations
 
 import argparse
-import queue
 import signal
 import socket
 import sys
@@ -121,28 +120,26 @@ def run_capture(
     try:
         with display_for(out.json) as display:
             shown = CaptureDisplay(display, log_name)
-            signals: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+            saying: list[threading.Thread] = []
 
             def progress(state: CaptureProgress) -> None:
                 metrics.update(state)
                 shown(state)
 
-            def stopper() -> None:
-                """Sets ``stop`` once a signal arrives (None: the run ended first)."""
-                if signals.get() is not None:
-                    stop.set()
-                    shown.stopping()
+            def stop_now() -> None:
+                stop.set()
+                shown.stopping()
 
             def stopping(signum: int, frame: object) -> None:
-                # only SimpleQueue.put, which is reentrant: the handler runs in the main
-                # thread, which may be inside stop.wait() holding the event's lock (a
-                # set() here waited on it for ever: a followed capture's SIGTERM hung
-                # it), starting a thread, or drawing the display
-                signals.put(signum)
-                signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
+                if not saying:
+                    # set from a thread: the handler runs in the main thread, which may
+                    # be inside stop.wait() holding the event's lock (set() here then
+                    # waited on it for ever: a followed capture's SIGTERM hung it), or
+                    # drawing the display
+                    saying.append(threading.Thread(target=stop_now, daemon=True))
+                    saying[-1].start()
+                    signal.signal(signal.SIGINT, signal.default_int_handler)  # again: now
 
-            watcher = threading.Thread(target=stopper, name="replog-stop", daemon=True)
-            watcher.start()
             previous = {sig: signal.signal(sig, stopping) for sig in STOP_SIGNALS}
             try:
                 ran = work(stop, progress)
@@ -152,8 +149,8 @@ def run_capture(
             finally:
                 for sig, handler in previous.items():
                     signal.signal(sig, handler)
-                signals.put(None)
-                watcher.join()
+                for thread in saying:
+                    thread.join()
                 shown.close()
     finally:
         if server is not None:

@@ -371,8 +371,8 @@ def _with_positions(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with each event's position and source (:data:`_POSITION`,
     :data:`_SOURCE`) in place of its metadata text, read by the core's patterns from each
     distinct text once: a transaction's events, a snapshot chunk's, share one. (Read by
-    Java's patterns in the projection, for every event, they cost a 1M-event load a third
-    of its time.)"""
+    Java's patterns in the projection, for every event, they were about half of a
+    1M-event batch's projection: 3.7-5 s of 7-7.9 s.)"""
     at = batch.schema.get_field_index(_METADATA)
     texts = pc.dictionary_encode(batch.column(at))
     distinct = texts.dictionary

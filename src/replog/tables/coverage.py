@@ -32,8 +32,8 @@ INFO_KEY = "replog"
 TRANSACTION_POSITION = r'"transaction"\s*:\s*\{[^{}]*?"id"\s*:\s*"[^"]*?:(?<p>[0-9]+)"'
 SOURCE_POSITION = r'"lsn"\s*:\s*(?<p>[0-9]+)'
 """Where an event's ``metadata`` text holds its position: the commit LSN of its
-transaction, else the source's LSN. One group (named ``p``; Java's and RE2's syntax alike:
-the Spark layer extracts the same with ``regexp_extract``)."""
+transaction, else the source's LSN. One group (named ``p``, RE2's syntax). The Spark
+layer reads them with :func:`event_positions` too, in its tasks."""
 POSITION_PATTERNS = (TRANSACTION_POSITION, SOURCE_POSITION)
 
 SOURCE_CONNECTOR = r'"source"\s*:\s*\{[^{}]*?"connector"\s*:\s*"(?<p>[^"]*)"'
