@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import multiprocessing
 import os
 import resource
 import signal
@@ -99,14 +100,21 @@ def query(  # noqa: PLR0917 - the benchmark's two queries
 
 class Markers:
     """A marker row every ``every`` s; its commit time, and when its Delta table first
-    held it."""
+    held it (seen by :func:`watch_markers` in a process of its own, as a reader of the
+    table would be: polling in the Spark driver's process took its GIL from the apply)."""
 
     def __init__(self, dsn: str, table: str, every: float = 0.5) -> None:
         self.dsn, self.table, self.every = dsn, table, every
         self.committed: dict[int, float] = {}
         self.seen: dict[int, float] = {}
-        self.stop = threading.Event()
         self.failures: list[BaseException] = []
+        spawned = multiprocessing.get_context("spawn")
+        self._stop = spawned.Event()
+        self._seen, sending = spawned.Pipe(duplex=False)
+        self._watcher = spawned.Process(target=watch_markers, args=(table, self._stop, sending))
+
+    def start(self) -> None:
+        self._watcher.start()
 
     def write(self, count: int) -> None:
         try:
@@ -118,22 +126,50 @@ class Markers:
         except BaseException as exc:
             self.failures.append(exc)
 
-    def watch(self) -> None:
-        try:
-            while not self.stop.is_set():
-                try:
-                    ids = polars.read_delta(self.table, columns=["id"])["id"].to_list()
-                except Exception:  # the table not there yet
-                    ids = []
-                now = time.monotonic()
-                for marker in ids:
-                    self.seen.setdefault(marker, now)
-                time.sleep(0.05)
-        except BaseException as exc:
-            self.failures.append(exc)
+    def stop(self) -> None:
+        """Stop the watcher and take what it saw."""
+        self._stop.set()
+        seen, failure = self._seen.recv()
+        self._watcher.join()
+        self.seen.update(seen)
+        if failure:
+            self.failures.append(RuntimeError(f"the markers' watcher failed: {failure}"))
 
     def latencies(self) -> list[float]:
         return sorted(self.seen[m] - t for m, t in self.committed.items() if m in self.seen)
+
+
+def watch_markers(table: str, stop: Any, sending: Any) -> None:
+    """Poll ``table`` every 50 ms until ``stop``; send each marker's first sighting
+    (``time.monotonic()``: one clock for every process) and any failure. The table is
+    opened once and brought up to date (``update_incremental``), its rows read again only
+    when its version moved."""
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    seen: dict[int, float] = {}
+    failure = None
+    try:
+        opened, version = None, -1
+        while not stop.is_set():
+            try:
+                if opened is None:
+                    opened = DeltaTable(table)
+                else:
+                    opened.update_incremental()
+            except TableNotFoundError:  # not created yet
+                time.sleep(0.05)
+                continue
+            if opened.version() != version:
+                version = opened.version()
+                ids = polars.read_delta(opened, columns=["id"])["id"].to_list()
+                now = time.monotonic()
+                for marker in ids:
+                    seen.setdefault(marker, now)
+            time.sleep(0.05)
+    except BaseException as exc:
+        failure = repr(exc)
+    sending.send((seen, failure))
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -231,9 +267,8 @@ def main() -> None:
         follower = capture(dsn, url, follow=True)
         running = query(spark, url, delta, checkpoint, args.max_events, once=False)
         markers = Markers(dsn, delta.format(collection="public.markers"))
-        watcher = threading.Thread(target=markers.watch)
         writer = threading.Thread(target=markers.write, args=(args.seconds * 2,))
-        watcher.start()
+        markers.start()
         time.sleep(5)  # the follower and the query running
         bench = threading.Thread(
             target=pgbench, args=(dsn, "-n", "-c", "2", "-T", str(args.seconds))
@@ -242,9 +277,6 @@ def main() -> None:
         writer.start()
         writer.join()
         bench.join()
-        deadline = time.monotonic() + 600
-        while len(markers.seen) < len(markers.committed) and time.monotonic() < deadline:
-            time.sleep(0.5)
         time.sleep(10)  # pgbench's last transactions through
         follower.send_signal(signal.SIGTERM)
         follower.communicate(timeout=600)
@@ -253,8 +285,8 @@ def main() -> None:
         time.sleep(5)
         running.processAllAvailable()
         running.stop()
-        markers.stop.set()
-        watcher.join()
+        time.sleep(1)  # the watcher's last poll
+        markers.stop()
         assert not markers.failures, markers.failures
         spark.stop()
         found = markers.latencies()
