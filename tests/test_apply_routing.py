@@ -16,6 +16,8 @@ from test_apply_changes import TOASTED, micro_batch
 from replog.errors import InvalidOptionError
 from replog.log import ReplicationLog
 from replog.schemas import registry
+from replog.spark.apply import _each_table
+from replog.spark.changes import Part
 from replog.spark.functions import apply_changes
 from replog.tables.delta import open_table, read_table
 
@@ -272,3 +274,23 @@ def test_a_changed_key_keeps_its_unchanged_toasted_value_through_spark(
         2: ("a", "long"),  # the table's row of the old key
         6: ("e2", "five-2"),  # the old key's value sent earlier in the batch
     }
+
+
+def test_every_table_of_a_batch_is_tried_and_the_first_failure_raised() -> None:
+    """A micro-batch's tables are committed at once: one table's failure neither stops
+    another's commit half-way nor hides a second failure."""
+    parts = [Part(i, f"shop.t{i}", ("id",), None) for i in range(6)]
+    tried: list[int] = []
+
+    def apply(part: Part) -> None:
+        tried.append(part.index)
+        if part.index in (1, 4):
+            raise OSError(f"disk full under table {part.index}")
+
+    with pytest.raises(OSError, match="table 1") as raised:
+        _each_table(apply, parts)
+    assert sorted(tried) == list(range(6))
+    assert any("shop.t4" in note and "table 4" in note for note in raised.value.__notes__)
+    tried.clear()
+    _each_table(lambda part: tried.append(part.index), parts[:1])  # one table: inline
+    assert tried == [0]

@@ -31,7 +31,7 @@ from replog.errors import InvalidOptionError
 from replog.format import jsontext
 from replog.log import ReplicationLog
 from replog.schemas import connect, registry
-from replog.spark.changes import Batch, Part, changes_frame, gather
+from replog.spark.changes import LOCAL_EVENTS, Batch, Part, changes_frame, gather
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
 from replog.tables import coverage as covered
@@ -255,6 +255,14 @@ class _Settings:
     write_ahead_rows: int | None = written_ahead.MIN_ROWS
 
 
+@dataclass
+class _Seen:
+    """What a query's last micro-batch held: a small one's successor is split on the
+    driver (:data:`replog.spark.changes.LOCAL_EVENTS`)."""
+
+    events: int | None = None
+
+
 def _parts(  # noqa: PLR0917 - a micro-batch's parts
     settings: _Settings,
     router: _Router,
@@ -323,6 +331,8 @@ def _apply(
     batch: DataFrame,
     batch_id: int,
     collections: tuple[list[str | None], bool],
+    *,
+    seen: _Seen,
 ) -> list[str]:
     """One pass over the micro-batch for ``collections``, each table's part applied;
     the collections it held that no part took (a template's: the next pass's)."""
@@ -331,7 +341,9 @@ def _apply(
     parts = _parts(settings, router, names, batch, batch_id, writer)
     if not parts:
         return []
-    found = gather(*changes_frame(batch, parts), parts)
+    local = seen.events is not None and seen.events <= LOCAL_EVENTS
+    found = gather(*changes_frame(batch, parts), parts, local=local)
+    seen.events = found.events
     try:
         _check_batch(router, parts, found, strict)
     except BaseException:
@@ -495,10 +507,12 @@ def apply_changes(
         write_ahead_rows,
     )
 
+    seen = _Seen()
+
     def apply(batch: DataFrame, batch_id: int) -> None:
         collections = router.collections(batch, collection)
-        unknown = _apply(settings, router, batch, batch_id, collections)
+        unknown = _apply(settings, router, batch, batch_id, collections, seen=seen)
         if unknown:  # a template's collections the registry did not list: keys= gives them
-            _apply(settings, router, batch, batch_id, (list(unknown), True))
+            _apply(settings, router, batch, batch_id, (list(unknown), True), seen=seen)
 
     return apply
