@@ -383,7 +383,8 @@ def _apply(
 TABLE_THREADS = 4
 """Tables of one micro-batch committed at once: each is its own Delta table and commit
 (a replay skips each that holds the batch), and a commit waits on its files' writes and
-fsyncs more than on Python (5 tables: 250 ms -> XXX ms a follower's batch)."""
+fsyncs more than on Python (pgbench's 5 tables followed under load: the batch's commits
+took 309 ms instead of 405 at the median)."""
 
 
 def _each_table(apply: Callable[[Part], None], parts: Sequence[Part]) -> None:

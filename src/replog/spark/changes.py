@@ -294,7 +294,10 @@ LOCAL_EVENTS = 20_000
 """A micro-batch after one of at most this many events is split on the driver: its events
 collected (``toArrow``) and run through the task's function there, without a
 ``mapInArrow`` round trip through a Python worker (~75 ms a job on an idle 2-core
-machine, more under load: a follower's batches are small and many)."""
+machine, more under load: a follower's batches are small and many). Such a batch holds
+what the log took while the small one ran (a query's first batch, a restarted one's, is
+always split by the tasks), so the driver collects what a follower's batch holds, not
+a backlog."""
 
 
 def gather(
