@@ -79,10 +79,11 @@ def _purge(db: Db) -> None:
 
 
 def _caught_up(db: Db, capture: MySqlCapture) -> None:
-    """Wait until the capture's position is the server's (a wait for a hang)."""
-    [(file, pos, *_)] = db.query("SHOW MASTER STATUS")
+    """Wait until the capture's position is the server's (a wait for a hang). The
+    server's is read again each time: the capture's own watermark rows move it."""
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline:
+        [(file, pos, *_)] = db.query("SHOW MASTER STATUS")
         position = capture.position
         if position is not None and (position.file, position.pos) == (file, pos):
             return

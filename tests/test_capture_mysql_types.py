@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from support.mysql import Db, events, run
 
+from replog.capture.mysql import rows as chunk_rows
 from replog.capture.mysql.capture import MySqlCapture
 from replog.capture.mysql.options import MySqlOptions
 from replog.format.jsontext import parse_object
@@ -113,9 +114,13 @@ def _insert(db: Db, columns: list[str]) -> None:
     )
 
 
+@pytest.mark.parametrize("reader", ["c-extension", "pymysql"])
 def test_every_type_is_one_text_on_the_snapshot_the_binlog_and_the_server(
-    mysql_db: Db, tmp_path: Path
+    mysql_db: Db, tmp_path: Path, reader: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The snapshot read by mysql-connector's C extension (in its child process) or by
+    PyMySQL: the same text either way."""
+    monkeypatch.setattr(chunk_rows, "CHILD_READER", reader == "c-extension")
     columns = _table(mysql_db)
     streamed, snapshotted = str(tmp_path / "streamed"), str(tmp_path / "snapshotted")
     run(mysql_db.dsn, streamed, tables=("every_type",))  # nothing yet: the binlog from here

@@ -23,12 +23,14 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+import pyarrow as pa
 import pymysql
 
 from replog.capture.events import ChunkRows
 from replog.capture.mysql.columns import BINARIES, identifier, select_expression
 from replog.capture.mysql.events import MySqlEvents
-from replog.capture.mysql.server import MySqlServer, TableInfo, connect
+from replog.capture.mysql.rows import RowReader
+from replog.capture.mysql.server import MySqlServer, TableInfo
 from replog.capture.snapshot import PendingChunk, TableSnapshot
 from replog.errors import CaptureError
 
@@ -97,18 +99,10 @@ class MySqlChunks:
         self.maker = maker
         self.name = name
         self.chunk_rows = chunk_rows
-        self._connection: Any = None
+        self._reader = RowReader(server.dsn)
 
     def close(self) -> None:
-        if self._connection is not None:
-            self._connection.close()
-            self._connection = None
-
-    @property
-    def connection(self) -> Any:
-        if self._connection is None:
-            self._connection = connect(self.server.dsn, raw=True)
-        return self._connection
+        self._reader.close()
 
     def read(self, snapshot: TableSnapshot, table: TableInfo) -> MySqlChunk | None:
         """The next chunk of ``snapshot`` (of ``table``, described anew), read between its
@@ -129,7 +123,7 @@ class MySqlChunks:
             mark = uuid.uuid4().hex
             self.server.watermark(self.name, mark, "low")
             try:
-                rows = self._select(table, snapshot.after)
+                columns = self._select(table, snapshot.after)
             except pymysql.err.MySQLError as exc:
                 if exc.args and exc.args[0] in _MOVED:
                     logger.info("%s changed while a chunk was read (%s): read again",
@@ -143,13 +137,14 @@ class MySqlChunks:
                 continue
             self.server.watermark(self.name, mark, "high")
             count = len(table.key)
-            values = [row[:-count] for row in rows]
+            read = len(columns[0])
             after = snapshot.after
-            if rows:
+            if read:
                 binary = [self._binary(table, k) for k in table.key]
-                after = [_key_text(v, b) for v, b in zip(rows[-1][-count:], binary, strict=True)]
-            events = self.maker.reads(table, values, mark)
-            return MySqlChunk(snapshot, table, mark, events, after, len(rows) < self.chunk_rows)
+                last = [column[read - 1].as_py() for column in columns[-count:]]
+                after = [_key_text(v, b) for v, b in zip(last, binary, strict=True)]
+            events = self.maker.reads(table, columns[:-count], mark)
+            return MySqlChunk(snapshot, table, mark, events, after, read < self.chunk_rows)
         raise CaptureError(
             f"the columns of {table.qualified} changed during each of {ATTEMPTS} reads of a "
             f"snapshot chunk: capture stops rather than read rows of a shape it cannot name "
@@ -170,9 +165,9 @@ class MySqlChunks:
         kinds = {c.name: c.kind for c in table.columns}
         return tuple((k, kinds.get(k, "")) for k in table.key)
 
-    def _select(self, table: TableInfo, after: list[str | None] | None) -> list[tuple[Any, ...]]:
+    def _select(self, table: TableInfo, after: list[str | None] | None) -> list[pa.Array]:
         """The next rows of ``table`` in key order (each column's text, then the key
-        columns' again): one statement, no lock."""
+        columns' again), column by column: one statement, no lock."""
         keys = ", ".join(identifier(k) for k in table.key)
         columns = ", ".join(select_expression(c) for c in table.columns)
         where, args = "", []
@@ -186,6 +181,4 @@ class MySqlChunks:
             f"SELECT {columns}, {keys} FROM {table.sql_name}{where} ORDER BY {keys} "
             f"LIMIT {int(self.chunk_rows)}"
         )
-        with self.connection.cursor() as cursor:
-            cursor.execute(statement, args or None)
-            return list(cursor.fetchall())
+        return self._reader.columns(statement, args or None)

@@ -170,18 +170,15 @@ class MySqlEvents:
     def snapshot_shape(self, table: TableInfo) -> Shape:
         return self.shape(table.qualified, table.columns, table.key)
 
-    def reads(self, table: TableInfo, rows: Sequence[Sequence[Any]], chunk: str) -> ChunkRows:
-        """The read events of a chunk's rows (the server's text output of each column), by
-        key, in the order read: made column by column in Arrow as the PostgreSQL
-        snapshot's are (:mod:`~replog.capture.jsoncolumns`), each value through the same
-        fragment writer as before where its type has no vector form."""
-        if not rows:
+    def reads(self, table: TableInfo, columns: Sequence[pa.Array], chunk: str) -> ChunkRows:
+        """The read events of a chunk's rows (the server's text output of each column, as
+        binary arrays), by key, in the order read: made column by column in Arrow as the
+        PostgreSQL snapshot's are (:mod:`~replog.capture.jsoncolumns`), each value
+        through the same fragment writer as before where its type has no vector form."""
+        if not columns or not len(columns[0]):
             return ChunkRows.empty()
         shape = self.snapshot_shape(table)
-        values = [
-            self._column(shape, index, [row[index] for row in rows])
-            for index in range(len(shape.columns))
-        ]
+        values = [self._column(shape, index, columns[index]) for index in range(len(shape.columns))]
         data = json_objects(list(zip(shape.names, values, strict=True)))
         keys = json_objects(
             [
@@ -192,15 +189,15 @@ class MySqlEvents:
         prefix = f"{self.name}:snapshot:{chunk}:{table.qualified}:"
         return ChunkRows(event_ids(EVENT_ID_NAMESPACE.bytes, prefix, keys), keys, data)
 
-    def _column(self, shape: Shape, index: int, raw: list[Any]) -> pa.Array:
+    def _column(self, shape: Shape, index: int, raw: pa.Array) -> pa.Array:
         """One column of a chunk's rows as JSON values (null for NULL)."""
         column = shape.columns[index]
         if column.kind in _AS_TEXT:  # the server's text is the JSON number
-            return pa.array(raw, pa.binary()).cast(pa.string())
+            return raw.cast(pa.string())
         if column.kind in _AS_STRING:
-            return json_strings(pa.array(raw, pa.binary()).cast(pa.string()))
+            return json_strings(raw.cast(pa.string()))
         write = text_fragment(column)
-        values = [None if value is None else write(value) for value in raw]
+        values = [None if value is None else write(value) for value in raw.to_pylist()]
         zeros = sum(1 for value in values if value is ZERO)
         if zeros:
             counted = f"{shape.collection}.{column.name}"
