@@ -12,16 +12,19 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import pymysql
 import pytest
 from support.cli import replog
 from support.mysql import Db, events, log_rows, run, source_rows
 from test_capture_mysql_adversity import following
 from test_cli_output import validate
 
+from replog.capture.mysql import rows as chunk_rows
 from replog.capture.mysql.chunks import MySqlChunks
+from replog.capture.mysql.options import Dsn
 from replog.capture.mysql.server import MySqlServer
 from replog.capture.snapshot import SnapshotPlan
-from replog.errors import InjectedFaultError
+from replog.errors import InjectedFaultError, SourceConnectionError
 from replog.log import ReplicationLog
 
 pytestmark = pytest.mark.slow  # a MariaDB server for the session
@@ -195,3 +198,32 @@ def test_a_table_added_on_a_restart_is_snapshotted(mysql_db: Db, tmp_path: Path)
     run(mysql_db.dsn, url, tables=("t", "u"))
     added = [e for e in events(url) if e["collection"] == f"{mysql_db.name}.u"]
     assert [(e["op"], e["source"]["snapshot"]) for e in added] == [("r", "incremental")] * 2
+
+
+def test_the_snapshot_reader_process_killed_is_a_lost_connection_then_a_new_one(
+    mysql_db: Db,
+) -> None:
+    """The C extension's reader runs in a child process: killed, the read that meets it
+    fails as a lost source connection (capture's retry), never hangs, and the next read
+    starts a new one. A server error comes back as PyMySQL's (a table that moved)."""
+    mysql_db.sql("CREATE TABLE r (id int PRIMARY KEY, v varbinary(8))",
+                 "INSERT INTO r VALUES (1, 0x00ff), (2, NULL)")  # fmt: skip
+    reader = chunk_rows.RowReader(Dsn.parse(mysql_db.dsn))
+    try:
+        statement = f"SELECT id, v FROM {mysql_db.name}.r ORDER BY id"
+        first = reader.columns(statement, None)
+        assert reader.fast, "the C extension loads in its child process here"
+        assert [c.to_pylist() for c in first] == [[b"1", b"2"], [b"\x00\xff", None]]
+        assert reader._child is not None
+        reader._child.kill()
+        reader._child.wait()
+        with pytest.raises(SourceConnectionError, match="reader process ended"):
+            reader.columns(statement, None)
+        again = reader.columns(f"{statement} LIMIT %s", (1,))
+        assert [c.to_pylist() for c in again] == [[b"1"], [b"\x00\xff"]]
+        with pytest.raises(pymysql.err.ProgrammingError) as moved:
+            reader.columns(f"SELECT * FROM {mysql_db.name}.gone", None)
+        assert moved.value.args[0] == 1146
+    finally:
+        reader.close()
+    assert reader._child is None
