@@ -227,3 +227,23 @@ def test_the_snapshot_reader_process_killed_is_a_lost_connection_then_a_new_one(
     finally:
         reader.close()
     assert reader._child is None
+
+
+@pytest.mark.parametrize("reader", ["c-extension", "pymysql"])
+def test_chunks_of_a_binary_and_text_key_go_on_from_the_last_key_read(
+    mysql_db: Db, tmp_path: Path, reader: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chunks of two rows of a (varbinary, utf8mb4 varchar) key: each chunk's last key
+    is the next one's lower bound, as its reader returned it (bytes from the C
+    extension) and as the statement's parameter (binary); every row is read once."""
+    monkeypatch.setattr(chunk_rows, "CHILD_READER", reader == "c-extension")
+    mysql_db.sql(
+        "CREATE TABLE k (b varbinary(8), s varchar(8), v int, PRIMARY KEY (b, s))",
+        "INSERT INTO k VALUES (0x00, 'a', 1), (0x00, 'ü', 2), (0x00ff, 'a', 3), "
+        "(0x01, '', 4), (0xff, 'z', 5), (0xff00, 'a', 6), (0x7f, '😀', 7), (0x27, '''', 8)",
+    )
+    url = str(tmp_path / "log")
+    run(mysql_db.dsn, url, tables=("k",), snapshot_chunk_rows=2)
+    reads = [e for e in events(url) if e["op"] == "r"]
+    assert sorted(json.loads(e["data"])["v"] for e in reads) == list(range(1, 9))
+    assert {json.loads(e["data"])["s"] for e in reads} == {"a", "ü", "", "z", "😀", "'"}

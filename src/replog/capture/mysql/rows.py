@@ -160,7 +160,7 @@ def serve(receiving: Connection, sending: Connection) -> None:
     """The reader process: a session from the first message (connection arguments),
     then for each ``(statement, args)`` its rows as an Arrow IPC stream of binary
     columns, or ``("error", (number, message))``; until its input closes."""
-    args = receiving.recv()
+    args = {name: value for name, value in receiving.recv().items() if value is not None}
     try:
         import mysql.connector  # noqa: PLC0415 - the child's own import, after the extension
 
