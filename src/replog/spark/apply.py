@@ -229,6 +229,8 @@ def _check_arguments(  # noqa: PLR0917 - apply_changes' own arguments
         if isinstance(schema, StructType):
             rows.check_columns(schema.names, wanted)
     routed = not isinstance(target, str) or TEMPLATE in target
+    if isinstance(target, Mapping):
+        _check_one_collection_per_table(target)
     if routed and collection is not None:
         raise InvalidOptionError(
             "apply_changes: collection= is for one table; a mapping or template target "
@@ -240,6 +242,23 @@ def _check_arguments(  # noqa: PLR0917 - apply_changes' own arguments
             "collection= to take them from the schema registry)"
         )
     return ReplicationLog.open(log, storage_options=log_options) if isinstance(log, str) else log
+
+
+def _check_one_collection_per_table(target: Mapping[str, str]) -> None:
+    """A mapping that sends two collections to one table is refused: each table's commit
+    carries the batch id, so the second collection's commit would be taken for a replay
+    of the first's and its rows lost."""
+    by_table: dict[str, list[str]] = {}
+    for name, path in target.items():
+        by_table.setdefault(str(path).rstrip("/"), []).append(name)
+    shared = {path: names for path, names in by_table.items() if len(names) > 1}
+    if shared:
+        path, names = next(iter(shared.items()))
+        raise InvalidOptionError(
+            f"apply_changes: the mapping sends collections {sorted(names)} to one table "
+            f"{path!r}: a table takes one collection (its commits carry the batch id, so a "
+            f"second collection's rows would be skipped as a replay); give each its own"
+        )
 
 
 @dataclass(frozen=True)

@@ -75,19 +75,29 @@ class MySqlChunk:
         )
 
 
-def _key_text(value: Any, binary: bool) -> str | None:
-    """A key value as the plan keeps it (binary keys in base64)."""
+def _key_text(value: Any, kind: str) -> str | None:
+    """A key value as the plan keeps it: binary keys in base64, a BIT key as its number
+    (its bytes are no text), others as their text."""
     if value is None:
         return None
-    if isinstance(value, bytes):
-        return base64.b64encode(value).decode("ascii") if binary else value.decode("utf-8")
-    return str(value)
+    if isinstance(value, str):
+        value = value.encode("utf-8")
+    if kind == "bit":
+        return str(int.from_bytes(value, "big"))
+    if kind in BINARIES:
+        return base64.b64encode(value).decode("ascii")
+    return str(value.decode("utf-8"))
 
 
-def _key_param(text: str | None, binary: bool) -> Any:
-    if text is None or not binary:
-        return text
-    return base64.b64decode(text)
+def _key_param(text: str | None, kind: str) -> Any:
+    """The statement's parameter for a key value the plan keeps (:func:`_key_text`)."""
+    if text is None:
+        return None
+    if kind == "bit":
+        return int(text)
+    if kind in BINARIES:
+        return base64.b64decode(text)
+    return text
 
 
 class MySqlChunks:
@@ -140,9 +150,9 @@ class MySqlChunks:
             read = len(columns[0])
             after = snapshot.after
             if read:
-                binary = [self._binary(table, k) for k in table.key]
+                kinds = [self._kind(table, k) for k in table.key]
                 last = [column[read - 1].as_py() for column in columns[-count:]]
-                after = [_key_text(v, b) for v, b in zip(last, binary, strict=True)]
+                after = [_key_text(v, kind) for v, kind in zip(last, kinds, strict=True)]
             events = self.maker.reads(table, columns[:-count], mark)
             return MySqlChunk(snapshot, table, mark, events, after, read < self.chunk_rows)
         raise CaptureError(
@@ -157,8 +167,8 @@ class MySqlChunks:
         )
 
     @staticmethod
-    def _binary(table: TableInfo, name: str) -> bool:
-        return next(c.kind in BINARIES for c in table.columns if c.name == name)
+    def _kind(table: TableInfo, name: str) -> str:
+        return next(c.kind for c in table.columns if c.name == name)
 
     @staticmethod
     def _key_shape(table: TableInfo) -> tuple[tuple[str, str], ...]:
@@ -175,7 +185,7 @@ class MySqlChunks:
             marks = ", ".join(["%s"] * len(table.key))
             where = f" WHERE ({keys}) > ({marks})"
             args = [
-                _key_param(v, self._binary(table, k)) for k, v in zip(table.key, after, strict=True)
+                _key_param(v, self._kind(table, k)) for k, v in zip(table.key, after, strict=True)
             ]
         statement = (
             f"SELECT {columns}, {keys} FROM {table.sql_name}{where} ORDER BY {keys} "

@@ -156,6 +156,14 @@ class RowReader:
                 child.wait()
 
 
+def _numbered(exc: Any) -> tuple[int, str]:
+    """A mysql-connector error as (number, message). Its own client-side errors carry no
+    number (or -1: "MySQL Connection not available." once the server cut the session):
+    they are a lost connection (2013), as PyMySQL names the same moment."""
+    number = exc.errno if isinstance(exc.errno, int) and exc.errno > 0 else 2013
+    return number, exc.msg or str(exc)
+
+
 def serve(receiving: Connection, sending: Connection) -> None:
     """The reader process: a session from the first message (connection arguments),
     then for each ``(statement, args)`` its rows as an Arrow IPC stream of binary
@@ -177,7 +185,7 @@ def serve(receiving: Connection, sending: Connection) -> None:
         setup.execute("SET time_zone = '+00:00'")
         setup.close()
     except mysql.connector.Error as exc:
-        sending.send(("error", (exc.errno or 2013, exc.msg or str(exc))))
+        sending.send(("error", _numbered(exc)))
         return
     sending.send(("ok", None))
     while True:
@@ -194,7 +202,7 @@ def serve(receiving: Connection, sending: Connection) -> None:
             finally:
                 cursor.close()
         except mysql.connector.Error as exc:
-            sending.send(("error", (exc.errno or 2013, exc.msg or str(exc))))
+            sending.send(("error", _numbered(exc)))
             continue
         sending.send(("rows", _ipc(columns_of(rows, width))))
     session.close()
