@@ -208,7 +208,7 @@ def test_gtid_gaps_other_domains_and_a_resume_by_gtid(mysql_db: Db, tmp_path: Pa
     assert position is not None and "9-1-1" in position.gtids
     # the record as another server's: the capture must find its place by GTID state
     record.positions = [replace(position, server_id=77, file="elsewhere.000001", pos=4)]
-    record.write(log.storage, record.positions[0])
+    record.write(log.storage, record.positions[0], logged=logged)
     expected = _inserts(mysql_db, 40, 2)
     run(mysql_db.dsn, url, tables=("t",))
     assert changes(url)[-2:] == expected

@@ -34,11 +34,33 @@ def test_a_position_record_is_read_back_by_its_log_and_refused_by_another(
     first = BinlogPosition(MARIADB, FILE, "binlog.000001", 400, server_id=1)
     second = BinlogPosition(MARIADB, FILE, "binlog.000001", 900, server_id=1)
     record = PositionRecord("m", log.log_id, [])
-    record.write(log.storage, first)
-    record.write(log.storage, second)
+    record.write(log.storage, first, logged=0)
+    record.write(log.storage, second, logged=first.version)
     found = PositionRecord.load(log.storage, "m", log.log_id)
     assert found is not None
     assert found.at(second.version) == second and found.at(first.version) == first
     assert PositionRecord.load(log.storage, "n", log.log_id) is None
     with pytest.raises(LogIdentityError, match=r"belongs to log .*stale capture record"):
         PositionRecord.load(log.storage, "m", "another-log")
+
+
+def test_a_position_record_keeps_the_logs_position_through_commits_never_made(
+    tmp_path: Path,
+) -> None:
+    """Killed between writing its record and committing, twice in a row: the record
+    still names the position the log holds (it once kept only the newest before the one
+    being committed, and the third run could not resume: "no record of where that is in
+    the binlog", seen in test_capture_mysql_kill)."""
+    log = ReplicationLog.create(str(tmp_path / "log"), 1)
+    held, lost, again = (
+        BinlogPosition(MARIADB, FILE, "binlog.000001", pos, server_id=1) for pos in (400, 900, 1300)
+    )
+    record = PositionRecord("m", log.log_id, [])
+    record.write(log.storage, held, logged=0)  # committed: the log holds 400
+    record.write(log.storage, lost, logged=held.version)  # killed before its commit
+    resumed = PositionRecord.load(log.storage, "m", log.log_id)
+    assert resumed is not None and resumed.at(held.version) == held
+    resumed.write(log.storage, again, logged=held.version)  # killed before its commit too
+    found = PositionRecord.load(log.storage, "m", log.log_id)
+    assert found is not None and found.at(held.version) == held
+    assert found.at(again.version) == again

@@ -797,7 +797,7 @@ class MySqlCapture(CaptureDriver):
                 reset["done_at"] = version
                 self._plan_changed = True
         self._save_plan()
-        self.record.write(self.log.storage, position)
+        self.record.write(self.log.storage, position, logged=self._logged)
         crash_point("capture_noted")
 
     def _commit(self, batch: Batch, position: BinlogPosition, snapshot_rows: int = 0) -> None:

@@ -186,7 +186,8 @@ def record_path(name: str) -> str:
 @dataclass
 class PositionRecord:
     """The positions of a capture's last commits, written before each commit: the one
-    being committed and the one before it (the log holds one of the two)."""
+    being committed and the one the log holds now (after the commit, or a crash before
+    it, the log holds one of the two)."""
 
     name: str
     log_id: str
@@ -208,9 +209,13 @@ class PositionRecord:
         """The recorded position whose version is ``version``."""
         return next((p for p in reversed(self.positions) if p.version == version), None)
 
-    def write(self, storage: Storage, position: BinlogPosition) -> None:
-        """Record ``position`` (about to be committed), keeping the one before it."""
-        kept = [p for p in self.positions if p.version < position.version][-1:]
+    def write(self, storage: Storage, position: BinlogPosition, *, logged: int) -> None:
+        """Record ``position`` (about to be committed), keeping the one of version
+        ``logged``, the log's now. (Keeping merely the newest before ``position`` lost it
+        when a record was written and its commit never made: after a kill between the
+        two, the next run's first record dropped the position the log still held, and
+        the run after that could not resume.)"""
+        kept = [p for p in self.positions if p.version == logged][-1:]
         self.positions = [*kept, position]
         document = {
             "format_version": RECORD_VERSION,
