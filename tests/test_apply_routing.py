@@ -82,6 +82,23 @@ def shop_log(tmp_path: Path) -> tuple[ReplicationLog, dict[str, str]]:
     return log, {"shop.orders": orders, "shop.stock": stock}
 
 
+def routed_batch(spark: Any, events: list[dict[str, Any]], first: int) -> Any:
+    """A micro-batch of ``events`` (shard 0, sequences from ``first``) with their
+    collections and metadata."""
+    numbered = [dict(e, shard=0, sequence=first + n) for n, e in enumerate(events)]
+    return (
+        micro_batch(spark, numbered)
+        .drop("collection", "metadata")
+        .join(
+            spark.createDataFrame(
+                [(e["sequence"], e["collection"], e["metadata"]) for e in numbered],
+                "sequence long, collection string, metadata string",
+            ),
+            "sequence",
+        )
+    )
+
+
 def run(spark: Any, log: ReplicationLog, checkpoint: Path, apply: Any) -> Any:
     query = (
         spark.readStream.format("replog")
@@ -136,18 +153,7 @@ def test_a_replay_after_some_tables_committed_applies_the_rest_once(
     o, s = digests["shop.orders"], digests["shop.stock"]
 
     def frame_of(events: list[dict[str, Any]], first: int) -> Any:
-        numbered = [dict(e, shard=0, sequence=first + n) for n, e in enumerate(events)]
-        return (
-            micro_batch(spark, numbered)
-            .drop("collection", "metadata")
-            .join(
-                spark.createDataFrame(
-                    [(e["sequence"], e["collection"], e["metadata"]) for e in numbered],
-                    "sequence long, collection string, metadata string",
-                ),
-                "sequence",
-            )
-        )
+        return routed_batch(spark, events, first)
 
     frame = frame_of([
         event("shop.orders", {"id": 1}, "insert", {"id": 1, "total": 1}, schema=o),

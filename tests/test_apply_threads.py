@@ -8,8 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_apply_changes import micro_batch
-from test_apply_routing import event, shop_log, state
+from test_apply_routing import event, routed_batch, shop_log, state
 
 import replog.spark.apply as apply_module
 from replog.errors import InjectedFaultError, InvalidOptionError
@@ -19,28 +18,13 @@ from replog.tables.delta import open_table
 pytestmark = pytest.mark.spark
 
 
-def _frame(spark: Any, events: list[dict[str, Any]], first: int) -> Any:
-    numbered = [dict(e, shard=0, sequence=first + n) for n, e in enumerate(events)]
-    return (
-        micro_batch(spark, numbered)
-        .drop("collection", "metadata")
-        .join(
-            spark.createDataFrame(
-                [(e["sequence"], e["collection"], e["metadata"]) for e in numbered],
-                "sequence long, collection string, metadata string",
-            ),
-            "sequence",
-        )
-    )
-
-
 @pytest.mark.parametrize("step", ["apply_before_delta", "apply_after_delta"])
 def test_a_fault_in_a_table_thread_then_a_replay(
     spark: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str
 ) -> None:
     log, digests = shop_log(tmp_path)
     o, s = digests["shop.orders"], digests["shop.stock"]
-    frame = _frame(spark, [
+    frame = routed_batch(spark, [
         event("shop.orders", {"id": 1}, "insert", {"id": 1, "total": 1}, schema=o),
         event("shop.stock", {"sku": "a"}, "insert", {"sku": "a", "count": 1}, schema=s),
         event("shop.orders", {"id": 1}, "update", {"id": 1, "total": 2}, schema=o),
@@ -70,7 +54,7 @@ def test_empty_then_local_batches(spark: Any, tmp_path: Path) -> None:
         event("shop.orders", {"id": 1}, "insert", {"id": 1, "total": 1}, schema=o),
         event("shop.stock", {"sku": "a"}, "insert", {"sku": "a", "count": 1}, schema=s),
     ]
-    frame = _frame(spark, rows, first=0)
+    frame = routed_batch(spark, rows, first=0)
     empty = frame.limit(0)
     found = {}
     for how in ("local", "tasks"):
