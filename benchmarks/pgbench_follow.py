@@ -69,6 +69,15 @@ def children_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
 
+CHECKPOINT_MANAGER = "spark.sql.streaming.checkpointFileManagerClass"
+LOCAL_CHECKPOINTS = (
+    "org.apache.spark.sql.execution.streaming.checkpointing.FileSystemBasedCheckpointFileManager"
+)
+"""Spark's checkpoint files through Hadoop's FileSystem API rather than FileContext: on
+local disk FileContext forks ``readlink`` and ``chmod`` for each offset and commit log
+entry (Hadoop's shell fallback), 90-150 ms of every micro-batch here (OPERATIONS.md)."""
+
+
 def spark_session() -> Any:
     from pyspark.sql import SparkSession
 
@@ -77,6 +86,7 @@ def spark_session() -> Any:
         .config("spark.ui.enabled", "false")
         .config("spark.sql.shuffle.partitions", "2")
         .config("spark.driver.memory", "6g")
+        .config(CHECKPOINT_MANAGER, LOCAL_CHECKPOINTS)
         .getOrCreate()
     )
     spark.sparkContext.setLogLevel("ERROR")
