@@ -127,6 +127,11 @@ class _Router:
             self._handles[target] = found
         return found
 
+    def kept(self, target: str) -> DeltaTable | None:
+        """The handle of ``target`` as :meth:`delta` last left it (this pass's lookup:
+        a refresh reads the table's log directory, ~5 ms a table holding the GIL)."""
+        return self._handles.get(target)
+
     @property
     def routed(self) -> bool:
         return not isinstance(self.target, str) or TEMPLATE in self.target
@@ -390,7 +395,7 @@ def _apply(
             tombstones=settings.tombstones,
             deletion_vectors=settings.deletion_vectors,
             ahead=gathered.ahead,
-            table=router.delta(table.target, settings.storage_options),
+            table=router.kept(table.target),
             coverage=_coverage(settings, router, table, part, found, changes),
         )
         crash_point("apply_after_delta", batch_id)
