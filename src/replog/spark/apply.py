@@ -366,7 +366,7 @@ def _apply(
     if not parts:
         return []
     local = seen.events is not None and seen.events <= LOCAL_EVENTS
-    found = gather(*changes_frame(batch, parts), parts, local=local)
+    found = gather(*changes_frame(batch, parts, flat=not local), parts, local=local)
     seen.events = found.events
     try:
         _check_batch(router, parts, found, strict)
