@@ -188,6 +188,37 @@ def test_every_reader_reads_every_kind_of_change_and_every_older_version(tmp_pat
             assert found == state, (version, name)
 
 
+def test_a_handle_kept_between_batches_and_checkpoints_of_replogs_own_commits(
+    tmp_path: Path,
+) -> None:
+    """apply_changes keeps one handle of a table and refreshes it once per batch, before
+    the batch (never after replog's own commit): every batch's version is the one its
+    commit made, a batch on a handle never refreshed still lands exactly, and a Delta
+    checkpoint is written every ``delta.checkpointInterval`` versions of replog's own."""
+    target = str(tmp_path / "t")
+    model = Model(seed=7)
+    apply(target, model.batch(40, inserts=1), 0)
+    deltalake.DeltaTable(target).alter.set_table_properties({"delta.checkpointInterval": "3"})
+    kept = open_table(target, None)
+    assert kept is not None
+    versions = []
+    for batch_id in range(1, 9):
+        if batch_id % 2:  # as apply_changes' lookup; the even batches on a stale handle
+            kept.update_incremental()
+        done = apply_batch(target, model.batch(20), ["id"], app_id="a", batch_id=batch_id,
+                           table=kept)  # fmt: skip
+        assert done.metrics.get("merge_on_read"), batch_id
+        versions.append(done.table_version)
+        for name, found in readers(target).items():
+            assert found == model.rows, (batch_id, name)
+    fresh = deltalake.DeltaTable(target)
+    assert versions == list(range(versions[0], versions[0] + 8)) and versions[-1] == fresh.version()
+    logged = {p.name for p in (Path(target) / "_delta_log").iterdir()}
+    due = [v for v in versions if v % 3 == 0]
+    assert due and all(f"{v:020d}.checkpoint.parquet" in logged for v in due), sorted(logged)
+    assert fresh.transaction_version("a") == 8
+
+
 def test_a_reader_without_deletion_vector_support_refuses_the_table(tmp_path: Path) -> None:
     target = str(tmp_path / "t")
     model = Model(seed=3)

@@ -283,11 +283,12 @@ def apply_batch(
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
+        version: int = table.version()
     elif metrics.get("merge_on_read"):  # committed by replog, not through this handle
-        table.update_incremental()
-        _after_own_commit(target, table)
-    # else the merge's handle: delta-rs moves it to the version its commit made
-    version: int = table.version()
+        version = metrics.pop(COMMITTED_VERSION)
+        _after_own_commit(target, table, version)
+    else:  # the merge's handle: delta-rs moves it to the version its commit made
+        version = table.version()
     logger.info("apply_changes %s: batch %d -> table version %d", app_id, batch_id, version)
     return Applied(batch_id, False, counted, version, metrics)
 
@@ -442,14 +443,21 @@ Spark's default ``delta.checkpointInterval``): a reader replays at most this man
 commits."""
 
 
-def _after_own_commit(target: str, table: DeltaTable) -> None:
-    """What delta-rs does after its own commits, after replog's: a checkpoint every
+COMMITTED_VERSION = "__version"
+"""Set by :func:`_apply_on_read` in its metrics: the version its commit made."""
+
+
+def _after_own_commit(target: str, table: DeltaTable, version: int) -> None:
+    """What delta-rs does after its own commits, after replog's (``version``; ``table``,
+    the handle, is left before it: the next batch's lookup moves it, and a refresh here
+    cost each table of a follower's batch a read of its log): a checkpoint every
     :data:`CHECKPOINT_INTERVAL` versions; and a purge of deletion vectors and small files
     in the background when enough have gathered (:func:`merge_on_read.purge_later`)."""
     interval = int(
         table.metadata().configuration.get("delta.checkpointInterval", CHECKPOINT_INTERVAL)
     )
-    if table.version() % interval == 0:
+    if version % interval == 0:
+        table.update_incremental()
         table.create_checkpoint()
     root = merge_on_read.local_root(target)
     if root is not None:
@@ -706,7 +714,7 @@ def _apply_on_read(  # noqa: PLR0917 - one batch's parts
         ahead=ahead,
         cuts=options.cuts,
     )
-    return {} if written is None else written.metrics
+    return {} if written is None else {**written.metrics, COMMITTED_VERSION: written.version}
 
 
 TOMBSTONES = "_replog_tombstones"
@@ -732,7 +740,7 @@ def _after_tombstones(
     if graves is not None and source.num_rows:
         seen = rows.keys_as(_stored_rows(graves, source, keys, POSITION), source, keys)
         source = rows.after_positions(source, seen, keys, inclusive=True)
-    deletes = source.filter(pc.field(OPERATION) == DELETE).select([*keys, *POSITION])
+    deletes = source.filter(pc.equal(source.column(OPERATION), DELETE)).select([*keys, *POSITION])
     if deletes.num_rows == 0:
         return source
     if (
