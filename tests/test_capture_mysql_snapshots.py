@@ -247,3 +247,26 @@ def test_chunks_of_a_binary_and_text_key_go_on_from_the_last_key_read(
     reads = [e for e in events(url) if e["op"] == "r"]
     assert sorted(json.loads(e["data"])["v"] for e in reads) == list(range(1, 9))
     assert {json.loads(e["data"])["s"] for e in reads} == {"a", "ü", "", "z", "😀", "'"}
+
+
+def test_chunks_of_float_and_double_keys_go_on_from_the_value_stored(
+    mysql_db: Db, tmp_path: Path
+) -> None:
+    """A chunk's lower bound is its last key as stored: a FLOAT's six-digit text output
+    (0.3 for 0.30000001192092896) bounded below it and read rows again; the double it
+    widens to, as the snapshot selects it, is exact. Every row read once."""
+    mysql_db.sql(
+        "CREATE TABLE f (k float PRIMARY KEY, v int)",
+        "CREATE TABLE d (k double PRIMARY KEY, v int)",
+        f"INSERT INTO f VALUES {', '.join(f'({n / 10}, {n})' for n in range(1, 12))}",
+        f"INSERT INTO d VALUES {', '.join(f'({n / 10 + 1e-9}, {n})' for n in range(1, 12))}",
+    )
+    url = str(tmp_path / "log")
+    run(mysql_db.dsn, url, tables=("f", "d"), snapshot_chunk_rows=3)
+    for table in ("f", "d"):
+        reads = [
+            json.loads(e["data"])
+            for e in events(url)
+            if e["op"] == "r" and e["collection"].endswith(f".{table}")
+        ]
+        assert sorted(r["v"] for r in reads) == list(range(1, 12)), table

@@ -89,6 +89,14 @@ def _key_text(value: Any, kind: str) -> str | None:
     return str(value.decode("utf-8"))
 
 
+def _key_columns(table: TableInfo, selected: list[pa.Array]) -> list[pa.Array]:
+    """A chunk's key columns, in key order, from its row's columns: their text is the next
+    chunk's lower bound (a FLOAT's, the double it widens to: exact, where its own text
+    output, cut to six digits, bounded below the stored value and read a row again)."""
+    at = {c.name: index for index, c in enumerate(table.columns)}
+    return [selected[at[name]] for name in table.key]
+
+
 def _key_param(text: str | None, kind: str) -> Any:
     """The statement's parameter for a key value the plan keeps (:func:`_key_text`)."""
     if text is None:
@@ -146,14 +154,14 @@ class MySqlChunks:
                             table.qualified)  # fmt: skip
                 continue
             self.server.watermark(self.name, mark, "high")
-            count = len(table.key)
+            keys = _key_columns(table, columns)
             read = len(columns[0])
             after = snapshot.after
             if read:
                 kinds = [self._kind(table, k) for k in table.key]
-                last = [column[read - 1].as_py() for column in columns[-count:]]
+                last = [column[read - 1].as_py() for column in keys]
                 after = [_key_text(v, kind) for v, kind in zip(last, kinds, strict=True)]
-            events = self.maker.reads(table, columns[:-count], mark)
+            events = self.maker.reads(table, columns, mark)
             return MySqlChunk(snapshot, table, mark, events, after, read < self.chunk_rows)
         raise CaptureError(
             f"the columns of {table.qualified} changed during each of {ATTEMPTS} reads of a "
@@ -176,8 +184,8 @@ class MySqlChunks:
         return tuple((k, kinds.get(k, "")) for k in table.key)
 
     def _select(self, table: TableInfo, after: list[str | None] | None) -> list[pa.Array]:
-        """The next rows of ``table`` in key order (each column's text, then the key
-        columns' again), column by column: one statement, no lock."""
+        """The next rows of ``table`` in key order (each column's text), column by column:
+        one statement, no lock."""
         keys = ", ".join(identifier(k) for k in table.key)
         columns = ", ".join(select_expression(c) for c in table.columns)
         where, args = "", []
@@ -188,7 +196,7 @@ class MySqlChunks:
                 _key_param(v, self._kind(table, k)) for k, v in zip(table.key, after, strict=True)
             ]
         statement = (
-            f"SELECT {columns}, {keys} FROM {table.sql_name}{where} ORDER BY {keys} "
+            f"SELECT {columns} FROM {table.sql_name}{where} ORDER BY {keys} "
             f"LIMIT {int(self.chunk_rows)}"
         )
         return self._reader.columns(statement, args or None)
