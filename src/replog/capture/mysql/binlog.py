@@ -22,6 +22,7 @@ The library is pinned to the 1.0 line.
 
 from __future__ import annotations
 
+import codecs
 import logging
 import struct
 from collections.abc import Callable, Iterator
@@ -57,6 +58,7 @@ from replog.capture.mysql.columns import (
     MySqlColumn,
     base64_text,
     bits_text,
+    codec,
     decode_text,
     double_text,
     float_text,
@@ -277,6 +279,19 @@ def _string_text(column: Any, fixed: bool) -> Callable[[bytes], str]:
 
         return binary
     encoding = column.character_set_name
+    try:
+        codecs.lookup(codec(encoding))
+    except LookupError:
+        name = column.name
+
+        def unreadable(raw: bytes) -> str:
+            raise CaptureError(
+                f"column {name!r} is in charset {encoding}, which capture cannot decode "
+                f"from the binlog (Python has no codec for it): convert the column to "
+                f"utf8mb4 (ALTER TABLE ... CONVERT TO CHARACTER SET utf8mb4)"
+            )
+
+        return unreadable
     if fixed:
         return lambda raw: quoted(decode_text(raw, encoding).rstrip(" "))
     return lambda raw: quoted(decode_text(raw, encoding))
@@ -409,6 +424,15 @@ class _RowDecoder:
                 found.append((image, None))
             else:
                 found.append((None, image))
+        if at != len(data):  # a slice past the end is short, not an error: never a row
+            raise CaptureError(
+                f"a row event of {event.schema}.{event.table} (ending at binlog offset "
+                f"{event.packet.log_pos}) does not read as its table map describes it: its "
+                f"rows run {at - len(data)} bytes past the event. Capture stops rather than "
+                f"log values it cannot read (a column stored in a format capture does not "
+                f"read, such as MariaDB's temporal format from before 10.1: ALTER TABLE ... "
+                f"FORCE rewrites it; changes made before need a new snapshot of the table)"
+            )
         return found
 
     def _image(self, data: bytes, at: int, present: bytes, partial: bool) -> tuple[list[Any], int]:

@@ -316,11 +316,26 @@ def _mysql_latin1(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error("replog-mysql-latin1", _mysql_latin1)
 
 
+_CODECS = {
+    "utf16": "utf-16-be",
+    "ucs2": "utf-16-be",
+    "utf16le": "utf-16-le",
+    "utf32": "utf-32-be",
+}
+"""MySQL's wide charsets, whose bytes are big-endian unless named ``le`` (Python's
+``utf16`` and ``utf32`` read this machine's order, and it has no ``ucs2``)."""
+
+
+def codec(encoding: str | None) -> str:
+    """The Python codec of a column's charset (as mysql-replication names MySQL's)."""
+    return _CODECS.get(encoding or "", encoding or "utf-8")
+
+
 def decode_text(raw: bytes, encoding: str) -> str:
     """Text of a column in ``encoding`` (as mysql-replication names MySQL's charsets)."""
     if encoding == "cp1252":
         return raw.decode("cp1252", "replog-mysql-latin1")
-    return raw.decode(encoding or "utf-8")
+    return raw.decode(codec(encoding))
 
 
 # -- the snapshot path: the server's text output --------------------------------------------
