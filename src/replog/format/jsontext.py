@@ -169,17 +169,24 @@ def _holds_raw(value: Any) -> bool:
     return False
 
 
-_make_encoder = getattr(json.encoder, "c_make_encoder", None)  # absent from typeshed
-_C_ENCODER = (
-    None
-    if _make_encoder is None
-    else _make_encoder(
-        None, _exact_only, json.encoder.encode_basestring, None, ":", ",", False, False, False
-    )
-)
-"""The C encoder ``json.dumps(..., separators=(",", ":"), ensure_ascii=False,
-allow_nan=False)`` builds on each call, built once (no circular check: the values are
-events' parts, built by replog): half of what encoding an event's metadata cost."""
+class _CompactEncoder:
+    """The C encoder ``json.dumps(..., separators=(",", ":"), ensure_ascii=False,
+    allow_nan=False)`` builds on each call, built once (no circular check: the values are
+    events' parts, built by replog): half of what encoding an event's metadata cost.
+    Pickled as a new one: replog's modules travel to Spark's workers by value, and a C
+    encoder does not pickle."""
+
+    def __init__(self) -> None:
+        make = getattr(json.encoder, "c_make_encoder", None)  # absent from typeshed
+        # markers (none), default, strings, indent, separators; sort, skip keys, NaN: no
+        options = (None, _exact_only, json.encoder.encode_basestring, None, ":", ",")
+        self.encode = None if make is None else make(*options, False, False, False)
+
+    def __reduce__(self) -> tuple[type[_CompactEncoder], tuple[()]]:
+        return (_CompactEncoder, ())
+
+
+_C_ENCODER = _CompactEncoder()
 
 
 def encode(value: Any) -> str:
@@ -191,8 +198,8 @@ def encode(value: Any) -> str:
     if _holds_raw(value):  # pure Python: the C encoder cannot splice text in
         return _encode_exact(value)
     try:  # the C encoder, unless a Decimal needs its exact text
-        if _C_ENCODER is not None:
-            return "".join(_C_ENCODER(value, 0))
+        if _C_ENCODER.encode is not None:
+            return "".join(_C_ENCODER.encode(value, 0))
         return json.dumps(
             value, separators=(",", ":"), ensure_ascii=False, allow_nan=False, default=_exact_only
         )
