@@ -234,8 +234,11 @@ def apply_batch(
     with deletion vectors on local disk; elsewhere they are read back and applied as
     changes). A row of a key that ``changes`` also holds is applied through them.
 
-    ``table``: the table at ``target`` opened already (a follower keeps its handle between
-    batches, :func:`refreshed`); None: it is opened here.
+    ``table``: the table at ``target`` opened already, at its newest version (a follower
+    keeps its handle between batches and moves it with :func:`refreshed` before each:
+    after replog's own merge-on-read commit the handle is left before it, and a stale
+    handle's history would give the batch's coverage an older base); None: it is opened
+    here.
 
     ``coverage``: what of the log and the source the batch holds (its offsets: the last
     sequence per shard); recorded in the commit's info, made cumulative over the table's
