@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from typing import Any
 
 import pymysql
 import pytest
@@ -131,23 +132,29 @@ def test_child_ends_when_capture_is_sigkilled(mysql_db: Db, tmp_path: Path) -> N
         pytest.fail("the reader process outlived its capture")
 
 
+def _chunked(db: Db, tmp_path: Path, table: str, *statements: str) -> list[dict[str, Any]]:
+    """``table`` made by ``statements``, captured in snapshot chunks of 10 rows: its
+    events."""
+    db.sql(*statements)
+    url = str(tmp_path / "log")
+    run(db.dsn, url, tables=(table,), snapshot_chunk_rows=10)
+    return [e for e in events(url) if e["collection"].endswith(f".{table}")]
+
+
 @pytest.mark.parametrize("fast", [True, False])
 def test_bit_key_chunks(
     mysql_db: Db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool
 ) -> None:
     """A BIT(8) primary key, snapshot in chunks of 10: every row once."""
     monkeypatch.setattr(chunk_rows, "CHILD_READER", fast)
-    mysql_db.sql(
+    read = _chunked(
+        mysql_db,
+        tmp_path,
+        "b",
         "CREATE TABLE b (id bit(8) PRIMARY KEY, v int)",
         "INSERT INTO b SELECT seq, seq FROM seq_0_to_255",
     )
-    url = str(tmp_path / "log")
-    run(mysql_db.dsn, url, tables=("b",), snapshot_chunk_rows=10)
-    found = sorted(
-        int(e["data"].split('"v":')[1].split("}")[0].split(",")[0])
-        for e in events(url)
-        if e["collection"].endswith(".b")
-    )
+    found = sorted(int(e["data"].split('"v":')[1].split("}")[0].split(",")[0]) for e in read)
     assert found == list(range(256))
 
 
@@ -175,13 +182,13 @@ def test_a_table_exactly_one_chunk_long(
     mysql_db: Db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fast: bool
 ) -> None:
     monkeypatch.setattr(chunk_rows, "CHILD_READER", fast)
-    mysql_db.sql(
+    found = _chunked(
+        mysql_db,
+        tmp_path,
+        "x",
         "CREATE TABLE x (id varbinary(4) PRIMARY KEY, note varchar(8) CHARACTER SET latin1)",
         "INSERT INTO x SELECT UNHEX(LPAD(HEX(seq * 7), 8, '0')), 'é' FROM seq_1_to_20",
     )
-    url = str(tmp_path / "log")
-    run(mysql_db.dsn, url, tables=("x",), snapshot_chunk_rows=10)
-    found = [e for e in events(url) if e["collection"].endswith(".x")]
     assert len(found) == 20 and len({e["key"] for e in found}) == 20
     assert all('"é"' in e["data"] for e in found)
 
