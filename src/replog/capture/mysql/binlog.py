@@ -28,7 +28,7 @@ import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import pymysql
 from pymysqlreplication import BinLogStreamReader
@@ -376,8 +376,9 @@ def _bit(bitmap: bytes, index: int) -> int:
     return bitmap[index >> 3] & (1 << (index & 7))
 
 
-def _count_bits(bitmap: bytes) -> int:
-    return sum(bin(byte).count("1") for byte in bitmap)
+def _bitmap_size(present: bytes) -> int:
+    """Bytes of a row image's NULL bitmap: a bit per column present."""
+    return (sum(bin(byte).count("1") for byte in present) + 7) // 8
 
 
 def _length_coded(data: bytes, at: int) -> tuple[int, int]:
@@ -415,10 +416,12 @@ class _RowDecoder:
         present = event.columns_present_bitmap
         found: list[tuple[list[Any] | None, list[Any] | None]] = []
         at = 0
+        after_present = event.columns_present_bitmap2 if update else present
+        nulls, after_nulls = _bitmap_size(present), _bitmap_size(after_present)
         while at < len(data):
-            image, at = self._image(data, at, present, False)
+            image, at = self._image(data, at, present, nulls, False)
             if update:
-                after, at = self._image(data, at, event.columns_present_bitmap2, partial)
+                after, at = self._image(data, at, after_present, after_nulls, partial)
                 found.append((image, after))
             elif isinstance(event, DeleteRowsEvent):
                 found.append((image, None))
@@ -435,14 +438,15 @@ class _RowDecoder:
             )
         return found
 
-    def _image(self, data: bytes, at: int, present: bytes, partial: bool) -> tuple[list[Any], int]:
+    def _image(
+        self, data: bytes, at: int, present: bytes, size: int, partial: bool
+    ) -> tuple[list[Any], int]:
         partial_bitmap = None
         if partial:  # an update's after image may hold JSON diffs (PARTIAL_JSON)
             options, at = _length_coded(data, at)
             if options & 0b10000001:
-                size = (self.json_count + 7) // 8
-                partial_bitmap, at = data[at : at + size], at + size
-        size = (_count_bits(present) + 7) // 8
+                width = (self.json_count + 7) // 8
+                partial_bitmap, at = data[at : at + width], at + width
         nulls, at = data[at : at + size], at + size
         values: list[Any] = []
         null_index = json_index = 0
@@ -621,21 +625,30 @@ _BINLOG_TYPES = {
     FIELD_TYPE.JSON: "json",
 }
 
+_T = TypeVar("_T")
+_PER_TABLE_KEPT = 10_000
+
+
+def _per_table(cache: dict[int, tuple[Any, _T]], table: Any, make: Callable[[Any], _T]) -> _T:
+    """What ``make`` gives for a table map's table, once per table object (the same
+    object for the same map: :func:`_table_map`)."""
+    cached = cache.get(id(table))
+    if cached is not None and cached[0] is table:
+        return cached[1]
+    if len(cache) > _PER_TABLE_KEPT:
+        cache.clear()
+    made = make(table)
+    cache[id(table)] = (table, made)
+    return made
+
+
 _described: dict[int, tuple[Any, tuple[MySqlColumn, ...]]] = {}
 _decoders: dict[int, tuple[Any, _RowDecoder]] = {}
 
 
 def _decoder(table: Any) -> _RowDecoder:
-    """The row decoder of a table map's table (the same object for the same map:
-    :func:`_table_map`)."""
-    cached = _decoders.get(id(table))
-    if cached is not None and cached[0] is table:
-        return cached[1]
-    if len(_decoders) > 10_000:
-        _decoders.clear()
-    decoder = _RowDecoder(table)
-    _decoders[id(table)] = (table, decoder)
-    return decoder
+    """The row decoder of a table map's table."""
+    return _per_table(_decoders, table, _RowDecoder)
 
 
 def binlog_columns(
@@ -643,15 +656,11 @@ def binlog_columns(
 ) -> tuple[MySqlColumn, ...]:
     """The columns a table map describes (``binlog_row_metadata=FULL``: names, signedness,
     charsets, ENUM/SET members). ``json_columns``: MariaDB's JSON columns (LONGTEXT)."""
-    cached = _described.get(id(table))
-    if cached is not None and cached[0] is table and not json_columns:
-        return cached[1]
-    columns = tuple(_binlog_column(c, json_columns) for c in table.columns)
-    if not json_columns:
-        if len(_described) > 10_000:
-            _described.clear()
-        _described[id(table)] = (table, columns)
-    return columns
+    if json_columns:
+        return tuple(_binlog_column(c, json_columns) for c in table.columns)
+    return _per_table(
+        _described, table, lambda t: tuple(_binlog_column(c, json_columns) for c in t.columns)
+    )
 
 
 def _binlog_column(column: Any, json_columns: frozenset[str]) -> MySqlColumn:  # noqa: C901, PLR0911 - one return per column kind
