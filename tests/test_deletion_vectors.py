@@ -219,6 +219,59 @@ def test_a_handle_kept_between_batches_and_checkpoints_of_replogs_own_commits(
     assert fresh.transaction_version("a") == 8
 
 
+def test_new_keys_are_appended_by_replogs_writer_in_one_commit_a_replay_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch of keys no file holds (a follower's inserts, pgbench_history's rows) is one
+    ``WRITE`` commit of replog's own (no read of the log through delta-rs), with the batch's
+    transaction and file statistics: every reader reads it, a replay adds nothing, a crash
+    before its commit leaves the table as it was, and a column it adds is added first."""
+    target = str(tmp_path / "t")
+    model = Model(seed=43)
+    apply(target, model.batch(30, inserts=1), 0)
+    batches = [model.batch(20, inserts=1), model.batch(20, inserts=1)]
+    for batch_id, batch in enumerate(batches, start=1):
+        done = apply(target, batch, batch_id)
+        assert done.metrics.get("appended") and done.metrics.get("merge_on_read"), done.metrics
+        assert done.metrics["num_target_rows_inserted"] == 20
+    for name, found in readers(target).items():
+        assert found == model.rows, name
+    table = open_table(target, None)
+    assert table is not None
+    newest = table.history(limit=1)[0]
+    assert (newest["operation"], newest["engineInfo"]) == ("WRITE", "replog")
+    assert table.transaction_version("a") == 2
+    stats = pa.table(table.get_add_actions(flatten=True))
+    assert stats.column("min.id").null_count == 0  # the next batch's pruning needs them
+    version = table.version()
+    assert apply(target, batches[1], 2).skipped
+    assert open_table(target, None).version() == version  # type: ignore[union-attr]
+
+    batch = model.batch(10, inserts=1)
+
+    def crash(self: DeltaLog, version: int, actions: Any) -> None:
+        raise KeyboardInterrupt("killed before the commit")
+
+    monkeypatch.setattr(DeltaLog, "commit", crash)
+    with pytest.raises(KeyboardInterrupt):
+        apply(target, batch, 3)
+    monkeypatch.undo()
+    merge_on_read._TABLES.clear()
+    assert open_table(target, None).version() == version  # type: ignore[union-attr]
+    assert apply(target, batch, 3).metrics["appended"]
+    files = len(deltalake.DeltaTable(target).file_uris())
+    gone = apply(target, batch_of([{"id": 9_999, "seq": 9_999, "op": "delete"}]), 4)
+    assert gone.metrics["num_target_rows_inserted"] == 0  # a key never held: no empty file
+    assert len(deltalake.DeltaTable(target).file_uris()) == files
+    wider = batch_of([{"id": 10_000, "name": "w", "body": "b", "seq": 10_000, "op": "insert"}])
+    wider = wider.append_column("extra", pa.array(["x"]))
+    assert apply(target, wider, 5).metrics["appended"]
+    found = polars.read_delta(target).to_dicts()
+    assert {r["id"]: (r["name"], r["body"]) for r in found} == {**model.rows, 10_000: ("w", "b")}
+    assert [r["extra"] for r in found if r["id"] == 10_000] == ["x"]
+    assert sum(r["extra"] is None for r in found) == len(model.rows)
+
+
 def test_a_reader_without_deletion_vector_support_refuses_the_table(tmp_path: Path) -> None:
     target = str(tmp_path / "t")
     model = Model(seed=3)

@@ -492,10 +492,15 @@ def _write(
         assert on_read is not None
         return _apply_on_read(on_read, table, source, keys, options, ahead)
     fill = _defaults_to_fill(table, source, options)
+    on_read = _merge_on_read(target, table, options)
     if not fill and not options.cuts and _no_key_held(table, source, keys):  # new keys only
-        return _append(table, source.filter(plan.initial).drop_columns([plan.marker]), commit)
-    on_read = _merge_on_read(target, table, options) if plan.marker == OPERATION else None
-    if not fill and on_read is not None:
+        appended = source.filter(plan.initial).drop_columns([plan.marker])
+        return (
+            _append(table, appended, commit)
+            if on_read is None
+            else _apply_on_read(on_read, table, appended, keys, options, append=True)
+        )
+    if not fill and on_read is not None and plan.marker == OPERATION:
         return _apply_on_read(on_read, table, source, keys, options)
     values = {quoted(c): f"s.{quoted(c)}" for c in source.column_names if c != plan.marker}
     on = " AND ".join(f"t.{quoted(k)} = s.{quoted(k)}" for k in keys)
@@ -696,8 +701,11 @@ def _apply_on_read(  # noqa: PLR0917 - one batch's parts
     keys: Sequence[str],
     options: _Options,
     ahead: merge_on_read.Ahead | None = None,
+    *,
+    append: bool = False,
 ) -> dict[str, Any]:
-    """A scd1 batch written merge-on-read; columns it adds are added first (their own
+    """A scd1 batch written merge-on-read, or (``append``) rows of keys no file holds (scd1
+    or scd2) appended by replog's writer; columns it adds are added first (their own
     commit, as :func:`_defaults_to_fill` adds a column with a default)."""
     schema = table_schema(table)
     added = [f for f in source.schema if f.name not in schema.names and f.name != OPERATION]
@@ -707,15 +715,13 @@ def _apply_on_read(  # noqa: PLR0917 - one batch's parts
         table.update_incremental()
         schema = table_schema(table)
     source = rows.align(source, schema)
-    written = merge_on_read.apply_scd1(
-        on_read,
-        source,
-        keys,
-        schema,
-        txn=(options.app_id, options.batch_id),
-        info=_info(options),
-        ahead=ahead,
-        cuts=options.cuts,
+    txn, info = (options.app_id, options.batch_id), _info(options)
+    written = (
+        merge_on_read.append(on_read, source, schema, txn=txn, info=info)
+        if append
+        else merge_on_read.apply_scd1(
+            on_read, source, keys, schema, txn=txn, info=info, ahead=ahead, cuts=options.cuts
+        )
     )
     return {} if written is None else {**written.metrics, COMMITTED_VERSION: written.version}
 

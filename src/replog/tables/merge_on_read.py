@@ -574,6 +574,52 @@ def apply_scd1(
     batch's truncates remove (``cuts``). Starts over when another
     writer commits first. None: ``txn`` is committed already (the files written ahead
     are then deleted: a replay's, never referenced)."""
+    return _commit_batch(
+        target,
+        "MERGE",
+        lambda state: _batch_actions(target, state, source, keys, schema, ahead, cuts),
+        txn=txn,
+        info=info,
+        ahead=ahead,
+    )
+
+
+def append(
+    target: Table,
+    data: pa.Table,
+    schema: pa.Schema,
+    *,
+    txn: tuple[str, int],
+    info: Mapping[str, Any],
+) -> Written | None:
+    """Append ``data`` (rows of keys no file holds, columns aligned to ``schema``, the
+    table's) as one new file (none when it is empty) in one commit carrying ``txn``, as
+    ``write_deltalake`` would without reading the table's log again. None: ``txn`` is
+    committed already."""
+
+    def batch(state: LogState) -> tuple[list[dict[str, Any]], list[str], dict[str, Any]]:
+        metrics = {"num_target_rows_inserted": data.num_rows, "appended": True}
+        if data.num_rows == 0:  # deletes of keys never held: the transaction alone
+            return [], [], metrics
+        add = write_file(target.storage, data.select(schema.names).cast(schema))
+        return [{"add": add}], [add["path"]], metrics
+
+    return _commit_batch(target, "WRITE", batch, txn=txn, info=info)
+
+
+def _commit_batch(
+    target: Table,
+    operation: str,
+    batch: Callable[[LogState], tuple[list[dict[str, Any]], list[str], dict[str, Any]]],
+    *,
+    txn: tuple[str, int],
+    info: Mapping[str, Any],
+    ahead: Ahead | None = None,
+) -> Written | None:
+    """Commit the file actions ``batch`` makes from the table's newest state (and the
+    files it wrote for them, and its metrics) with ``txn``; starts over when another writer
+    commits first. None: ``txn`` is committed already (the files written ``ahead`` are
+    then deleted: a replay's, never referenced)."""
     for attempt in range(COMMIT_ATTEMPTS):
         with target.lock:
             state = target.log.state()
@@ -581,12 +627,10 @@ def apply_scd1(
                 if ahead is not None:
                     target.storage.delete_many(ahead.paths)
                 return None
-            actions, written, metrics = _batch_actions(
-                target, state, source, keys, schema, ahead, cuts
-            )
+            actions, written, metrics = batch(state)
             crash_point("apply_deletion_vectors", txn[1])
             actions = [
-                commit_info("MERGE", state.version, operationMetrics=_shown(metrics), **info),
+                commit_info(operation, state.version, operationMetrics=_shown(metrics), **info),
                 {"txn": {"appId": txn[0], "version": txn[1], "lastUpdated": _now_ms()}},
                 *actions,
             ]
@@ -601,7 +645,7 @@ def apply_scd1(
                 target.storage.delete_many(written)  # never referenced
                 continue
             _delete_unused(target, ahead, actions)
-            return Written(version, metrics)
+            return Written(version, metrics | {"merge_on_read": True})
     raise CommitConflictError(
         f"{target.root}: lost the commit race {COMMIT_ATTEMPTS} times in a row"
     )
@@ -698,7 +742,6 @@ def _batch_actions(  # noqa: PLR0917 - one batch's parts
         "num_target_rows_truncated": sum(len(rows) for rows in truncated.values()),
         "num_target_files_scanned": len(found.files),
         "num_deletion_vectors_written": sum(1 for a in marked if "add" in a),
-        "merge_on_read": True,
         **ahead_metrics,
     }
     return actions, written, metrics
