@@ -542,13 +542,20 @@ def _defaults_to_fill(table: DeltaTable, source: pa.Table, options: _Options) ->
         note = {"app_id": options.app_id, "batch_id": options.batch_id, "sql": sql}
         added.append(pa.field(name, kind, metadata={FILL_INFO: json.dumps(note)}))
     if added:
-        empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
-        _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
-        table.update_incremental()
+        _add_columns(table, schema, added)
         for field in added:
             fill[quoted(field.name)] = json.loads(field.metadata[FILL_INFO.encode()])["sql"]
         logger.info("apply_changes: columns %s added, defaults filled", [f.name for f in added])
     return fill
+
+
+def _add_columns(table: DeltaTable, schema: pa.Schema, added: Sequence[pa.Field]) -> None:
+    """Add ``added`` to ``table`` (of ``schema``) in a commit of their own; the handle
+    moved to it."""
+    _after_purge(table)
+    empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
+    _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
+    table.update_incremental()
 
 
 def _create(  # noqa: PLR0917 - one batch's parts
@@ -710,9 +717,7 @@ def _apply_on_read(  # noqa: PLR0917 - one batch's parts
     schema = table_schema(table)
     added = [f for f in source.schema if f.name not in schema.names and f.name != OPERATION]
     if added:
-        empty = pa.schema([*(f.with_nullable(True) for f in schema), *added]).empty_table()
-        _deltalake().write_deltalake(table, empty, mode="append", schema_mode="merge")
-        table.update_incremental()
+        _add_columns(table, schema, added)
         schema = table_schema(table)
     source = rows.align(source, schema)
     txn, info = (options.app_id, options.batch_id), _info(options)
@@ -784,10 +789,22 @@ class Clause(NamedTuple):
     values: Mapping[str, str]
 
 
+def _after_purge(table: DeltaTable) -> None:
+    """Before delta-rs writes ``table``: wait for this process's background purge of it
+    (started after replog's own commits: :func:`_after_own_commit`) and move the handle
+    past the purge's commit. delta-rs refuses a commit when another came after the version
+    it read ("a concurrent transaction added new data"); a purge changes no row, so what
+    the batch made of the table before it stays right."""
+    root = merge_on_read.local_root(table.table_uri)
+    if root is not None and merge_on_read.purge_done(root):
+        table.update_incremental()
+
+
 def _merge(
     table: DeltaTable, source: pa.Table, predicate: str, clauses: Sequence[Clause], commit: Any
 ) -> dict[str, Any]:
     """Merge ``source`` (alias ``s``) into ``table`` (alias ``t``) in one commit."""
+    _after_purge(table)
     merger = table.merge(
         source,
         predicate,

@@ -36,6 +36,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pyarrow as pa
@@ -80,8 +81,8 @@ def local_root(target: str) -> str | None:
     """The local folder of ``target`` (a path or ``file://`` URL), None elsewhere: replog
     writes deletion vectors where its storage has an atomic create that delta-rs's own
     commits respect (local disk: both create commit files with a no-replace link)."""
-    if target.startswith("file://"):
-        return target[len("file://") :]
+    if target.startswith("file://"):  # as delta-rs gives a table's URI: quoted, a "/" last
+        return os.path.abspath(unquote(target[len("file://") :]))
     if "://" in target:
         return None
     return os.path.abspath(target)
@@ -148,6 +149,18 @@ def table(root: str) -> Table:
         if root not in _TABLES:
             _TABLES[root] = Table(root)
         return _TABLES[root]
+
+
+def purge_done(root: str) -> bool:
+    """Wait for this process's background purge of the table at ``root``, if it ever ran
+    one (:func:`purge_later`); whether it did."""
+    with _TABLES_LOCK:
+        found = _TABLES.get(root)
+    purging = None if found is None else found.purging
+    if purging is None:
+        return False
+    purging.join()
+    return True
 
 
 class _Cache:
