@@ -119,8 +119,8 @@ def test_writes_racing_each_watermark_are_taken_as_the_newer_state(
         if side == "low":
             mysql_db.sql("UPDATE t SET v = 100 WHERE id = 5", "DELETE FROM t WHERE id = 6")
 
-    def after_read(self: MySqlChunks, table: Any, after: Any) -> Any:
-        rows = select(self, table, after)
+    def after_read(self: MySqlChunks, table: Any, after: Any, limit: int) -> Any:
+        rows = select(self, table, after, limit)
         mysql_db.sql("UPDATE t SET v = 200 WHERE id = 7", "INSERT INTO t VALUES (51, 1, 'x')")
         return rows
 

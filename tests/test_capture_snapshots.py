@@ -12,10 +12,11 @@ from typing import Any
 
 import psycopg
 import pytest
-from support.capture import query, run, sql
+from support.capture import captured, query, run, sql
 from support.cli import replog
 from support.logcheck import check_log
 
+from replog.capture import chunk_sizes
 from replog.capture.options import CaptureOptions
 from replog.capture.postgres import PostgresCapture
 from replog.capture.snapshot import SnapshotPlan, request_snapshot
@@ -239,6 +240,40 @@ def test_a_snapshot_killed_between_chunks_goes_on_from_the_last_committed_one(
     assert chunks == [[str(n * 50)] for n in range(1, 6)]  # one new chunk per run
     run(pg_dsn, url, tables=("t",), snapshot_chunk_rows=50)
     assert _check_equal_and_in_order(url, pg_dsn, "true") == ROWS
+
+
+def test_wide_rows_are_read_in_short_chunks_narrow_rows_in_long_ones(
+    pg_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A chunk holds about CHUNK_BYTES of row text (memory flat in the width of the rows):
+    each snapshot commit of a table of 20 KB rows holds about that many bytes of them,
+    while a table of narrow rows is read in chunks of --snapshot-chunk-rows; every row
+    once."""
+    monkeypatch.setattr(chunk_sizes, "CHUNK_BYTES", 256 << 10)
+    monkeypatch.setattr(chunk_sizes, "FIRST_CHUNK_ROWS", 20)
+    sql(
+        pg_dsn,
+        "CREATE TABLE wide (id int PRIMARY KEY, body text)",
+        "ALTER TABLE wide ALTER COLUMN body SET STORAGE EXTERNAL",  # not compressed
+        "INSERT INTO wide SELECT g, repeat(md5(g::text), 640) FROM generate_series(1, 200) g",
+        "CREATE TABLE narrow (id int PRIMARY KEY, v int)",
+        "INSERT INTO narrow SELECT g, g FROM generate_series(1, 1000) g",
+    )
+    url = str(tmp_path / "log")
+    run(pg_dsn, url, tables=("wide", "narrow"), snapshot_chunk_rows=300)
+    events = captured(ReplicationLog.open(url))
+    per_commit: dict[tuple[str, int], int] = {}
+    for event in events:
+        assert event["op"] == "r"
+        name = event["collection"].split(".")[-1]
+        per_commit[(name, event["version"])] = per_commit.get((name, event["version"]), 0) + 1
+    wide = [n for (name, _), n in sorted(per_commit.items()) if name == "wide"]
+    narrow = [n for (name, _), n in sorted(per_commit.items()) if name == "narrow"]
+    assert sum(wide) == 200 and sum(narrow) == 1000
+    assert len({(e["collection"], e["key"]) for e in events}) == 1200  # every row once
+    # 20,480-byte rows, 256 KiB a chunk: 12 rows (13 at most with the key's bytes)
+    assert wide[0] == 20 and all(n <= 13 for n in wide[1:-1]) and len(wide) > 10, wide
+    assert narrow[0] == 20 and narrow[1:4] == [300, 300, 300], narrow
 
 
 def test_a_snapshot_read_by_several_workers_while_changes_race_it_is_exact(

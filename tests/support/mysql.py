@@ -138,11 +138,11 @@ def racing_chunks(
     select = MySqlChunks._select
     calls: list[int] = []
 
-    def racing(self: MySqlChunks, table: Any, last: Any) -> Any:
+    def racing(self: MySqlChunks, table: Any, last: Any, limit: int) -> Any:
         calls.append(1)
         if before and len(calls) in before:
             before[len(calls)]()
-        rows = select(self, table, last)
+        rows = select(self, table, last, limit)
         if after and len(calls) in after:
             after[len(calls)]()
         return rows

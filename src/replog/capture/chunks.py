@@ -31,6 +31,7 @@ from typing import Any
 import psycopg
 import pyarrow as pa
 
+from replog.capture.chunk_sizes import ChunkSizes
 from replog.capture.events import ChunkRows, EventMaker
 from replog.capture.options import DEFAULT_CHUNK_ROWS
 from replog.capture.reads import Key, RelationGone, TableRows, last_key, next_leaf, no_rows
@@ -139,7 +140,7 @@ class ChunkReader:
     ) -> None:
         self.source = source
         self.maker = maker
-        self.chunk_rows = chunk_rows
+        self.sizes = ChunkSizes(chunk_rows)
         self.worker_count = workers
         self._workers: RangeReaders | None = None
         self._connection: psycopg.Connection[Any] | None = None
@@ -224,19 +225,24 @@ class ChunkReader:
         """The chunk's read events, the last key read (key order) or the next block
         (physical order), and whether the table (or partition) was read to its end."""
         relation = snapshot.relation or table.oid
+        chunk_rows = self.sizes.rows(table.qualified)
         if not table.key_indexed:
-            rows, block, finished = self._by_block(snapshot, table, relation)
+            rows, block, finished = self._by_block(snapshot, table, relation, chunk_rows)
+            self.sizes.learn(table.qualified, rows.num_rows, rows.nbytes)
             return self.maker.reads(table, rows, low), None, block, finished
         if self.worker_count > 1:
-            events, after, finished = self._by_key_ranges(snapshot, table, relation, low)
+            events, after, finished = self._by_key_ranges(
+                snapshot, table, relation, low, chunk_rows
+            )
             return events, after, _NO_BLOCK, finished
-        rows = self.rows.key_range(table, relation, snapshot.after, None, self.chunk_rows)
+        rows = self.rows.key_range(table, relation, snapshot.after, None, chunk_rows)
+        self.sizes.learn(table.qualified, rows.num_rows, rows.nbytes)
         after = last_key(table, rows) or snapshot.after
-        finished = rows.num_rows < self.chunk_rows
+        finished = rows.num_rows < chunk_rows
         return self.maker.reads(table, rows, low), after, _NO_BLOCK, finished
 
     def _by_key_ranges(
-        self, snapshot: TableSnapshot, table: Table, relation: int, low: int
+        self, snapshot: TableSnapshot, table: Table, relation: int, low: int, chunk_rows: int
     ) -> tuple[ChunkRows, Key | None, bool]:
         """The next ``workers`` x ``chunk_rows`` rows, cut into ranges at every
         ``chunk_rows``-th key (the last range ending at the table's last key when fewer
@@ -244,17 +250,18 @@ class ChunkReader:
         if self._workers is None:
             self._workers = RangeReaders(self.source.options, self.worker_count)
         count = self._workers.count
-        cuts, last = self.rows.key_cuts(table, relation, snapshot.after, self.chunk_rows, count)
+        cuts, last = self.rows.key_cuts(table, relation, snapshot.after, chunk_rows, count)
         ends = [*cuts, last] if last is not None and last not in cuts else cuts
         if not ends:
             return ChunkRows.empty(), snapshot.after, True
         starts = [snapshot.after, *ends[:-1]]
         found = self._workers.read(table, relation, list(zip(starts, ends, strict=True)), low)
         events = ChunkRows.joined([reads for reads, _ in found])
+        self.sizes.learn(table.qualified, len(events), events.nbytes)
         return events, ends[-1], len(cuts) < count
 
     def _by_block(
-        self, snapshot: TableSnapshot, table: Table, relation: int
+        self, snapshot: TableSnapshot, table: Table, relation: int, chunk_rows: int
     ) -> tuple[pa.Table, Block, bool]:
         """A table whose key is no unique index of NOT NULL columns is read in physical
         order, a range of blocks of one leaf relation at a time, leaves in the order of
@@ -266,9 +273,7 @@ class ChunkReader:
             leaf, block, filenode = next_leaf(leaves, leaf) or 0, 0, 0
         while leaf:
             try:
-                rows, end, filenode = self.rows.blocks(
-                    table, leaf, block, self.chunk_rows, filenode
-                )
+                rows, end, filenode = self.rows.blocks(table, leaf, block, chunk_rows, filenode)
             except RelationGone:  # detached and dropped between two looks
                 rows, end = no_rows(table), block
             if rows.num_rows or end > block:

@@ -295,6 +295,11 @@ class ChunkRows:
     def __len__(self) -> int:
         return len(self._index)
 
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its keys and row JSON (about twice the rows' text)."""
+        return int(self._keys.nbytes + self._data.nbytes)
+
     def __contains__(self, key: object) -> bool:
         return key in self._index
 

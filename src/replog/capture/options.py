@@ -12,8 +12,9 @@ SNAPSHOT_MODES = ("initial", "never")
 DEFAULT_MAX_CHANGES = 20_000
 """Changes read from the slot per log commit (more when one transaction is bigger: a
 transaction is never split)."""
-DEFAULT_CHUNK_ROWS = 20_000
-"""Rows a snapshot reads per chunk (between two watermarks; one commit of the log)."""
+DEFAULT_CHUNK_ROWS = 100_000
+"""Rows a snapshot reads per chunk at most (between two watermarks; one commit of the log):
+fewer when the table's rows are wide (:mod:`replog.capture.chunk_sizes`)."""
 DEFAULT_STAGE_EVENTS = 20_000
 """Events a capture holds in memory before it stages them as segment files (a large
 transaction is committed once, from the files staged as it was decoded)."""

@@ -213,8 +213,8 @@ def _capture_commands(command: _Command) -> None:
         "--snapshot-chunk-rows",
         type=int,
         default=DEFAULT_CHUNK_ROWS,
-        help=f"rows a snapshot reads per chunk, each chunk one commit (default "
-        f"{DEFAULT_CHUNK_ROWS})",
+        help=f"rows a snapshot reads per chunk at most, each chunk one commit (default "
+        f"{DEFAULT_CHUNK_ROWS}; fewer when rows are wide: a chunk holds about 16 MiB)",
     )
     p.add_argument(
         "--snapshot-workers",

@@ -26,6 +26,7 @@ from typing import Any
 import pyarrow as pa
 import pymysql
 
+from replog.capture.chunk_sizes import ChunkSizes
 from replog.capture.events import ChunkRows
 from replog.capture.mysql.columns import BINARIES, identifier, select_expression
 from replog.capture.mysql.events import MySqlEvents
@@ -116,7 +117,7 @@ class MySqlChunks:
         self.server = server
         self.maker = maker
         self.name = name
-        self.chunk_rows = chunk_rows
+        self.sizes = ChunkSizes(chunk_rows)
         self._reader = RowReader(server.dsn)
 
     def close(self) -> None:
@@ -140,8 +141,9 @@ class MySqlChunks:
             table = described
             mark = uuid.uuid4().hex
             self.server.watermark(self.name, mark, "low")
+            limit = self.sizes.rows(table.qualified)
             try:
-                columns = self._select(table, snapshot.after)
+                columns = self._select(table, snapshot.after, limit)
             except pymysql.err.MySQLError as exc:
                 if exc.args and exc.args[0] in _MOVED:
                     logger.info("%s changed while a chunk was read (%s): read again",
@@ -156,13 +158,14 @@ class MySqlChunks:
             self.server.watermark(self.name, mark, "high")
             keys = _key_columns(table, columns)
             read = len(columns[0])
+            self.sizes.learn(table.qualified, read, sum(column.nbytes for column in columns))
             after = snapshot.after
             if read:
                 kinds = [self._kind(table, k) for k in table.key]
                 last = [column[read - 1].as_py() for column in keys]
                 after = [_key_text(v, kind) for v, kind in zip(last, kinds, strict=True)]
             events = self.maker.reads(table, columns, mark)
-            return MySqlChunk(snapshot, table, mark, events, after, read < self.chunk_rows)
+            return MySqlChunk(snapshot, table, mark, events, after, read < limit)
         raise CaptureError(
             f"the columns of {table.qualified} changed during each of {ATTEMPTS} reads of a "
             f"snapshot chunk: capture stops rather than read rows of a shape it cannot name "
@@ -183,9 +186,11 @@ class MySqlChunks:
         kinds = {c.name: c.kind for c in table.columns}
         return tuple((k, kinds.get(k, "")) for k in table.key)
 
-    def _select(self, table: TableInfo, after: list[str | None] | None) -> list[pa.Array]:
-        """The next rows of ``table`` in key order (each column's text), column by column:
-        one statement, no lock."""
+    def _select(
+        self, table: TableInfo, after: list[str | None] | None, limit: int
+    ) -> list[pa.Array]:
+        """The next ``limit`` rows of ``table`` in key order (each column's text), column
+        by column: one statement, no lock."""
         keys = ", ".join(identifier(k) for k in table.key)
         columns = ", ".join(select_expression(c) for c in table.columns)
         where, args = "", []
@@ -197,6 +202,6 @@ class MySqlChunks:
             ]
         statement = (
             f"SELECT {columns} FROM {table.sql_name}{where} ORDER BY {keys} "
-            f"LIMIT {int(self.chunk_rows)}"
+            f"LIMIT {int(limit)}"
         )
         return self._reader.columns(statement, args or None)
