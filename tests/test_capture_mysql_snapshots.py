@@ -19,6 +19,7 @@ from support.mysql import Db, events, log_rows, run, source_rows
 from test_capture_mysql_adversity import following
 from test_cli_output import validate
 
+from replog.capture import chunk_sizes
 from replog.capture.mysql import rows as chunk_rows
 from replog.capture.mysql.chunks import MySqlChunks
 from replog.capture.mysql.options import Dsn
@@ -270,3 +271,31 @@ def test_chunks_of_float_and_double_keys_go_on_from_the_value_stored(
             if e["op"] == "r" and e["collection"].endswith(f".{table}")
         ]
         assert sorted(r["v"] for r in reads) == list(range(1, 12)), table
+
+
+def test_wide_rows_are_read_in_short_chunks_narrow_rows_in_long_ones(
+    mysql_db: Db, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As for PostgreSQL: a chunk holds about CHUNK_BYTES of row text (a table's first
+    chunk FIRST_CHUNK_ROWS rows), at most --snapshot-chunk-rows; every row once."""
+    monkeypatch.setattr(chunk_sizes, "CHUNK_BYTES", 256 << 10)
+    monkeypatch.setattr(chunk_sizes, "FIRST_CHUNK_ROWS", 20)
+    mysql_db.sql(
+        "CREATE TABLE wide (id int PRIMARY KEY, body longtext)",
+        "INSERT INTO wide SELECT seq, REPEAT(MD5(seq), 640) FROM seq_1_to_200",
+        "CREATE TABLE narrow (id int PRIMARY KEY, v int)",
+        "INSERT INTO narrow SELECT seq, seq FROM seq_1_to_1000",
+    )
+    url = str(tmp_path / "log")
+    run(mysql_db.dsn, url, tables=("wide", "narrow"), snapshot_chunk_rows=300)
+    found = events(url)
+    per_commit: Counter[tuple[str, int]] = Counter(
+        (e["collection"].split(".")[-1], e["version"]) for e in found if e["op"] == "r"
+    )
+    wide = [n for (name, _), n in sorted(per_commit.items()) if name == "wide"]
+    narrow = [n for (name, _), n in sorted(per_commit.items()) if name == "narrow"]
+    assert sum(wide) == 200 and sum(narrow) == 1000
+    assert len({(e["collection"], e["key"]) for e in found}) == 1200  # every row once
+    # 20,480-byte rows, 256 KiB a chunk: 12 rows (13 at most with the key's bytes)
+    assert wide[0] == 20 and all(n <= 13 for n in wide[1:-1]) and len(wide) > 10, wide
+    assert narrow[0] == 20 and narrow[1:4] == [300, 300, 300], narrow
