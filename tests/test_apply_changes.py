@@ -1138,10 +1138,58 @@ def test_a_task_reads_each_events_source_and_position_as_the_core_does() -> None
         [pa.array(range(len(texts))), texts], names=["n", changes._METADATA]
     )
     found = changes._with_positions(batch)
-    assert found.schema.names == ["n", changes._POSITION, changes._SOURCE]
+    assert found.schema.names == [
+        "n", changes._POSITION, changes._SOURCE, rows.UNSENT, rows.OLD_KEY
+    ]  # fmt: skip
     assert found.column(changes._POSITION).to_pylist() == event_positions(texts).to_pylist()
     assert found.column(changes._SOURCE).to_pylist() == event_sources(texts).to_pylist()
     assert found.column(changes._POSITION)[3].as_py() == 1234
     assert found.column(changes._SOURCE)[2].as_py() == "postgresql:cap"
     empty = changes._with_positions(batch.slice(0, 0))
     assert empty.num_rows == 0 and empty.schema.names == found.schema.names
+
+
+MARKED_TEXTS = [
+    None,
+    "{}",
+    '{"unavailable":["big","blob"],"schema":"d1"}',
+    '{"op":"c","old_key":"{\\"id\\":7}","schema":"d1"}',
+    '{"old_key":"{\\"id\\":8}","unavailable":["big"]}',
+    '{"old_key":{"id":9,"k":"x y"}}',  # an object where a text is meant
+    '{"unavailable":"big"}',  # not a list
+    '{"unavailable":[]}',
+    '{"note":"the word unavailable\\" in a value"}',
+    'unavailable" not json',
+    '{"source":{"connector":"postgresql"},"unavailable":["a\\"b"]}',
+]
+
+
+@pytest.mark.spark
+def test_a_task_reads_each_events_marks_as_spark_reads_them(spark: Any) -> None:
+    """The columns an event did not send and a changed key's old key, read by a task from
+    each distinct metadata text (``event_marks``), are what Spark's ``from_json`` of the
+    text gives, per event (nulls, repeats, texts that name a mark but do not parse)."""
+    from pyspark.sql import functions as F
+
+    from replog.spark import changes
+
+    texts = pa.array(MARKED_TEXTS * 2, pa.string())
+    batch = pa.RecordBatch.from_arrays(
+        [pa.array(range(len(texts))), texts], names=["n", changes._METADATA]
+    )
+    found = changes._with_positions(batch)
+    frame = spark.createDataFrame([(t,) for t in texts.to_pylist()], "m string")
+    parsed = frame.select(
+        F.from_json("m", "unavailable array<string>, old_key string").alias("p")
+    ).select(
+        F.coalesce(F.col("p.unavailable"), F.array().cast("array<string>")).alias("u"),
+        F.col("p.old_key").alias("o"),
+    )
+    expected = parsed.collect()
+    old_keys = found.column(rows.OLD_KEY).to_pylist()
+    assert found.column(rows.UNSENT).to_pylist() == [list(r.u) for r in expected]
+    assert [None if o is None else json.loads(o) for o in old_keys] == [
+        None if r.o is None else json.loads(r.o) for r in expected
+    ]
+    assert found.column(rows.UNSENT)[2].as_py() == ["big", "blob"]
+    assert old_keys[3] == '{"id":7}' and found.column(rows.UNSENT)[3].as_py() == []

@@ -43,13 +43,12 @@ UNKNOWN = -1
 NO_COLLECTION = -2
 _KEY = "__replog_key"
 _METADATA = "__replog_metadata"
-"""Per event, its ``metadata`` text, which a task reads its position and source from."""
+"""Per event, its ``metadata`` text, which a task reads its position, source and marks
+(:func:`replog.tables.changes.event_marks`) from."""
 _POSITION = "__replog_position"
 """Per event, its source position (:func:`replog.tables.coverage.event_positions`)."""
 _SOURCE = "__replog_source"
 """Per event, its source (:func:`replog.tables.coverage.event_sources`)."""
-_MARKS = "__replog_marks"
-_MARKS_FIELDS = "unavailable array<string>, old_key string"
 _RESULT = "part int, kind string, text string, payload binary"
 _MAX_BYTES = "spark.sql.execution.arrow.maxBytesPerBatch"
 _CHUNK_ROWS = 100_000
@@ -180,7 +179,6 @@ def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Buil
     # parsed in a projection of its own: each row struct reads every column of its parse
     first = [
         *(F.col(c) for c in columns if c not in ("before", "event_id")),
-        _marks(columns).alias(_MARKS),
         *version,
         *(c for t in typings.values() for c in t.parses("data")),
         *(json.alias(f"__replog_parsed{index}") for index, json in parsed.items()),
@@ -200,10 +198,6 @@ def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Buil
         F.col("sequence").alias(rows.SEQUENCE),
         F.col("operation").alias(rows.OPERATION),
         F.col("timestamp").cast(TimestampType()).alias(rows.TIMESTAMP),
-        F.coalesce(F.col(f"{_MARKS}.unavailable"), F.array().cast("array<string>")).alias(
-            rows.UNSENT
-        ),
-        F.col(f"{_MARKS}.old_key").alias(rows.OLD_KEY),
         _column(columns, "collection").alias(rows.COLLECTION),
         _column(columns, "key").alias(_KEY),
         _column(columns, "metadata").cast("string").alias(_METADATA),
@@ -264,21 +258,6 @@ def _which(columns: Sequence[str], parts: Sequence[Part]) -> Column:
 
 def _column(columns: Sequence[str], name: str) -> Column:
     return F.col(name) if name in columns else F.lit(None).cast("string")
-
-
-def _marks(columns: Sequence[str]) -> Column:
-    """``metadata``'s ``unavailable`` (the columns an event did not send, as ``replog
-    capture postgres`` lists unchanged TOASTed columns) and ``old_key`` (on a changed key's
-    create: the old key's JSON text), as a struct. Parsed only where the text names one of
-    them: most events name neither, and a parse of every event's metadata cost a
-    snapshot's load a quarter of its time."""
-    if "metadata" not in columns:
-        return F.lit(None).cast("struct<unavailable: array<string>, old_key: string>")
-    text = F.col("metadata").cast("string")
-    # contains() tests a position's first byte before comparing (instr() compares at
-    # every position: it cost as much as the parse it spares)
-    named = text.contains('unavailable"') | text.contains('old_key"')
-    return F.when(named, F.from_json(text, _MARKS_FIELDS))
 
 
 @dataclass(frozen=True)
@@ -419,18 +398,29 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
 
 def _with_positions(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with each event's position and source (:data:`_POSITION`,
-    :data:`_SOURCE`) in place of its metadata text, read by the core's patterns from each
-    distinct text once: a transaction's events, a snapshot chunk's, share one. (Read by
-    Java's patterns in the projection, for every event, they were about half of a
-    1M-event batch's projection: 3.7-5 s of 7-7.9 s.)"""
+    :data:`_SOURCE`) and its marks (:data:`~replog.tables.changes.UNSENT`,
+    :data:`~replog.tables.changes.OLD_KEY`) in place of its metadata text, read by the
+    core's functions from each distinct text once: a transaction's events, a snapshot
+    chunk's, share one. (Read by Spark in the projection, for every event, the position
+    and source were about half of a 1M-event batch's projection, 3.7-5 s of 7-7.9 s; the
+    marks' two substring tests a fifth of the JVM's time in a load.)"""
     at = batch.schema.get_field_index(_METADATA)
     texts = pc.dictionary_encode(batch.column(at))
     distinct = texts.dictionary
-    positions = covered.event_positions(distinct).take(texts.indices)
-    sources = covered.event_sources(distinct).take(texts.indices)
-    return (
-        batch.remove_column(at).append_column(_POSITION, positions).append_column(_SOURCE, sources)
-    )
+    unsent, old_keys = rows.event_marks(distinct)
+    facts = {
+        _POSITION: covered.event_positions(distinct),
+        _SOURCE: covered.event_sources(distinct),
+        rows.UNSENT: unsent,
+        rows.OLD_KEY: old_keys,
+    }
+    batch = batch.remove_column(at)
+    for name, values in facts.items():
+        taken = values.take(texts.indices)
+        if name == rows.UNSENT:  # an event without metadata names none
+            taken = pc.coalesce(taken, pa.scalar([], values.type))
+        batch = batch.append_column(name, taken)
+    return batch
 
 
 def _coverage(batch: pa.RecordBatch) -> covered.BatchCoverage:

@@ -398,6 +398,33 @@ OLD_KEY = "__old_key"
 create did not send (an unchanged TOASTed value) takes the old key's value."""
 
 
+def event_marks(metadata: pa.Array) -> tuple[pa.Array, pa.Array]:
+    """Per event (its ``metadata`` text), :data:`UNSENT` (the ``unavailable`` columns: a
+    list, empty when it names none) and :data:`OLD_KEY` (``old_key``'s text; null). Only
+    a text naming one of them is parsed: most events name neither, and the events of a
+    snapshot chunk or a transaction share one text (give each distinct text once). A text
+    that does not parse, or a member of another shape, marks nothing, as Spark's
+    ``from_json`` reads it."""
+    texts = metadata.cast(pa.string()) if pa.types.is_binary(metadata.type) else metadata
+    named = pc.or_(pc.match_substring(texts, 'unavailable"'), pc.match_substring(texts, 'old_key"'))
+    unsent: list[list[str]] = [[] for _ in range(len(texts))]
+    old_keys: list[str | None] = [None] * len(texts)
+    for at in np.flatnonzero(pc.fill_null(named, False).to_numpy(zero_copy_only=False)):
+        try:
+            found = json.loads(texts[at].as_py())
+        except ValueError:
+            continue
+        if not isinstance(found, dict):
+            continue
+        columns = found.get("unavailable")
+        if isinstance(columns, list):
+            unsent[at] = [c if isinstance(c, str) else json.dumps(c) for c in columns]
+        old = found.get("old_key")
+        if old is not None:
+            old_keys[at] = old if isinstance(old, str) else json.dumps(old, separators=(",", ":"))
+    return pa.array(unsent, pa.list_(pa.string())), pa.array(old_keys, pa.string())
+
+
 def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, Marks]:
     """``changes`` with each value not sent (:func:`placeholders`) replaced by the value of
     the same column in the key's previous change of the batch (in log order), and the
