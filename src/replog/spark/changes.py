@@ -31,6 +31,7 @@ from replog.processlocal import ProcessDict
 from replog.schemas import registry
 from replog.spark.conf import setting
 from replog.spark.typed import VERSION, Typing, schema_version
+from replog.spark.workers import settle
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
 from replog.tables import coverage as covered
@@ -392,6 +393,7 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
             for start in range(0, max(changes.num_rows, 1), _CHUNK_ROWS):
                 out.add(index, "rows", None, _ipc(changes.slice(start, _CHUNK_ROWS)))
         yield out.batch()
+        settle()
 
     return run
 

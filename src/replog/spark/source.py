@@ -105,13 +105,19 @@ def _coalesced(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     rows = size = 0
     for batch in batches:
         if held and (rows + batch.num_rows > COALESCE_ROWS or size + batch.nbytes > COALESCE_BYTES):
-            yield pa.concat_batches(held)
+            yield _joined(held)
             held, rows, size = [], 0, 0
         held.append(batch)
         rows += batch.num_rows
         size += batch.nbytes
     if held:
-        yield pa.concat_batches(held)
+        yield _joined(held)
+
+
+def _joined(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """``batches`` as one; one batch as it is (a snapshot's log entries are mostly big
+    enough alone, and a join copies every buffer)."""
+    return batches[0] if len(batches) == 1 else pa.concat_batches(batches)
 
 
 def read_latest(partition: InputPartition, options: SourceOptions) -> Iterator[pa.RecordBatch]:
