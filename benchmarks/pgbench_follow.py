@@ -65,6 +65,19 @@ def capture(dsn: str, url: str, *, follow: bool) -> subprocess.Popen[bytes]:
     )
 
 
+def copy_out(dsn: str, statement: str) -> bytes:
+    """What a ``COPY ... TO STDOUT`` statement sends."""
+    buffer = io.BytesIO()
+    with (
+        psycopg.connect(dsn) as connection,
+        connection.cursor() as cursor,
+        cursor.copy(statement) as copy,
+    ):
+        for chunk in copy:
+            buffer.write(chunk)
+    return buffer.getvalue()
+
+
 def children_peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
 
@@ -235,19 +248,11 @@ def _compare_range(  # noqa: PLR0917 - one range's parts
     chosen = ", ".join(
         f"(extract(epoch FROM {c}) * 1000000)::bigint AS {c}" if c in stamps else c for c in kinds
     )
-    buffer = io.BytesIO()
     where = f"{keys[0]} >= {span[0]} AND {keys[0]} < {span[1]}"
     statement = (
         f"COPY (SELECT {chosen} FROM {table} WHERE {where}) TO STDOUT WITH (FORMAT csv, HEADER)"
     )
-    with (
-        psycopg.connect(dsn) as connection,
-        connection.cursor() as cursor,
-        cursor.copy(statement) as copy,
-    ):
-        for chunk in copy:
-            buffer.write(chunk)
-    source = polars.read_csv(buffer.getvalue(), infer_schema=False)
+    source = polars.read_csv(copy_out(dsn, statement), infer_schema=False)
     found = scan.filter(
         (polars.col(keys[0]) >= span[0]) & (polars.col(keys[0]) < span[1])
     ).collect()
