@@ -400,29 +400,48 @@ create did not send (an unchanged TOASTed value) takes the old key's value."""
 
 def event_marks(metadata: pa.Array) -> tuple[pa.Array, pa.Array]:
     """Per event (its ``metadata`` text), :data:`UNSENT` (the ``unavailable`` columns: a
-    list, empty when it names none) and :data:`OLD_KEY` (``old_key``'s text; null). Only
-    a text naming one of them is parsed: most events name neither, and the events of a
-    snapshot chunk or a transaction share one text (give each distinct text once). A text
-    that does not parse, or a member of another shape, marks nothing, as Spark's
-    ``from_json`` reads it."""
+    list, empty when it names none) and :data:`OLD_KEY` (``old_key``'s text; null), as
+    Spark's ``from_json(metadata, "unavailable array<string>, old_key string")`` reads
+    them. Only a text naming one of them is parsed: most events name neither, and the
+    events of a snapshot chunk or a transaction share one text (give each distinct text
+    once). A text that does not begin with a JSON object, or a member of another shape,
+    marks nothing; what follows the object is not read. (Spark's parser also takes single
+    quotes, and a repeated member's last readable value: no replog writer makes either.)"""
     texts = metadata.cast(pa.string()) if pa.types.is_binary(metadata.type) else metadata
     named = pc.or_(pc.match_substring(texts, 'unavailable"'), pc.match_substring(texts, 'old_key"'))
-    unsent: list[list[str]] = [[] for _ in range(len(texts))]
+    unsent: list[list[str | None]] = [[] for _ in range(len(texts))]
     old_keys: list[str | None] = [None] * len(texts)
     for at in np.flatnonzero(pc.fill_null(named, False).to_numpy(zero_copy_only=False)):
-        try:
-            found = json.loads(texts[at].as_py())
-        except ValueError:
-            continue
+        found = _leading_json(texts[at].as_py())
         if not isinstance(found, dict):
             continue
         columns = found.get("unavailable")
         if isinstance(columns, list):
-            unsent[at] = [c if isinstance(c, str) else json.dumps(c) for c in columns]
-        old = found.get("old_key")
-        if old is not None:
-            old_keys[at] = old if isinstance(old, str) else json.dumps(old, separators=(",", ":"))
+            unsent[at] = [_as_text(c) for c in columns]
+        old_keys[at] = _as_text(found.get("old_key"))
     return pa.array(unsent, pa.list_(pa.string())), pa.array(old_keys, pa.string())
+
+
+def _leading_json(text: str) -> Any:
+    """The JSON value ``text`` begins with (None: none, or one nested too deep to read)."""
+    try:
+        return json.JSONDecoder().raw_decode(text.lstrip())[0]
+    except (ValueError, RecursionError):
+        return None
+
+
+def _as_text(value: Any) -> str | None:
+    """A JSON value read into a string column, as Spark does: a text as it is (a lone
+    surrogate escape, which no UTF-8 text can hold, as ``?``), null as null, any other
+    value as its compact JSON."""
+    if value is None:
+        return None
+    text = (
+        value
+        if isinstance(value, str)
+        else json.dumps(value, separators=(",", ":"), ensure_ascii=False)
+    )
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def fill_unavailable(changes: pa.Table, keys: Sequence[str]) -> tuple[pa.Table, Marks]:
