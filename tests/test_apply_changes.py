@@ -1169,27 +1169,14 @@ def test_a_task_reads_each_events_marks_as_spark_reads_them(spark: Any) -> None:
     """The columns an event did not send and a changed key's old key, read by a task from
     each distinct metadata text (``event_marks``), are what Spark's ``from_json`` of the
     text gives, per event (nulls, repeats, texts that name a mark but do not parse)."""
-    from pyspark.sql import functions as F
+    from test_marks_attack import marks_of, spark_marks
 
-    from replog.spark import changes
-
-    texts = pa.array(MARKED_TEXTS * 2, pa.string())
-    batch = pa.RecordBatch.from_arrays(
-        [pa.array(range(len(texts))), texts], names=["n", changes._METADATA]
-    )
-    found = changes._with_positions(batch)
-    frame = spark.createDataFrame([(t,) for t in texts.to_pylist()], "m string")
-    parsed = frame.select(
-        F.from_json("m", "unavailable array<string>, old_key string").alias("p")
-    ).select(
-        F.coalesce(F.col("p.unavailable"), F.array().cast("array<string>")).alias("u"),
-        F.col("p.old_key").alias("o"),
-    )
-    expected = parsed.collect()
-    old_keys = found.column(rows.OLD_KEY).to_pylist()
-    assert found.column(rows.UNSENT).to_pylist() == [list(r.u) for r in expected]
+    texts = MARKED_TEXTS * 2
+    unsent, old_keys = marks_of(texts)
+    expected_unsent, expected_old_keys = spark_marks(spark, texts)
+    assert unsent == expected_unsent
     assert [None if o is None else json.loads(o) for o in old_keys] == [
-        None if r.o is None else json.loads(r.o) for r in expected
+        None if o is None else json.loads(o) for o in expected_old_keys
     ]
-    assert found.column(rows.UNSENT)[2].as_py() == ["big", "blob"]
-    assert old_keys[3] == '{"id":7}' and found.column(rows.UNSENT)[3].as_py() == []
+    assert unsent[2] == ["big", "blob"]
+    assert old_keys[3] == '{"id":7}' and unsent[3] == []

@@ -22,7 +22,7 @@ T0 = datetime(2024, 1, 1, tzinfo=timezone.utc)
 SCHEMA = "id long, name string, total long"
 
 
-def _marks_of(texts: list[str | None]) -> tuple[list[Any], list[Any]]:
+def marks_of(texts: list[str | None]) -> tuple[list[Any], list[Any]]:
     from replog.spark import changes
 
     batch = pa.RecordBatch.from_arrays(
@@ -33,7 +33,7 @@ def _marks_of(texts: list[str | None]) -> tuple[list[Any], list[Any]]:
     return found.column(rows.UNSENT).to_pylist(), found.column(rows.OLD_KEY).to_pylist()
 
 
-def _spark_marks(spark: Any, texts: list[str | None]) -> tuple[list[Any], list[Any]]:
+def spark_marks(spark: Any, texts: list[str | None]) -> tuple[list[Any], list[Any]]:
     from pyspark.sql import functions as F
 
     frame = spark.createDataFrame([(t,) for t in texts], "m string")
@@ -69,7 +69,7 @@ def test_marks_of_texts_capture_and_the_log_can_hold_match_spark(spark: Any) -> 
     task's marks are Spark's, byte for byte (an old key is compared as text: the fill
     parses it, and a life's rows compare it)."""
     texts = PLAUSIBLE * 3
-    assert _marks_of(texts) == _spark_marks(spark, texts)
+    assert marks_of(texts) == spark_marks(spark, texts)
 
 
 # -- texts the log accepts that the task cannot read --------------------------------------
@@ -109,7 +109,7 @@ def test_a_text_the_task_cannot_read_marks_nothing_and_fails_no_task(text: str) 
     ``RecursionError`` (``json.loads``) is no ``ValueError``: it escapes, and fails the
     task and so the whole micro-batch, on every retry (the query cannot pass the
     event). The other events of the batch keep their marks."""
-    unsent, old_keys = _marks_of([text, '{"unavailable":["total"]}', None])
+    unsent, old_keys = marks_of([text, '{"unavailable":["total"]}', None])
     assert unsent[1:] == [["total"], []] and old_keys[1:] == [None, None]
 
 
@@ -164,7 +164,7 @@ def test_texts_spark_reads_marks_from_are_read_by_the_task_too(spark: Any) -> No
         '{"unavailable":[["a", "b"],{"k": 1, "é": "ü"}, 1.5, true]}',
         '{"old_key":{"id":"é", "n": [1, 2]}}',
     ]
-    assert _marks_of(texts) == _spark_marks(spark, texts)
+    assert marks_of(texts) == spark_marks(spark, texts)
 
 
 # -- end to end, both ways a batch is split -------------------------------------------------
