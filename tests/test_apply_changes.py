@@ -1137,7 +1137,7 @@ def test_a_task_reads_each_events_source_and_position_as_the_core_does() -> None
     batch = pa.RecordBatch.from_arrays(
         [pa.array(range(len(texts))), texts], names=["n", changes._METADATA]
     )
-    found = changes._with_positions(batch)
+    found = changes._with_metadata_read(batch)
     assert found.schema.names == [
         "n", changes._POSITION, changes._SOURCE, rows.UNSENT, rows.OLD_KEY
     ]  # fmt: skip
@@ -1145,7 +1145,7 @@ def test_a_task_reads_each_events_source_and_position_as_the_core_does() -> None
     assert found.column(changes._SOURCE).to_pylist() == event_sources(texts).to_pylist()
     assert found.column(changes._POSITION)[3].as_py() == 1234
     assert found.column(changes._SOURCE)[2].as_py() == "postgresql:cap"
-    empty = changes._with_positions(batch.slice(0, 0))
+    empty = changes._with_metadata_read(batch.slice(0, 0))
     assert empty.num_rows == 0 and empty.schema.names == found.schema.names
 
 

@@ -1,5 +1,5 @@
 """Adversarial tests of an event's marks read by apply_changes' task (``event_marks`` in
-``_with_positions``) instead of Spark's projection (``from_json(metadata, "unavailable
+``_with_metadata_read``) instead of Spark's projection (``from_json(metadata, "unavailable
 array<string>, old_key string")``, a NULL ``unavailable`` read as an empty list)."""
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def marks_of(texts: list[str | None]) -> tuple[list[Any], list[Any]]:
         [pa.array(range(len(texts))), pa.array(texts, pa.string())],
         names=["n", changes._METADATA],
     )
-    found = changes._with_positions(batch)
+    found = changes._with_metadata_read(batch)
     return found.column(rows.UNSENT).to_pylist(), found.column(rows.OLD_KEY).to_pylist()
 
 

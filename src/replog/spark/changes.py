@@ -378,7 +378,7 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
         count = 0
         for events in batches:
             count += events.num_rows
-            batch = _with_positions(events)
+            batch = _with_metadata_read(events)
             coverage = coverage.joined(_coverage(batch))
             _split(batch, by_index, held, out)
         out.add(-1, "coverage", json.dumps(coverage.to_json()), None)
@@ -398,7 +398,7 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
     return run
 
 
-def _with_positions(batch: pa.RecordBatch) -> pa.RecordBatch:
+def _with_metadata_read(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with each event's position and source (:data:`_POSITION`,
     :data:`_SOURCE`) and its marks (:data:`~replog.tables.changes.UNSENT`,
     :data:`~replog.tables.changes.OLD_KEY`) in place of its metadata text, read by the
@@ -416,12 +416,12 @@ def _with_positions(batch: pa.RecordBatch) -> pa.RecordBatch:
         rows.UNSENT: unsent,
         rows.OLD_KEY: old_keys,
     }
+    taken = {name: values.take(texts.indices) for name, values in facts.items()}
+    # an event without metadata (a null index) names no column
+    taken[rows.UNSENT] = pc.coalesce(taken[rows.UNSENT], pa.scalar([], unsent.type))
     batch = batch.remove_column(at)
-    for name, values in facts.items():
-        taken = values.take(texts.indices)
-        if name == rows.UNSENT:  # an event without metadata names none
-            taken = pc.coalesce(taken, pa.scalar([], values.type))
-        batch = batch.append_column(name, taken)
+    for name, values in taken.items():
+        batch = batch.append_column(name, values)
     return batch
 
 
