@@ -35,7 +35,6 @@ from replog.spark.workers import settle
 from replog.tables import ahead as written_ahead
 from replog.tables import changes as rows
 from replog.tables import coverage as covered
-from replog.tables import payloads
 
 EVENT_COLUMNS = ("shard", "sequence", "operation", "timestamp", "data")
 WHICH = "__replog_part"
@@ -87,20 +86,6 @@ class Part:
         return f"{self.row}_{field}"
 
 
-@dataclass(frozen=True)
-class RowShape:
-    """A part's row in the changes frame: its fields' names and types, and how the task
-    parses them from the event's payload, which is then the part's one column (None: the
-    fields are the frame's columns, typed by Spark)."""
-
-    fields: StructType
-    parse: payloads.Plan | None = None
-
-    def width(self) -> int:
-        """The changes frame's columns of the part's row."""
-        return 1 if self.parse is not None else len(self.fields.names)
-
-
 @dataclass
 class Gathered:
     """What the micro-batch holds for one part: its changes for the driver, its files
@@ -133,15 +118,14 @@ class Batch:
 
 def changes_frame(
     batch: DataFrame, parts: Sequence[Part], *, flat: bool = True
-) -> tuple[DataFrame, dict[int, RowShape]]:
+) -> tuple[DataFrame, dict[int, StructType]]:
     """The micro-batch as changes: per event :data:`WHICH`, the bookkeeping columns of
     :mod:`replog.tables.changes`, its key's text and, per part, its row's fields (NULL for
-    other parts' events), or its payload when the task parses it; and each part's row. The
-    expressions are built once per query and shape of batch (a follower's micro-batch spent
-    a second of py4j calls building them again). ``flat=False``: each part's row stays one
-    struct column (:attr:`Part.row`), for a batch collected to the driver, which flattens
-    it in Arrow (one projection fewer for Spark to analyse: ~30 ms of a follower's
-    batch)."""
+    other parts' events); and each part's row type. The expressions are built once per
+    query and shape of batch (a follower's micro-batch spent a second of py4j calls
+    building them again). ``flat=False``: each part's row stays one struct column
+    (:attr:`Part.row`), for a batch collected to the driver, which flattens it in Arrow
+    (one projection fewer for Spark to analyse: ~30 ms of a follower's batch)."""
     columns = batch.columns
     absent = [c for c in EVENT_COLUMNS if c not in columns]
     if absent:
@@ -163,7 +147,7 @@ def changes_frame(
     return frame, rows_of
 
 
-_Built = tuple[list[list[Column]], dict[int, RowShape]]
+_Built = tuple[list[list[Column]], dict[int, StructType]]
 _BUILT: ProcessDict[tuple[Any, ...], _Built] = ProcessDict()
 _BUILT_MAX = 64
 
@@ -186,27 +170,24 @@ def _signature(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> t
 
 
 def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Built:
-    """The three projections of :func:`changes_frame`, and each part's row."""
+    """The three projections of :func:`changes_frame`, and each part's row type."""
     typings, parsed = _parsers(batch, parts)
-    by_spark = {index: t for index, t in typings.items() if t.parse is None}
     metadata = "metadata" in columns
     version = []
-    if by_spark and metadata:
-        digests = [d for t in by_spark.values() for d in t.digests]
+    if typings and metadata:
+        digests = [d for t in typings.values() for d in t.digests]
         version = [schema_version(F.col("metadata"), digests).alias(VERSION)]
     # parsed in a projection of its own: each row struct reads every column of its parse
     first = [
         *(F.col(c) for c in columns if c not in ("before", "event_id")),
         *version,
-        *(c for t in by_spark.values() for c in t.parses("data")),
+        *(c for t in typings.values() for c in t.parses("data")),
         *(json.alias(f"__replog_parsed{index}") for index, json in parsed.items()),
     ]
     made = []
     for part in parts:
-        if part.index in by_spark:
-            row = by_spark[part.index].typed("data", F.col(VERSION) if metadata else None)
-        elif part.index in typings:  # the task parses the payload
-            row = F.when(part.condition(), F.col("data"))
+        if part.index in typings:
+            row = typings[part.index].typed("data", F.col(VERSION) if metadata else None)
         elif part.index in parsed:
             row = F.col(f"__replog_parsed{part.index}")
         else:  # a struct already
@@ -226,19 +207,11 @@ def _build(batch: DataFrame, columns: list[str], parts: Sequence[Part]) -> _Buil
     frame = batch.select(*first).select(*second)
     flat, rows_of = [], {}
     for part in parts:
-        typing = typings.get(part.index)
-        if typing is not None and typing.parse is not None:
-            shape = RowShape(typing.spark_row(), typing.parse)
-            flat.append(F.col(part.row).alias(part.column(0)))
-        else:
-            fields = frame.schema[part.row].dataType
-            assert isinstance(fields, StructType)
-            shape = RowShape(fields)
-            flat += [
-                F.col(part.row)[name].alias(part.column(j)) for j, name in enumerate(fields.names)
-            ]
-        rows.check_columns(shape.fields.names, part.keys)
-        rows_of[part.index] = shape
+        fields = frame.schema[part.row].dataType
+        assert isinstance(fields, StructType)
+        rows.check_columns(fields.names, part.keys)
+        rows_of[part.index] = fields
+        flat += [F.col(part.row)[name].alias(part.column(j)) for j, name in enumerate(fields.names)]
     # the rows' fields as columns of their own: Arrow's per-row size check (mapInArrow)
     # walks a struct's children for every row
     kept = [F.col(c) for c in frame.columns if not c.startswith("__replog_row")]
@@ -291,8 +264,8 @@ def _column(columns: Sequence[str], name: str) -> Column:
 @dataclass(frozen=True)
 class _TaskPart:
     """What a task needs of a part: its row's columns (the changes frame's, and the
-    names they stand for), its key columns (a delete sends no other), how it may
-    write rows ahead, and how it parses the row from the payload (None: Spark did)."""
+    names they stand for), its key columns (a delete sends no other), and how it may
+    write rows ahead."""
 
     index: int
     row: str
@@ -300,7 +273,6 @@ class _TaskPart:
     names: tuple[str, ...]
     keys: tuple[str, ...]
     ahead: written_ahead.Plan | None
-    parse: payloads.Plan | None = None
 
 
 LOCAL_EVENTS = 20_000
@@ -315,7 +287,7 @@ a backlog."""
 
 def gather(
     frame: DataFrame,
-    rows_of: Mapping[int, RowShape],
+    rows_of: Mapping[int, StructType],
     parts: Sequence[Part],
     *,
     local: bool = False,
@@ -326,12 +298,9 @@ def gather(
     collected and split on the driver by the same function (a small batch)."""
     tasks = []
     for part in parts:
-        shape = rows_of[part.index]
-        columns = tuple(part.column(j) for j in range(shape.width()))
-        names = tuple(shape.fields.names)
-        tasks.append(
-            _TaskPart(part.index, part.row, columns, names, part.keys, part.ahead, shape.parse)
-        )
+        names = tuple(rows_of[part.index].names)
+        columns = tuple(part.column(j) for j in range(len(names)))
+        tasks.append(_TaskPart(part.index, part.row, columns, names, part.keys, part.ahead))
     if local:
         events = _flattened(frame.toArrow(), tasks).to_batches(max_chunksize=_LOCAL_CHUNK_ROWS)
         result = pa.Table.from_batches(list(_task(tasks)(iter(events))))
@@ -369,11 +338,6 @@ def _flattened(events: pa.Table, parts: Sequence[_TaskPart]) -> pa.Table:
     for part in parts:
         if part.row not in events.column_names:
             continue  # flat already
-        if part.parse is not None:  # the payload, for the task to parse
-            events = events.rename_columns(
-                [part.columns[0] if name == part.row else name for name in events.column_names]
-            )
-            continue
         struct = events.column(part.row)
         events = events.drop_columns([part.row])
         for j, name in enumerate(part.columns):
@@ -406,7 +370,6 @@ Task = Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]
 def _task(parts: Sequence[_TaskPart]) -> Task:
     """The function each task runs over its partition of the changes frame."""
     by_index = {p.index: p for p in parts}
-    versions = any(p.parse is not None for p in parts)
 
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         held: dict[int, list[pa.Table]] = {}
@@ -415,7 +378,7 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
         count = 0
         for events in batches:
             count += events.num_rows
-            batch = _with_metadata_read(events, versions=versions)
+            batch = _with_metadata_read(events)
             coverage = coverage.joined(_coverage(batch))
             _split(batch, by_index, held, out)
         out.add(-1, "coverage", json.dumps(coverage.to_json()), None)
@@ -435,11 +398,10 @@ def _task(parts: Sequence[_TaskPart]) -> Task:
     return run
 
 
-def _with_metadata_read(batch: pa.RecordBatch, *, versions: bool = False) -> pa.RecordBatch:
+def _with_metadata_read(batch: pa.RecordBatch) -> pa.RecordBatch:
     """``batch`` with each event's position and source (:data:`_POSITION`,
-    :data:`_SOURCE`), its marks (:data:`~replog.tables.changes.UNSENT`,
-    :data:`~replog.tables.changes.OLD_KEY`) and, when ``versions``, the schema version
-    it names (:data:`VERSION`) in place of its metadata text, read by the
+    :data:`_SOURCE`) and its marks (:data:`~replog.tables.changes.UNSENT`,
+    :data:`~replog.tables.changes.OLD_KEY`) in place of its metadata text, read by the
     core's functions from each distinct text once: a transaction's events, a snapshot
     chunk's, share one. (Read by Spark in the projection, for every event, the position
     and source were about half of a 1M-event batch's projection, 3.7-5 s of 7-7.9 s; the
@@ -454,8 +416,6 @@ def _with_metadata_read(batch: pa.RecordBatch, *, versions: bool = False) -> pa.
         rows.UNSENT: unsent,
         rows.OLD_KEY: old_keys,
     }
-    if versions:
-        facts[VERSION] = payloads.schema_versions(distinct)
     taken = {name: values.take(texts.indices) for name, values in facts.items()}
     # an event without metadata (a null index) names no column
     taken[rows.UNSENT] = pc.coalesce(taken[rows.UNSENT], pa.scalar([], unsent.type))
@@ -537,15 +497,6 @@ class _Output:
 def _flatten(picked: pa.RecordBatch, part: _TaskPart) -> pa.Table:
     """A part's events as a batch of changes: its row's fields and the bookkeeping
     columns; a delete's row is its old image (often the key only): it sends no value."""
-    if part.parse is None:
-        fields = [picked.column(c) for c in part.columns]
-    else:
-        payloads.check_versions(part.parse, picked.column(VERSION))
-        fields = payloads.parse(
-            part.parse,
-            picked.column(part.columns[0]),
-            text=picked.schema.field(rows.OPERATION).type,
-        )
     deletes = pc.fill_null(pc.equal(picked.column(rows.OPERATION), rows.DELETE), False)
     values = [name for name in part.names if name not in part.keys]
     every = pa.scalar(values, pa.list_(pa.string()))
@@ -553,7 +504,7 @@ def _flatten(picked: pa.RecordBatch, part: _TaskPart) -> pa.Table:
     bookkeeping = [*rows.CHANGE_COLUMNS, rows.COLLECTION, rows.OLD_KEY]
     return pa.table(
         [
-            *fields,
+            *(picked.column(c) for c in part.columns),
             *(picked.column(c) for c in bookkeeping),
             unsent,
             picked.column(_POSITION),

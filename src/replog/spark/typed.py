@@ -59,7 +59,6 @@ from replog.format.events import TRUNCATE
 from replog.log import ReplicationLog
 from replog.schemas import connect, registry
 from replog.schemas.connect import DECIMAL, VARIABLE_SCALE_DECIMAL
-from replog.tables import payloads
 
 _WIRE: dict[str, DataType] = {
     "int8": ByteType(),
@@ -438,9 +437,6 @@ class Typing:
                 f"parse_payload and a schema of your own"
             )
         self._decimals = any(c.decimal or _decimal_array(c) for c in self.columns)
-        self.fills = _fills(found, self.columns)
-        self.parse = None if self.fills else payloads.plan(collection, self.columns, self.digests)
-        """How a task parses the payloads itself (None: Spark types them, :meth:`parses`)."""
 
     def _name(self, kind: str, payload: str) -> str:
         return f"__replog_{kind}{self.tag}_{payload}"
@@ -456,10 +452,6 @@ class Typing:
             found.append(exact.alias(self._name("exact", payload)))
         return found
 
-    def spark_row(self) -> StructType:
-        """The typed row's Spark type (:meth:`typed`'s struct)."""
-        return StructType([StructField(c.name, spark_type(c)) for c in self.columns])
-
     def typed(self, payload: str, version: Column | None) -> Column:
         """The second projection's typed struct of ``payload`` (``version``: the event's
         schema version, :func:`schema_version`; None: the events name none)."""
@@ -468,7 +460,7 @@ class Typing:
         value = F.when(F.col(payload).isNull(), F.lit(None)).otherwise(built)
         if version is not None:
             known = _known_versions(version, self.collection, self.digests)
-            value = known(_defaults(version, self.fills)(value))
+            value = known(_defaults(version, self.found, self.columns)(value))
         return self._only(value)
 
 
@@ -510,36 +502,25 @@ def schema_version(metadata: Column, digests: Sequence[str]) -> Column:
     return found
 
 
-def _fills(
-    found: Sequence[registry.SchemaVersion], columns: Sequence[connect.Column]
-) -> list[tuple[connect.Column, list[str]]]:
-    """The columns with a ``default`` that some of the versions ``found`` lack, each with
-    the versions (digests) that lack it."""
+def _defaults(
+    version: Column, found: Sequence[registry.SchemaVersion], columns: Sequence[connect.Column]
+) -> Callable[[Column], Column]:
+    """A typed payload of an event whose schema ``version`` (``metadata.schema``) lacks a
+    column that a later version gives a ``default`` reads the default: the row was written
+    before the column existed (PostgreSQL's ``ADD COLUMN ... DEFAULT``), and holds it."""
     names = {v.digest: {x.name for x in v.columns()} for v in found}
     fills = []
     for c in columns:
-        if c.default is not None:
-            lacking = [digest for digest, held in names.items() if c.name not in held]
-            if lacking:
-                fills.append((c, lacking))
-    return fills
-
-
-def _defaults(
-    version: Column, fills: Sequence[tuple[connect.Column, list[str]]]
-) -> Callable[[Column], Column]:
-    """A typed payload of an event whose schema ``version`` (``metadata.schema``) lacks a
-    column that a later version gives a ``default`` (``fills``: :func:`_fills`) reads the
-    default: the row was written before the column existed (PostgreSQL's ``ADD COLUMN ...
-    DEFAULT``), and holds it."""
-    values = []
-    for c, lacking in fills:
-        wire = StructType([StructField(c.name, wire_type(c))])
-        parsed = F.from_json(F.lit(json.dumps({c.name: c.default})), wire)
-        values.append((c.name, version.isin(*lacking), _convert(c, parsed[c.name])))
+        if c.default is None:
+            continue
+        lacking = [digest for digest, held in names.items() if c.name not in held]
+        if lacking:
+            wire = StructType([StructField(c.name, wire_type(c))])
+            parsed = F.from_json(F.lit(json.dumps({c.name: c.default})), wire)
+            fills.append((c.name, version.isin(*lacking), _convert(c, parsed[c.name])))
 
     def filled(payload: Column) -> Column:
-        for name, before_column, value in values:
+        for name, before_column, value in fills:
             payload = payload.withField(name, F.when(before_column, value).otherwise(payload[name]))
         return payload
 
@@ -554,6 +535,13 @@ def _known_versions(
     a column added while a streaming query runs) fails the query, naming it, rather than
     being read with the older union, which would drop the new column's values silently."""
     unknown = named.isNotNull() & ~named.isin(*digests)
-    head, tail = payloads.UNKNOWN_VERSION
-    message = F.concat(F.lit(head.format(collection=collection)), named, F.lit(tail))
+    message = F.concat(
+        F.lit(f"typed: an event of {collection!r} names schema version "),
+        named,
+        F.lit(
+            ", not known to typed (registered after typed() read the log's schemas, or "
+            "never): its columns may be missing from the typed rows. Restart the query so "
+            "that typed reads the registry again"
+        ),
+    )
     return lambda payload: F.when(unknown, F.raise_error(message)).otherwise(payload)

@@ -417,8 +417,8 @@ def event_marks(metadata: pa.Array) -> tuple[pa.Array, pa.Array]:
             continue
         columns = found.get("unavailable")
         if isinstance(columns, list):
-            unsent[at] = [as_spark_text(c) for c in columns]
-        old_keys[at] = as_spark_text(found.get("old_key"))
+            unsent[at] = [_as_text(c) for c in columns]
+        old_keys[at] = _as_text(found.get("old_key"))
     return pa.array(unsent, pa.list_(pa.string())), pa.array(old_keys, pa.string())
 
 
@@ -430,7 +430,7 @@ def _leading_json(text: str) -> Any:
         return None
 
 
-def as_spark_text(value: Any) -> str | None:
+def _as_text(value: Any) -> str | None:
     """A JSON value read into a string column, as Spark does: a text as it is (a lone
     surrogate escape, which no UTF-8 text can hold, as ``?``), null as null, any other
     value as its compact JSON."""
