@@ -271,3 +271,21 @@ def test_a_truncate_with_new_keys_is_not_an_append_and_removes_the_old_rows(
     assert not done.metrics.get("appended")
     assert names(target) == {100: "n"}
     assert open_table(target, None).transaction_version("a") == 1  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ["append", "merge"])
+def test_a_batch_another_writer_commits_first_is_reported_skipped(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The batch's transaction committed by another writer (the same query's retry, say)
+    after this one found it absent: replog's writer commits nothing, and the batch says
+    it was skipped, not that it was applied at the handle's older version."""
+    target = str(tmp_path / "t")
+    run(target, inserts(range(5), 0), 0)
+    batch = inserts(range(5, 8), 10) if kind == "append" else inserts([1, 6], 10)
+    assert not run(target, batch, 1).skipped
+    version = deltalake.DeltaTable(target).version()
+    monkeypatch.setattr(delta, "replayed", lambda *_args, **_kw: False)  # the race's window
+    raced = run(target, batch, 1)
+    assert raced.skipped and raced.table_version is None
+    assert deltalake.DeltaTable(target).version() == version

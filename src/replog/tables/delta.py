@@ -283,6 +283,10 @@ def apply_batch(
     metrics = _write(
         target, table, source, keys, plan=plan, commit=commit, options=options, ahead=taken
     )
+    if metrics.get(COMMITTED_BEFORE):  # by another writer, since replayed() looked
+        logger.info("apply_changes %s: batch %d committed by another writer, skipped",
+                    app_id, batch_id)  # fmt: skip
+        return Applied(batch_id, True, counted, None, {})
     if table is None:  # created by this batch
         table = open_table(target, storage_options)
         assert table is not None
@@ -447,6 +451,9 @@ commits."""
 
 
 COMMITTED_VERSION = "__version"
+COMMITTED_BEFORE = "__committed_before"
+"""A write's metrics when another writer committed the batch's transaction first (after
+the batch found it absent): nothing was written."""
 """Set by :func:`_apply_on_read` in its metrics: the version its commit made."""
 
 
@@ -728,7 +735,9 @@ def _apply_on_read(  # noqa: PLR0917 - one batch's parts
             on_read, source, keys, schema, txn=txn, info=info, ahead=ahead, cuts=options.cuts
         )
     )
-    return {} if written is None else {**written.metrics, COMMITTED_VERSION: written.version}
+    if written is None:
+        return {COMMITTED_BEFORE: True}
+    return {**written.metrics, COMMITTED_VERSION: written.version}
 
 
 TOMBSTONES = "_replog_tombstones"
