@@ -451,10 +451,10 @@ commits."""
 
 
 COMMITTED_VERSION = "__version"
-COMMITTED_BEFORE = "__committed_before"
-"""A write's metrics when another writer committed the batch's transaction first (after
-the batch found it absent): nothing was written."""
 """Set by :func:`_apply_on_read` in its metrics: the version its commit made."""
+COMMITTED_BEFORE = "__committed_before"
+"""Set by :func:`_apply_on_read` instead when another writer committed the batch's
+transaction first (after the batch found it absent): nothing was written."""
 
 
 def _after_own_commit(target: str, table: DeltaTable, version: int) -> None:
