@@ -17,6 +17,37 @@ def _stat(pid: str) -> list[str] | None:
     return text[text.rfind(")") + 2 :].split()
 
 
+def descendants(root: int | None = None) -> dict[int, tuple[float, str]]:
+    """The live processes under ``root`` (default: this process): pid -> (user + system
+    CPU seconds, command line)."""
+    if not Path("/proc").is_dir():
+        return {}
+    children: dict[int, list[tuple[int, list[str]]]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            fields = _stat(entry)
+            if fields is not None:
+                children.setdefault(int(fields[1]), []).append((int(entry), fields))
+    found: dict[int, tuple[float, str]] = {}
+    stack = [root or os.getpid()]
+    while stack:
+        for pid, fields in children.get(stack.pop(), []):
+            try:
+                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+            except OSError:
+                continue
+            found[pid] = (sum(int(v) for v in fields[11:13]) / _TICKS, command.decode().strip())
+            stack.append(pid)
+    return found
+
+
+def jvm_cpu_seconds(root: int | None = None) -> float:
+    """User + system CPU of the Java processes under ``root`` (Spark's JVM)."""
+    return sum(
+        cpu for cpu, command in descendants(root).values() if command.split(" ")[0].endswith("java")
+    )
+
+
 def tree_cpu_seconds(root: int | None = None) -> float:
     """User + system CPU of ``root`` (default: this process) and its descendants, the
     ones that exited included (their parents' ``cutime``/``cstime``)."""
