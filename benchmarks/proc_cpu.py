@@ -17,27 +17,34 @@ def _stat(pid: str) -> list[str] | None:
     return text[text.rfind(")") + 2 :].split()
 
 
-def descendants(root: int | None = None) -> dict[int, tuple[float, str]]:
-    """The live processes under ``root`` (default: this process): pid -> (user + system
-    CPU seconds, command line)."""
-    if not Path("/proc").is_dir():
-        return {}
+def _under(root: int) -> list[tuple[int, list[str]]]:
+    """The live processes under ``root``: (pid, its ``stat`` fields after the name)."""
     children: dict[int, list[tuple[int, list[str]]]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
             fields = _stat(entry)
             if fields is not None:
                 children.setdefault(int(fields[1]), []).append((int(entry), fields))
-    found: dict[int, tuple[float, str]] = {}
-    stack = [root or os.getpid()]
+    found, stack = [], [root]
     while stack:
         for pid, fields in children.get(stack.pop(), []):
-            try:
-                command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
-            except OSError:
-                continue
-            found[pid] = (sum(int(v) for v in fields[11:13]) / _TICKS, command.decode().strip())
+            found.append((pid, fields))
             stack.append(pid)
+    return found
+
+
+def descendants(root: int | None = None) -> dict[int, tuple[float, str]]:
+    """The live processes under ``root`` (default: this process): pid -> (user + system
+    CPU seconds, command line)."""
+    if not Path("/proc").is_dir():
+        return {}
+    found: dict[int, tuple[float, str]] = {}
+    for pid, fields in _under(root or os.getpid()):
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ")
+        except OSError:
+            continue
+        found[pid] = (sum(int(v) for v in fields[11:13]) / _TICKS, command.decode().strip())
     return found
 
 
@@ -53,19 +60,9 @@ def tree_cpu_seconds(root: int | None = None) -> float:
     ones that exited included (their parents' ``cutime``/``cstime``)."""
     if not Path("/proc").is_dir():
         return 0.0
-    children: dict[int, list[tuple[int, list[str]]]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            fields = _stat(entry)
-            if fields is not None:
-                children.setdefault(int(fields[1]), []).append((int(entry), fields))
     own = _stat(str(root or os.getpid()))
     total = sum(int(value) for value in own[11:15]) if own else 0
-    stack = [root or os.getpid()]
-    while stack:
-        for pid, fields in children.get(stack.pop(), []):
-            total += sum(int(value) for value in fields[11:15])
-            stack.append(pid)
+    total += sum(sum(int(v) for v in fields[11:15]) for _, fields in _under(root or os.getpid()))
     return total / _TICKS
 
 
